@@ -1,0 +1,1 @@
+"""ipywidgets views of tl_lab's pieces. Each widget reads the real code path, never a copy."""
