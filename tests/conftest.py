@@ -1,0 +1,20 @@
+"""Shared test helpers. A test that needs something missing fails and says what to install."""
+
+import importlib
+
+import pytest
+
+INSTALL_HINT = {
+    "transformers": "the hf extra: pip install -e '.[hf]'  (transformers and torch==2.13.0)",
+    "torch": "the hf extra: pip install -e '.[hf]'  (transformers and torch==2.13.0)",
+    "playwright": "the dev extra: pip install -e '.[dev]'",
+}
+
+
+def need(module: str):
+    """Import `module` or fail the test with the install command (never skip: a skip hides a gap)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        hint = INSTALL_HINT.get(module, f"pip install {module}")
+        pytest.fail(f"this test needs `{module}` ({exc}); install {hint}", pytrace=False)
