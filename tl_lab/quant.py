@@ -1,0 +1,511 @@
+"""The numbers of the model runner: f16, bf16 and int4 (chapter L10.1, sections 2.3 and 2.5).
+
+Two kinds of code live here, on purpose:
+
+* a scalar reference that does the bit work the chapter teaches (`explain_f32_to_f16`,
+  `f16_to_f32_scalar`, ...), one Python int at a time, readable line by line;
+* the engine path (`f32_to_f16` on arrays, `QLinear`), vectorized with numpy.
+
+The tests hold the two against each other and against numpy's own float16 cast.
+
+Bit layouts (sign | exponent | mantissa):
+
+    f32   1 | 8 (bias 127) | 23
+    f16   1 | 5 (bias 15)  | 10
+    bf16  1 | 8 (bias 127) | 7      (the top half of an f32)
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+F16_MAX = 65504.0
+F16_INF = 0x7C00
+F16_QUIET = 0x0200  # the top mantissa bit: set, a NaN is quiet
+BF16_QUIET = 0x0040
+INT4_MIN, INT4_MAX = -8, 7
+
+__all__ = [
+    "F16_MAX",
+    "Rounding",
+    "Narrowing",
+    "round_half_even",
+    "f32_bits",
+    "f32_from_bits",
+    "explain_f32_to_f16",
+    "explain_f32_to_bf16",
+    "f32_to_f16_scalar",
+    "f32_to_bf16_scalar",
+    "f16_to_f32_scalar",
+    "bf16_to_f32_scalar",
+    "f16_to_f32",
+    "f32_to_f16",
+    "bf16_to_f32",
+    "f32_to_bf16",
+    "pack_int4",
+    "unpack_int4",
+    "QLinear",
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# The rounding decision (section 2.3): keep the top bits, look at the dropped ones.
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rounding:
+    """One round-to-nearest-even decision on an integer significand.
+
+    `kept` are the high bits kept, `dropped` the `n_dropped` low bits thrown away, `half` the
+    dropped-bits pattern of the exact halfway point (a 1 followed by zeros). `verdict` is
+    "exact", "below half", "tie" or "above half"; `round_up` says whether one was added to
+    `kept`, which happens above half, or at a tie when `kept` is odd (ties go to the even one).
+    """
+
+    kept: int
+    dropped: int
+    n_dropped: int
+    verdict: str
+    round_up: bool
+
+    @property
+    def half(self) -> int:
+        return 1 << (self.n_dropped - 1) if self.n_dropped else 0
+
+    @property
+    def result(self) -> int:
+        return self.kept + self.round_up
+
+
+def round_half_even(sig: int, n_drop: int) -> Rounding:
+    """Drop the low `n_drop` bits of the non-negative integer `sig`, rounding to nearest, ties to even.
+
+    Chapter L10.1, section 2.3: "keep the top bits, and add one when the dropped bits are above
+    half, or exactly half with the kept value odd". This is the one rounding step of the scalar
+    f16 and bf16 conversions and of the numbers widget.
+    """
+    kept = sig >> n_drop
+    dropped = sig & ((1 << n_drop) - 1)
+    half = 1 << (n_drop - 1) if n_drop else 0
+    if dropped == 0:
+        verdict = "exact"
+    elif dropped < half:
+        verdict = "below half"
+    elif dropped == half:
+        verdict = "tie"
+    else:
+        verdict = "above half"
+    round_up = verdict == "above half" or (verdict == "tie" and kept & 1 == 1)
+    return Rounding(kept, dropped, n_drop, verdict, round_up)
+
+
+# ---------------------------------------------------------------------------------------------
+# Scalar reference: f32 -> f16 / bf16 with integer operations on the bit pattern.
+# ---------------------------------------------------------------------------------------------
+
+
+def f32_bits(x: float) -> int:
+    """The 32-bit pattern of `x` taken as float32 (a Python float is rounded to f32 first)."""
+    with np.errstate(over="ignore"):
+        return int(np.array(x, dtype=np.float32).view(np.uint32))
+
+
+def f32_from_bits(bits: int) -> float:
+    """The float32 whose pattern is `bits`, as a Python float (exact: every f32 is an f64)."""
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
+
+
+@dataclass(frozen=True)
+class Narrowing:
+    """How one f32 became an f16 or bf16 pattern: the result and the rounding that made it.
+
+    `rounding` is None for infinities and NaN (nothing is rounded). `subnormal` is True when the
+    result lies in the target's subnormal range (exponent field 0, fewer significant bits),
+    `overflow` when a finite f32 rounded to infinity.
+    """
+
+    fmt: str
+    x_bits: int
+    bits: int
+    rounding: Rounding | None
+    subnormal: bool = False
+    overflow: bool = False
+
+
+def explain_f32_to_f16(x: float) -> Narrowing:
+    """f32 -> f16 bits, round to nearest, ties to even, step by step (chapter section 2.3).
+
+    The f32 significand (24 bits with the implicit 1) keeps its top 10 mantissa bits after the
+    implicit one; below 2^-14 the f16 result is subnormal (value m * 2^-24) and more bits are
+    dropped. A carry out of the mantissa moves into the exponent by plain addition, which also
+    turns the largest values into infinity (65520 and above). NaN stays NaN, made quiet.
+    """
+    bits = f32_bits(x)
+    sign = (bits >> 31) << 15
+    exp = (bits >> 23) & 0xFF
+    man = bits & 0x7FFFFF
+    if exp == 0xFF:  # infinity or NaN: nothing to round
+        nan = (F16_QUIET | (man >> 13)) if man else 0
+        return Narrowing("f16", bits, sign | F16_INF | nan, None)
+    e = max(exp, 1) - 127  # unbiased exponent; f32 subnormals share exponent -126
+    sig = (1 << 23 | man) if exp else man  # value = sig * 2^(e - 23)
+    if e >= -14:  # f16 normal range: keep 11 significant bits (implicit 1 + 10)
+        n_drop, field = 13, (e + 14) << 10  # e + 15 - 1: the implicit bit adds the last 1
+    else:  # f16 subnormal: value m * 2^-24, so shift further right
+        n_drop, field = min(13 + (-14 - e), 25), 0
+    r = round_half_even(sig, n_drop)
+    h = field + r.result
+    overflow = h >= F16_INF
+    h = min(h, F16_INF)
+    return Narrowing("f16", bits, sign | h, r, subnormal=h < 0x0400 and h != 0, overflow=overflow)
+
+
+def explain_f32_to_bf16(x: float) -> Narrowing:
+    """f32 -> bf16 bits: keep the top 16 bits, rounding the dropped low 16 to nearest even.
+
+    bf16 shares f32's exponent, so there is no range to fix: the same 16-bit drop works for
+    normals and subnormals, and a carry out of the top mantissa value reaches infinity by itself.
+    """
+    bits = f32_bits(x)
+    sign = (bits >> 31) << 15
+    mag = bits & 0x7FFFFFFF
+    if mag > 0x7F800000:  # NaN: keep its top payload, make it quiet
+        return Narrowing("bf16", bits, sign | (mag >> 16) | BF16_QUIET, None)
+    if mag == 0x7F800000:
+        return Narrowing("bf16", bits, sign | 0x7F80, None)
+    r = round_half_even(mag, 16)
+    h = r.result
+    return Narrowing(
+        "bf16", bits, sign | h, r, subnormal=0 < h < 0x0080, overflow=h == 0x7F80
+    )
+
+
+def f32_to_f16_scalar(x: float) -> int:
+    """f32 -> f16 bits for one value: the scalar reference (see `explain_f32_to_f16`)."""
+    return explain_f32_to_f16(x).bits
+
+
+def f32_to_bf16_scalar(x: float) -> int:
+    """f32 -> bf16 bits for one value: the scalar reference (see `explain_f32_to_bf16`)."""
+    return explain_f32_to_bf16(x).bits
+
+
+def f16_to_f32_scalar(h: int) -> float:
+    """f16 bits -> its value, by the chapter's formula (section 2.3).
+
+    (-1)^s 2^(e-15) (1 + m/1024) for 0 < e < 31; subnormals (-1)^s 2^-14 (m/1024) for e = 0;
+    e = 31 is infinity (m = 0) or NaN. Every f16 is exact in f32 (and in a Python float).
+    """
+    _check_bits(h, "h")
+    s, e, m = h >> 15, (h >> 10) & 0x1F, h & 0x3FF
+    if e == 31:
+        magnitude = float("nan") if m else float("inf")
+    elif e == 0:
+        magnitude = 2.0**-14 * (m / 1024)
+    else:
+        magnitude = 2.0 ** (e - 15) * (1 + m / 1024)
+    return math.copysign(magnitude, -1.0 if s else 1.0)
+
+
+def bf16_to_f32_scalar(h: int) -> float:
+    """bf16 bits -> its value: the f32 whose bits are h << 16 (section 2.3)."""
+    _check_bits(h, "h")
+    return f32_from_bits(h << 16)
+
+
+def _check_bits(h, name: str) -> None:
+    if not 0 <= h <= 0xFFFF:
+        raise ValueError(f"{name} must be a 16-bit pattern in [0, 0xFFFF], got {h!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The public conversions: a Python number in -> a Python number out; an array in -> an array out.
+# ---------------------------------------------------------------------------------------------
+
+
+def f16_to_f32(h):
+    """f16 bits -> value. int -> float; uint16 array -> float32 array of the same shape."""
+    if not isinstance(h, np.ndarray):
+        return f16_to_f32_scalar(_as_int(h, "h"))
+    return _bits16(h, "h").view(np.float16).astype(np.float32)
+
+
+def bf16_to_f32(h):
+    """bf16 bits -> value. int -> float; uint16 array -> float32 array of the same shape."""
+    if not isinstance(h, np.ndarray):
+        return bf16_to_f32_scalar(_as_int(h, "h"))
+    return (_bits16(h, "h").astype(np.uint32) << 16).view(np.float32)
+
+
+def f32_to_f16(x):
+    """float32 -> f16 bits, round to nearest, ties to even; overflow -> inf; NaN -> quiet NaN.
+
+    float -> int (the scalar reference); float array -> uint16 array of the same shape (numpy's
+    cast, which rounds the same way; NaNs get the scalar path's quiet pattern). Values are
+    taken as float32 first: a Python float or a float64 array is rounded to f32, then to f16.
+    """
+    if not isinstance(x, np.ndarray):
+        return f32_to_f16_scalar(_as_float(x))
+    x = _floats32(x)
+    with np.errstate(over="ignore", invalid="ignore"):
+        h = x.astype(np.float16).view(np.uint16)
+    nan = np.isnan(x)
+    if nan.any():  # numpy keeps signalling NaNs signalling; make them quiet like the scalar path
+        u = x[nan].view(np.uint32)
+        h[nan] = ((u >> 16) & 0x8000) | F16_INF | F16_QUIET | ((u >> 13) & 0x3FF)
+    return h
+
+
+def f32_to_bf16(x):
+    """float32 -> bf16 bits, round to nearest, ties to even; overflow -> inf; NaN -> quiet NaN.
+
+    float -> int; float array -> uint16 array of the same shape. The vector path adds
+    0x7FFF + (bit 16) to the pattern and keeps the top half: below half never carries, above half
+    always does, and a tie carries exactly when the kept part is odd.
+    """
+    if not isinstance(x, np.ndarray):
+        return f32_to_bf16_scalar(_as_float(x))
+    x = _floats32(x)
+    u = x.view(np.uint32)
+    rounded = (u + np.uint32(0x7FFF) + ((u >> 16) & 1)) >> 16
+    quiet_nan = (u >> 16) | BF16_QUIET
+    return np.where(np.isnan(x), quiet_nan, rounded).astype(np.uint16)
+
+
+def _as_int(h, name: str) -> int:
+    if isinstance(h, (bool, np.bool_)) or not isinstance(h, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer bit pattern, got {type(h).__name__} {h!r}")
+    return int(h)
+
+
+def _as_float(x) -> float:
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, float, np.integer, np.floating)):
+        raise ValueError(f"x must be a real number, got {type(x).__name__} {x!r}")
+    return float(x)
+
+
+def _bits16(h: np.ndarray, name: str) -> np.ndarray:
+    if h.dtype == np.uint16:
+        return h
+    if h.dtype.kind not in "iu":
+        raise ValueError(f"{name} must hold uint16 bit patterns, got dtype {h.dtype}")
+    if h.size and (h.min() < 0 or h.max() > 0xFFFF):
+        raise ValueError(f"{name} holds values outside the 16-bit range [0, 0xFFFF]")
+    return h.astype(np.uint16)
+
+
+def _floats32(x: np.ndarray) -> np.ndarray:
+    if x.dtype.kind != "f":
+        raise ValueError(
+            f"x must be a float array, got dtype {x.dtype} (for f32 bit patterns use .view(np.float32))"
+        )
+    with np.errstate(over="ignore"):
+        return np.ascontiguousarray(x, dtype=np.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Int4 packing (section 2.5): two values per byte, column 2b low nibble, 2b + 1 high nibble.
+# ---------------------------------------------------------------------------------------------
+
+
+def pack_int4(q, rows: int, cols: int) -> np.ndarray:
+    """Pack int4 values into bytes. q: rows * cols integers in [-8, 7] -> uint8 (rows, cols // 2).
+
+    Chapter L10.1, section 2.5: column 2b goes into the low nibble and 2b + 1 into the high one,
+    each in 4-bit two's complement (-8 is 1000, -1 is 1111). q may be flat or (rows, cols).
+    """
+    if rows < 0 or cols < 0:
+        raise ValueError(f"rows and cols must be non-negative, got rows={rows}, cols={cols}")
+    if cols % 2:
+        raise ValueError(f"int4 packing needs an even column count, got cols={cols}")
+    q = np.asarray(q)
+    if q.size != rows * cols:
+        raise ValueError(f"size mismatch: q has {q.size} values, rows * cols = {rows * cols}")
+    if q.size and q.dtype.kind not in "iu":
+        raise ValueError(f"int4 values must be integers, got dtype {q.dtype}")
+    q = q.reshape(rows, cols)
+    bad = (q < INT4_MIN) | (q > INT4_MAX)
+    if bad.any():
+        r, c = np.argwhere(bad)[0]
+        raise ValueError(f"int4 value out of range [-8, 7]: q[{r}, {c}] = {q[r, c]}")
+    nibbles = (q & 0xF).astype(np.uint8)  # two's complement: -1 & 0xF = 1111
+    return nibbles[:, 0::2] | (nibbles[:, 1::2] << 4)
+
+
+def unpack_int4(packed) -> np.ndarray:
+    """Unpack bytes into int4 values: uint8 (rows, n) -> int8 (rows, 2n); 1D (n,) -> (2n,).
+
+    The inverse of `pack_int4`: the low nibble is the even column, the high nibble the odd one;
+    (v ^ 8) - 8 sign-extends a 4-bit two's complement value.
+    """
+    if isinstance(packed, (bytes, bytearray, memoryview)):
+        packed = np.frombuffer(packed, dtype=np.uint8)
+    packed = np.asarray(packed)
+    if packed.dtype != np.uint8:
+        raise ValueError(f"packed int4 must be uint8 bytes, got dtype {packed.dtype}")
+    if packed.ndim not in (1, 2):
+        raise ValueError(f"packed int4 must be 1D or 2D, got shape {packed.shape}")
+    pairs = _INT4_PAIRS_I8[packed]  # (..., n, 2): low nibble value, high nibble value
+    return pairs.reshape(*packed.shape[:-1], 2 * packed.shape[-1])
+
+
+def _int4_pair_table(dtype) -> np.ndarray:
+    """(256, 2) table: byte -> (value of its low nibble, value of its high nibble)."""
+    byte = np.arange(256)
+    lo, hi = byte & 0xF, byte >> 4
+    return np.stack([(lo ^ 8) - 8, (hi ^ 8) - 8], axis=1).astype(dtype)
+
+
+_INT4_PAIRS_I8 = _int4_pair_table(np.int8)
+_INT4_PAIRS_F32 = _int4_pair_table(np.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# QLinear (section 2.5): a linear layer with int4 weights in groups and one f16 scale per group.
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class QLinear:
+    """y = x W_hat^T with W_hat = q s: int4 weights in groups of `group` columns (section 2.5).
+
+    qweight: uint8 (out, inp // 2), two int4 values per byte (see `pack_int4`).
+    scales:  uint16 (out, inp // group), the f16 bit pattern of each group's scale.
+
+    Only these stay resident (about 0.56 bytes per weight for group 32, 1/7 of f32);
+    `forward` widens the weights into a temporary on each call.
+    """
+
+    out: int
+    inp: int
+    group: int
+    qweight: np.ndarray
+    scales: np.ndarray
+
+    def __post_init__(self) -> None:
+        _check_dims(self.out, self.inp, self.group)
+        _check_array("qweight", self.qweight, np.uint8, (self.out, self.inp // 2))
+        _check_array("scales", self.scales, np.uint16, (self.out, self.inp // self.group))
+        bad = ((self.scales & 0x7C00) == 0x7C00) | ((self.scales & 0x8000) != 0)
+        if bad.any():
+            r, g = np.argwhere(bad)[0]
+            raise ValueError(
+                f"scales must be finite non-negative f16, got 0x{int(self.scales[r, g]):04X} "
+                f"at scales[{r}, {g}]"
+            )
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held resident: the packed weights and the scales."""
+        return self.qweight.nbytes + self.scales.nbytes
+
+    @classmethod
+    def quantize(cls, w, group: int) -> QLinear:
+        """Quantize w: float32 (out, inp) in groups of `group` columns (chapter section 2.5).
+
+        Per group, s = f16(max|w| / 7) with the division in float32, and
+        q = clamp(rint(w / s), -8, 7) with w / s in float32 and s the f16 value actually stored
+        (the stored-scale rule: rounding with the unrounded scale would put some weights one
+        level off). np.rint rounds half to even. An all-zero group gets s = 0 and q = 0.
+        """
+        W = _check_weights(w)
+        out, inp = W.shape
+        _check_dims(out, inp, group)
+        Wg = W.reshape(out, inp // group, group)
+        s_bits = _group_scales(Wg)
+        s = f16_to_f32(s_bits)[:, :, None]  # the stored value, widened back
+        with np.errstate(divide="ignore", invalid="ignore"):
+            q = np.clip(np.rint(Wg / s), INT4_MIN, INT4_MAX)
+        q = np.where(s == 0, 0, q).astype(np.int8)  # 0/0 in an all-zero group
+        return cls(out, inp, group, pack_int4(q, out, inp), s_bits)
+
+    def dequantize(self, out: np.ndarray | None = None) -> np.ndarray:
+        """W_hat = q s: float32 (out, inp), exact (a 4-bit q times an 11-bit s fits in f32).
+
+        A byte -> (low, high) lookup table widens the packed weights in one gather, then each
+        group is scaled in place. `out`, a float32 (out, inp) C-contiguous array, is filled and
+        returned instead of a new array (a scratch buffer reused across calls).
+        """
+        if out is None:
+            out = np.empty((self.out, self.inp), dtype=np.float32)
+        else:
+            _check_array("out", out, np.float32, (self.out, self.inp))
+            if not out.flags.c_contiguous:
+                raise ValueError("out must be C-contiguous")
+        pairs = out.reshape(self.out, self.inp // 2, 2)
+        np.take(_INT4_PAIRS_F32, self.qweight, axis=0, out=pairs)
+        groups = out.reshape(self.out, self.inp // self.group, self.group)
+        groups *= f16_to_f32(self.scales)[:, :, None]
+        return out
+
+    def forward(self, x, rowwise: bool = False) -> np.ndarray:
+        """y = x W_hat^T. x: float32 (m, inp) -> y: float32 (m, out).
+
+        W_hat is widened into a temporary for this call only. With rowwise=True each row goes
+        through its own (1, inp) x (inp, out) product (section 2.4's matmul_rows), so a row's
+        result does not depend on which rows share the call.
+        """
+        x = np.asarray(x)
+        if x.ndim != 2 or x.shape[1] != self.inp:
+            raise ValueError(f"x must be (m, {self.inp}), got shape {x.shape}")
+        x = x.astype(np.float32, copy=False)
+        W_hat_T = self.dequantize().T
+        if not rowwise:
+            return x @ W_hat_T
+        y = np.empty((x.shape[0], self.out), dtype=np.float32)
+        for i in range(x.shape[0]):
+            np.matmul(x[i : i + 1], W_hat_T, out=y[i : i + 1])
+        return y
+
+
+def _group_scales(Wg: np.ndarray) -> np.ndarray:
+    """Wg: float32 (out, G, g) -> uint16 (out, G): f16(max|w| / 7), divided in float32."""
+    amax = np.abs(Wg).max(axis=2)
+    s_bits = f32_to_f16(amax / np.float32(7))
+    too_big = s_bits == F16_INF
+    if too_big.any():
+        r, g = np.argwhere(too_big)[0]
+        raise ValueError(
+            f"weights too large for an f16 scale: max|w| = {amax[r, g]} in row {r}, group {g} "
+            f"(f16 holds scales up to {F16_MAX}, so max|w| must stay below {F16_MAX * 7})"
+        )
+    return s_bits
+
+
+def _check_weights(w) -> np.ndarray:
+    W = np.asarray(w)
+    if W.ndim != 2:
+        raise ValueError(f"w must be 2D (out, inp), got shape {W.shape}")
+    if W.dtype.kind not in "fiu":
+        raise ValueError(f"w must hold real numbers, got dtype {W.dtype}")
+    with np.errstate(over="ignore"):
+        W = W.astype(np.float32, copy=False)
+    finite = np.isfinite(W)
+    if not finite.all():
+        r, c = np.argwhere(~finite)[0]
+        raise ValueError(f"w must be finite, got w[{r}, {c}] = {W[r, c]}")
+    return W
+
+
+def _check_dims(out: int, inp: int, group: int) -> None:
+    for name, v in (("out", out), ("inp", inp), ("group", group)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if group % 2:
+        raise ValueError(f"group must be even (two int4 values per byte), got group={group}")
+    if inp % group:
+        raise ValueError(f"inp={inp} is not divisible by group={group}")
+
+
+def _check_array(name: str, a, dtype, shape: tuple) -> None:
+    if not isinstance(a, np.ndarray):
+        raise ValueError(f"{name} must be a numpy array, got {type(a).__name__}")
+    if a.dtype != dtype:
+        raise ValueError(f"{name} must be {np.dtype(dtype)}, got dtype {a.dtype}")
+    if a.shape != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {a.shape}")
