@@ -1,0 +1,886 @@
+"""The model directory: config.json, model.safetensors (memory-mapped) and the weights.
+
+Chapter L10.1, section 2.3 (and 2.5 for int4 files). A model directory holds
+
+* ``config.json``: Hugging Face's Llama config plus ``tl_arch`` and ``tl_tokenizer``. Anything the
+  engine cannot run correctly is refused at load (`ModelConfig`), never served wrong. The rules are
+  the JSON Schema ``docs/formats/config.schema.json`` (checked with ``jsonschema``) plus the
+  cross-field checks a schema cannot say (`ModelConfig.__post_init__`).
+* ``model.safetensors``: read by a hand-written reader (`parse_layout`, `SafeTensors`) whose rules
+  are ``docs/formats/safetensors.md``. The file is memory-mapped; opening it reads only the header.
+
+`load_weights` turns a directory into `BigramWeights` or `LlamaWeights`, with each linear a
+`Linear` (float32) or a `tl_lab.quant.QLinear` (int4, from an int4 file or quantized at load).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import mmap
+import os
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Union
+
+import numpy as np
+
+from tl_lab.errors import ConfigError, FormatError
+from tl_lab.paths import REPO_ROOT
+from tl_lab.quant import QLinear, bf16_to_f32, f16_to_f32
+
+__all__ = [
+    "CONFIG_SCHEMA_PATH",
+    "MAX_HEADER_BYTES",
+    "DTYPES",
+    "Int4",
+    "ModelConfig",
+    "TensorInfo",
+    "Layout",
+    "parse_layout",
+    "SafeTensors",
+    "Linear",
+    "LlamaLayer",
+    "LlamaWeights",
+    "BigramWeights",
+    "Weights",
+    "LAYER_NORMS",
+    "LAYER_LINEARS",
+    "tensor_shapes",
+    "file_quant",
+    "config_schema",
+    "load_weights",
+]
+
+CONFIG_SCHEMA_PATH = REPO_ROOT / "docs" / "formats" / "config.schema.json"
+MAX_HEADER_BYTES = 100_000_000  # 100 MB: no real header comes close (SmolLM2's is ~30 KB)
+
+
+# ---------------------------------------------------------------------------------------------
+# Int4: how to quantize at load (section 2.5). The runner re-exports it for EngineConfig.quant.
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Int4:
+    """Quantize every layer linear to int4 in groups of `group` columns (chapter section 2.5)."""
+
+    group: int = 32
+
+    def __post_init__(self) -> None:
+        g = self.group
+        if isinstance(g, bool) or not isinstance(g, (int, np.integer)) or g <= 0 or g % 2:
+            raise ValueError(f"Int4.group must be a positive even integer, got {g!r}")
+
+    @property
+    def tag(self) -> str:
+        """The metadata string of an int4 file made with this group: "int4-g<group>-sym"."""
+        return f"int4-g{self.group}-sym"
+
+    @staticmethod
+    def from_tag(tag: str) -> Int4:
+        """Int4 from a file's metadata `quant` value; FormatError if it is not "int4-g<g>-sym"."""
+        m = re.fullmatch(r"int4-g([1-9][0-9]{0,8})-sym", tag)
+        if not m or int(m.group(1)) % 2:
+            raise FormatError(
+                f"metadata quant = {tag!r} is not an int4 scheme this engine reads "
+                f"(expected 'int4-g<even group>-sym', e.g. 'int4-g32-sym')"
+            )
+        return Int4(int(m.group(1)))
+
+
+# ---------------------------------------------------------------------------------------------
+# config.json (section 2.3)
+# ---------------------------------------------------------------------------------------------
+
+ARCHES = ("bigram", "llama")
+TOKENIZERS = ("byte", "bpe")
+BYTE_VOCAB = 256
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """What config.json says to build. Chapter L10.1, section 2.3.
+
+    For ``arch="llama"`` the fields are Hugging Face's Llama fields (``eos_token_ids`` is always a
+    list; ``rope_theta`` comes from either config layout). For ``arch="bigram"`` only
+    ``vocab_size``, ``max_position_embeddings`` and the token ids mean anything; the Llama shape
+    fields are 0 (no layers, no heads). Constructing one checks the cross-field rules and raises
+    `ConfigError`; `from_json` also checks the JSON Schema.
+    """
+
+    arch: str
+    tokenizer: str
+    vocab_size: int = BYTE_VOCAB
+    hidden_size: int = 0
+    intermediate_size: int = 0
+    num_hidden_layers: int = 0
+    num_attention_heads: int = 0
+    num_key_value_heads: int = 0
+    head_dim: int = 0
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    bos_token_id: int | None = None
+    eos_token_ids: list[int] = field(default_factory=list)
+    chat_template: str | None = None
+    quant: str | None = None  # config.json's tl_quant note; the file's metadata must agree
+
+    def __post_init__(self) -> None:
+        if self.arch not in ARCHES:
+            raise ConfigError(f"tl_arch: {self.arch!r} is not one of {list(ARCHES)}")
+        if self.tokenizer not in TOKENIZERS:
+            raise ConfigError(f"tl_tokenizer: {self.tokenizer!r} is not one of {list(TOKENIZERS)}")
+        if self.vocab_size < 1:
+            raise ConfigError(f"vocab_size: must be positive, got {self.vocab_size}")
+        if self.tokenizer == "byte" and self.vocab_size < BYTE_VOCAB:
+            raise ConfigError(
+                f"vocab_size: the byte tokenizer needs at least {BYTE_VOCAB} ids, got {self.vocab_size}"
+            )
+        if self.max_position_embeddings < 1:
+            raise ConfigError(
+                f"max_position_embeddings: must be positive, got {self.max_position_embeddings}"
+            )
+        ids = [("eos_token_id", t) for t in self.eos_token_ids]
+        if self.bos_token_id is not None:
+            ids.insert(0, ("bos_token_id", self.bos_token_id))
+        for name, tid in ids:
+            if not 0 <= tid < self.vocab_size:
+                raise ConfigError(f"{name}: id {tid} is outside the vocabulary [0, {self.vocab_size})")
+        if self.arch == "llama":
+            self._check_llama()
+
+    def _check_llama(self) -> None:
+        for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "head_dim"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}: must be positive, got {getattr(self, name)}")
+        if not (self.rms_norm_eps > 0 and math.isfinite(self.rms_norm_eps)):
+            raise ConfigError(f"rms_norm_eps: must be a positive number, got {self.rms_norm_eps}")
+        if not (self.rope_theta > 0 and math.isfinite(self.rope_theta)):
+            raise ConfigError(f"rope_theta: must be a positive number, got {self.rope_theta}")
+        d, H, H_kv, D = self.hidden_size, self.num_attention_heads, self.num_key_value_heads, self.head_dim
+        if d % H:
+            raise ConfigError(
+                f"num_attention_heads: hidden_size {d} is not divisible by num_attention_heads {H}"
+            )
+        if H % H_kv:
+            raise ConfigError(
+                f"num_key_value_heads: num_attention_heads {H} is not divisible by "
+                f"num_key_value_heads {H_kv} (each KV head must serve a whole group of query heads)"
+            )
+        if D != d // H:
+            raise ConfigError(
+                f"head_dim: {D} contradicts hidden_size / num_attention_heads = {d} / {H} = {d // H}"
+            )
+        if D % 2:
+            raise ConfigError(f"head_dim: RoPE rotates pairs (i, i + D/2), so D must be even, got {D}")
+
+    # -- reading ------------------------------------------------------------------------------
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> ModelConfig:
+        """Parse and check config.json text. Refusals raise ConfigError naming the field."""
+        try:
+            raw = json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants)
+        except _DuplicateKey as exc:
+            raise ConfigError(f"config.json repeats the key {exc.args[0]!r}") from None
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, bad UTF-8, NaN/Infinity
+            raise ConfigError(f"config.json is not valid JSON: {exc}") from None
+        _validate_against_schema(raw)
+        return cls._from_checked_dict(raw)
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike) -> ModelConfig:
+        """Read `<directory>/config.json` (see `from_json`)."""
+        path = Path(directory) / "config.json"
+        try:
+            text = path.read_bytes()
+        except FileNotFoundError:
+            raise ConfigError(f"config.json: no such file {path}") from None
+        return cls.from_json(text)
+
+    @classmethod
+    def _from_checked_dict(cls, c: dict) -> ModelConfig:
+        arch, tokenizer = c["tl_arch"], c["tl_tokenizer"]
+        eos = c.get("eos_token_id")
+        eos_ids = [] if eos is None else [int(e) for e in (eos if isinstance(eos, list) else [eos])]
+        bos = c.get("bos_token_id")
+        common = dict(
+            arch=arch,
+            tokenizer=tokenizer,
+            vocab_size=int(c.get("vocab_size", BYTE_VOCAB)),
+            max_position_embeddings=int(c.get("max_position_embeddings", 2048)),
+            bos_token_id=None if bos is None else int(bos),
+            eos_token_ids=eos_ids,
+            chat_template=c.get("tl_chat_template"),
+            quant=c.get("tl_quant"),
+        )
+        if arch == "bigram":
+            return cls(**common)
+        d, H = int(c["hidden_size"]), int(c["num_attention_heads"])
+        if d % H:  # say it before head_dim's default turns it into a head_dim complaint
+            raise ConfigError(
+                f"num_attention_heads: hidden_size {d} is not divisible by num_attention_heads {H}"
+            )
+        H_kv = c.get("num_key_value_heads")
+        D = c.get("head_dim")
+        return cls(
+            **common,
+            hidden_size=d,
+            intermediate_size=int(c["intermediate_size"]),
+            num_hidden_layers=int(c["num_hidden_layers"]),
+            num_attention_heads=H,
+            num_key_value_heads=H if H_kv is None else int(H_kv),
+            head_dim=d // H if D is None else int(D),
+            rms_norm_eps=float(c.get("rms_norm_eps", 1e-6)),
+            rope_theta=_rope_theta(c),
+            tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
+        )
+
+    # -- derived --------------------------------------------------------------------------------
+
+    @property
+    def n_rep(self) -> int:
+        """Query heads per KV head (grouped-query attention): H / H_kv."""
+        return self.num_attention_heads // self.num_key_value_heads
+
+    def param_count(self) -> int:
+        """Parameters of the model this config describes (an int4 weight counts as one)."""
+        return sum(math.prod(s) for s in tensor_shapes(self).values())
+
+
+def _rope_theta(c: dict) -> float:
+    """rope_theta from the 4.x layout (top level) or the 5.x one (rope_parameters); both must agree."""
+    top = c.get("rope_theta")
+    params = c.get("rope_parameters") or {}
+    nested = params.get("rope_theta")
+    if top is not None and nested is not None and float(top) != float(nested):
+        raise ConfigError(
+            f"rope_theta: the top-level value {top} disagrees with rope_parameters.rope_theta {nested}"
+        )
+    value = nested if nested is not None else top
+    return 10000.0 if value is None else float(value)  # Hugging Face's Llama default
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicate_keys(pairs: list) -> dict:
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(k)
+        out[k] = v
+    return out
+
+
+def _no_constants(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+@cache
+def _schema_validator():
+    from jsonschema import Draft202012Validator
+
+    schema = json.loads(CONFIG_SCHEMA_PATH.read_text())
+    Draft202012Validator.check_schema(schema)
+    return Draft202012Validator(schema)
+
+
+def config_schema() -> dict:
+    """The JSON Schema of config.json (docs/formats/config.schema.json) as a dict."""
+    return _schema_validator().schema
+
+
+def _validate_against_schema(raw) -> None:
+    """Raise ConfigError listing every schema violation, each naming its field."""
+    from jsonschema.exceptions import best_match
+
+    validator = _schema_validator()
+    errors = sorted(validator.iter_errors(raw), key=lambda e: (list(map(str, e.absolute_path)), e.message))
+    if not errors:
+        return
+    lines = [_describe(best_match([e]), validator.schema) for e in errors]
+    raise ConfigError("config.json refused: " + "; ".join(dict.fromkeys(lines)))
+
+
+def _js(value) -> str:
+    """A value as it appears in config.json (true, null, "silu"), shortened."""
+    text = json.dumps(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _describe(err, schema: dict) -> str:
+    """One schema error as "field: what is wrong (why the engine refuses it)"."""
+    path = list(err.absolute_path)
+    if err.validator == "required":  # the missing property is the field to name
+        missing = re.match(r"'([^']*)'", err.message)
+        path = path + [missing.group(1) if missing else "?"]
+        what = "is missing (required)"
+    elif err.validator == "const":
+        what = f"must be {_js(err.validator_value)}, got {_js(err.instance)}"
+    elif err.validator == "type" and err.validator_value == "null":
+        what = f"must be null, got {_js(err.instance)}"
+    else:
+        what = err.message
+    name = "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p)) for i, p in enumerate(path))
+    why = schema.get("properties", {}).get(path[0], {}).get("description") if path else None
+    return f"{name or '(the whole file)'} {what}" + (f" ({why})" if why else "")
+
+
+# ---------------------------------------------------------------------------------------------
+# The safetensors layout (section 2.3, docs/formats/safetensors.md)
+# ---------------------------------------------------------------------------------------------
+
+# dtype -> (numpy dtype of `.raw`, bytes per element). F16 and BF16 are kept as their bit patterns.
+DTYPES: dict[str, tuple[str, int]] = {
+    "F64": ("<f8", 8),
+    "F32": ("<f4", 4),
+    "F16": ("<u2", 2),
+    "BF16": ("<u2", 2),
+    "I64": ("<i8", 8),
+    "I32": ("<i4", 4),
+    "I16": ("<i2", 2),
+    "I8": ("i1", 1),
+    "U64": ("<u8", 8),
+    "U32": ("<u4", 4),
+    "U16": ("<u2", 2),
+    "U8": ("u1", 1),
+    "BOOL": ("?", 1),
+}
+FLOAT_DTYPES = ("F32", "F16", "BF16")  # what `.f32` widens
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One header entry: dtype, shape, and [begin, end) counted from the start of the data buffer."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    data_offsets: tuple[int, int]
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.data_offsets[1] - self.data_offsets[0]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A checked header: tensors in file order, the metadata, and where the data buffer starts (8 + N)."""
+
+    tensors: dict[str, TensorInfo]
+    metadata: dict[str, str]
+    data_start: int
+
+    @property
+    def data_size(self) -> int:
+        """Bytes in the data buffer (the ranges tile it, so this is where the last one ends)."""
+        return max((t.data_offsets[1] for t in self.tensors.values()), default=0)
+
+    @property
+    def file_size(self) -> int:
+        return self.data_start + self.data_size
+
+
+def parse_layout(buf) -> Layout:
+    """Check a safetensors file's header and layout: buf is the file's bytes (bytes, mmap, memoryview).
+
+    Every rule of docs/formats/safetensors.md, in the order written there; any violation is a
+    FormatError. Only the header is copied (at most 100 MB and never more than the file holds).
+    """
+    size = buf.nbytes if isinstance(buf, memoryview) else len(buf)
+    if size < 8:
+        raise FormatError(f"the file is {size} bytes, shorter than its 8-byte header length")
+    N = int.from_bytes(bytes(buf[:8]), "little")
+    if N > MAX_HEADER_BYTES:
+        raise FormatError(f"header length N = {N} bytes is over the 100 MB limit ({MAX_HEADER_BYTES})")
+    if 8 + N > size:
+        raise FormatError(
+            f"header length N = {N} runs past the end of the file (8 + N = {8 + N} > {size} bytes): "
+            f"truncated or not a safetensors file"
+        )
+    header = _parse_header_json(bytes(buf[8 : 8 + N]))
+    tensors, metadata = _check_entries(header)
+    _check_tiling(tensors, data_size=size - 8 - N, data_start=8 + N)
+    ordered = dict(sorted(tensors.items(), key=lambda kv: (kv[1].data_offsets, kv[0])))
+    return Layout(ordered, metadata, 8 + N)
+
+
+def _parse_header_json(raw: bytes) -> dict:
+    if not raw.startswith(b"{"):
+        raise FormatError(f"the header must be a JSON object starting with '{{', got {raw[:16]!r}")
+    try:
+        text = raw.decode("utf-8")
+        decoder = json.JSONDecoder(object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants)
+        header, end = decoder.raw_decode(text)
+    except _DuplicateKey as exc:
+        raise FormatError(f"the header repeats the key {exc.args[0]!r} (duplicate tensor name?)") from None
+    except (ValueError, RecursionError) as exc:  # bad UTF-8, bad JSON, NaN, absurd nesting
+        raise FormatError(f"the header is not valid JSON: {str(exc)[:200]}") from None
+    if text[end:].strip(" "):
+        raise FormatError(
+            f"the header has {len(text) - end} bytes after its JSON object that are not spaces"
+        )
+    return header
+
+
+def _check_entries(header: dict) -> tuple[dict[str, TensorInfo], dict[str, str]]:
+    tensors: dict[str, TensorInfo] = {}
+    metadata: dict[str, str] = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            if not isinstance(entry, dict) or not all(isinstance(v, str) for v in entry.values()):
+                raise FormatError("__metadata__ must be an object mapping strings to strings")
+            metadata = dict(entry)
+            continue
+        if not name:
+            raise FormatError("a tensor has an empty name")
+        tensors[name] = _check_entry(name, entry)
+    return tensors, metadata
+
+
+def _is_count(v) -> bool:
+    return type(v) is int and v >= 0  # not bool, not 2.0, not "2"
+
+
+def _check_entry(name: str, entry) -> TensorInfo:
+    if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
+        keys = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
+        raise FormatError(
+            f"tensor {name!r}: an entry must have exactly dtype, shape and data_offsets, got {keys}"
+        )
+    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise FormatError(f"tensor {name!r}: unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
+    if not isinstance(shape, list) or not all(_is_count(s) for s in shape):
+        raise FormatError(f"tensor {name!r}: shape must be a list of non-negative integers, got {shape!r}")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)):
+        raise FormatError(
+            f"tensor {name!r}: data_offsets must be [begin, end], two non-negative integers, got {offsets!r}"
+        )
+    begin, end = offsets
+    if begin > end:
+        raise FormatError(f"tensor {name!r}: data_offsets [{begin}, {end}] end before they begin")
+    info = TensorInfo(dtype, tuple(shape), (begin, end))
+    need = info.numel * DTYPES[dtype][1]
+    if end - begin != need:
+        raise FormatError(
+            f"tensor {name!r}: data_offsets [{begin}, {end}] hold {end - begin} bytes, but shape "
+            f"{tuple(shape)} of {dtype} needs {info.numel} x {DTYPES[dtype][1]} = {need}"
+        )
+    return info
+
+
+def _check_tiling(tensors: dict[str, TensorInfo], data_size: int, data_start: int) -> None:
+    """The ranges, sorted by begin, must cover [0, data_size) exactly: no gap, overlap or tail."""
+    ranges = sorted((t.data_offsets, name) for name, t in tensors.items())
+    hint = ""
+    if ranges and ranges[0][0][0] == data_start:
+        hint = (
+            f" (the first tensor begins at {data_start} = 8 + N: data_offsets look counted from the "
+            f"start of the file; they count from the start of the data buffer)"
+        )
+    for (begin, end), name in ranges:
+        if end > data_size:
+            raise FormatError(
+                f"tensor {name!r}: data_offsets [{begin}, {end}] run past the end of the data buffer "
+                f"({data_size} bytes): truncated file{hint}"
+            )
+    cursor, prev = 0, None
+    for (begin, end), name in ranges:
+        if begin > cursor:
+            raise FormatError(
+                f"bytes [{cursor}, {begin}) of the data buffer belong to no tensor: a gap before "
+                f"tensor {name!r}{hint}"
+            )
+        if begin < cursor:
+            raise FormatError(
+                f"tensor {name!r}: data_offsets [{begin}, {end}] overlap tensor {prev!r}, which ends at {cursor}"
+            )
+        cursor, prev = end, name
+    if cursor < data_size:
+        raise FormatError(
+            f"{data_size - cursor} trailing bytes: the tensors end at byte {cursor} of the data buffer, "
+            f"which holds {data_size}"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# The memory-mapped reader
+# ---------------------------------------------------------------------------------------------
+
+
+class SafeTensors:
+    """A safetensors file, memory-mapped read-only. Chapter L10.1, section 2.3.
+
+    `open` maps the file and checks its header (`parse_layout`); tensor bytes are paged in by the
+    operating system only when a tensor is read. `.raw` is a zero-copy view with the stored dtype,
+    `.f32` a float32 array of its own, `.q4` a QLinear. Use as a context manager or call `close()`.
+    """
+
+    def __init__(self, path: Path, mm: mmap.mmap | bytes, layout: Layout):
+        self.path = path
+        self._mm = mm
+        self.layout = layout
+
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> SafeTensors:
+        path = Path(path)
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < 8:  # mmap refuses empty files; parse_layout says what is wrong
+                mm: mmap.mmap | bytes = f.read()
+            else:
+                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            layout = parse_layout(mm)
+        except BaseException:
+            if isinstance(mm, mmap.mmap):
+                mm.close()
+            raise
+        return cls(path, mm, layout)
+
+    def close(self) -> None:
+        """Unmap the file. Views from `.raw` still alive keep the map until they are collected."""
+        mm, self._mm = self._mm, None
+        if isinstance(mm, mmap.mmap):
+            try:
+                mm.close()
+            except BufferError:  # exported views: the map closes when the last one dies
+                pass
+
+    def __enter__(self) -> SafeTensors:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._mm is None else f"{len(self.layout.tensors)} tensors"
+        return f"SafeTensors({str(self.path)!r}, {state})"
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        return self.layout.metadata
+
+    def names(self) -> list[str]:
+        """Tensor names in file order (by data offset)."""
+        return list(self.layout.tensors)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.layout.tensors
+
+    def info(self, name: str) -> TensorInfo:
+        try:
+            return self.layout.tensors[name]
+        except KeyError:
+            raise FormatError(f"tensor {name!r} is not in {self.path.name}") from None
+
+    def raw(self, name: str) -> np.ndarray:
+        """A zero-copy read-only view of tensor `name` with its stored dtype (F16/BF16 as uint16)."""
+        if self._mm is None:
+            raise ValueError(f"{self!r}: the file is closed")
+        t = self.info(name)
+        dt = np.dtype(DTYPES[t.dtype][0])
+        if t.numel == 0:
+            return np.empty(t.shape, dtype=dt)
+        offset = self.layout.data_start + t.data_offsets[0]
+        return np.frombuffer(self._mm, dtype=dt, count=t.numel, offset=offset).reshape(t.shape)
+
+    def f32(self, name: str, shape=None) -> np.ndarray:
+        """Tensor `name` as a new float32 array: F32 copied, F16 and BF16 widened (each as itself).
+
+        `shape`, when given, must equal the stored shape (FormatError otherwise).
+        """
+        t = self.info(name)
+        if shape is not None and tuple(shape) != t.shape:
+            raise FormatError(f"tensor {name!r} has shape {t.shape}, expected {tuple(shape)}")
+        bits = self.raw(name)
+        if t.dtype == "F32":
+            return np.array(bits, dtype=np.float32)
+        if t.dtype == "F16":
+            return f16_to_f32(bits)
+        if t.dtype == "BF16":
+            return bf16_to_f32(bits)
+        raise FormatError(
+            f"tensor {name!r} is {t.dtype}; .f32 widens only {', '.join(FLOAT_DTYPES)} (use .raw)"
+        )
+
+    def q4(self, name: str, out: int, inp: int, group: int) -> QLinear:
+        """The int4 linear `name` from `<name>.qweight` (U8) and `<name>.scales` (F16 bits). Section 2.5."""
+        want = Int4(group).tag
+        got = self.layout.metadata.get("quant")
+        if got != want:
+            raise FormatError(
+                f"{self.path.name}: metadata quant is {got!r}, expected {want!r} for tensor {name!r}"
+            )
+        parts = {}
+        for suffix, dtype, shape in (("qweight", "U8", (out, inp // 2)), ("scales", "F16", (out, inp // group))):
+            t = self.info(f"{name}.{suffix}")
+            if t.dtype != dtype or t.shape != shape:
+                raise FormatError(
+                    f"tensor '{name}.{suffix}' is {t.dtype} {t.shape}, expected {dtype} {shape}"
+                )
+            parts[suffix] = np.array(self.raw(f"{name}.{suffix}"), dtype=np.uint8 if dtype == "U8" else np.uint16)
+        try:
+            return QLinear(out, inp, group, parts["qweight"], parts["scales"])
+        except ValueError as exc:  # e.g. a negative or infinite scale
+            raise FormatError(f"tensor {name!r}: {exc}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Linear:
+    """y = x W^T with W float32 (out, inp), stored [out, in] as in the checkpoint."""
+
+    w: np.ndarray
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.w, np.ndarray) or self.w.ndim != 2 or self.w.dtype != np.float32:
+            desc = f"{self.w.dtype} {self.w.shape}" if isinstance(self.w, np.ndarray) else type(self.w).__name__
+            raise ValueError(f"Linear.w must be a 2D float32 array (out, inp), got {desc}")
+
+    @property
+    def out(self) -> int:
+        return self.w.shape[0]
+
+    @property
+    def inp(self) -> int:
+        return self.w.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        return self.w.nbytes
+
+    def forward(self, x, rowwise: bool = False) -> np.ndarray:
+        """y = x W^T. x: float32 (m, inp) -> y: float32 (m, out).
+
+        rowwise=True sends each row through its own (1, inp) x (inp, out) product (section 2.4,
+        matmul_rows), so a row's result does not depend on the other rows (batch invariance).
+        """
+        x = np.asarray(x)
+        if x.ndim != 2 or x.shape[1] != self.inp:
+            raise ValueError(f"x must be (m, {self.inp}), got shape {x.shape}")
+        x = x.astype(np.float32, copy=False)
+        W_T = self.w.T
+        if not rowwise:
+            return x @ W_T
+        y = np.empty((x.shape[0], self.out), dtype=np.float32)
+        for i in range(x.shape[0]):
+            np.matmul(x[i : i + 1], W_T, out=y[i : i + 1])
+        return y
+
+
+AnyLinear = Union[Linear, QLinear]
+
+LAYER_NORMS = ("input_layernorm", "post_attention_layernorm")
+# (LlamaLayer field, Hugging Face module path inside model.layers.{i})
+LAYER_LINEARS = (
+    ("q_proj", "self_attn.q_proj"),
+    ("k_proj", "self_attn.k_proj"),
+    ("v_proj", "self_attn.v_proj"),
+    ("o_proj", "self_attn.o_proj"),
+    ("gate_proj", "mlp.gate_proj"),
+    ("up_proj", "mlp.up_proj"),
+    ("down_proj", "mlp.down_proj"),
+)
+
+
+@dataclass(eq=False)
+class LlamaLayer:
+    """One decoder layer (section 2.4): two RMSNorm weights (d,) float32 and seven linears."""
+
+    input_layernorm: np.ndarray
+    q_proj: AnyLinear
+    k_proj: AnyLinear
+    v_proj: AnyLinear
+    o_proj: AnyLinear
+    post_attention_layernorm: np.ndarray
+    gate_proj: AnyLinear
+    up_proj: AnyLinear
+    down_proj: AnyLinear
+
+    def linears(self) -> dict[str, AnyLinear]:
+        return {f: getattr(self, f) for f, _ in LAYER_LINEARS}
+
+
+@dataclass(eq=False)
+class LlamaWeights:
+    """A Llama model's weights. embed (V, d), norm (d,) float32; lm_head None when tied.
+
+    `quant` is None when every linear is a float32 `Linear`, else the `Int4` scheme of the layer
+    linears (the LM head stays float32 either way: see `load_weights`).
+    """
+
+    config: ModelConfig
+    embed: np.ndarray
+    layers: list[LlamaLayer]
+    norm: np.ndarray
+    lm_head: Linear | None
+    quant: Int4 | None = None
+
+    @property
+    def head_weight(self) -> np.ndarray:
+        """The LM head matrix (V, d) float32: the embedding itself when tie_word_embeddings."""
+        return self.embed if self.lm_head is None else self.lm_head.w
+
+    @property
+    def head(self) -> Linear:
+        """The LM head as a Linear (sharing memory with `embed` when tied): logits = h @ W^T."""
+        return Linear(self.embed) if self.lm_head is None else self.lm_head
+
+
+@dataclass(eq=False)
+class BigramWeights:
+    """The byte bigram of L10.0: logits (V, V) float32, row a = logits of the token after a."""
+
+    config: ModelConfig
+    logits: np.ndarray
+
+
+Weights = Union[BigramWeights, LlamaWeights]
+
+
+def tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The float tensors a checkpoint for `config` holds, Hugging Face names -> shapes, in model order.
+
+    Linears appear as `<module>.weight`; an int4 file stores each as `.qweight` + `.scales` instead.
+    """
+    c = config
+    V = c.vocab_size
+    if c.arch == "bigram":
+        return {"bigram.logits": (V, V)}
+    d, I, D = c.hidden_size, c.intermediate_size, c.head_dim
+    H, H_kv = c.num_attention_heads, c.num_key_value_heads
+    linear_shapes = {
+        "q_proj": (H * D, d), "k_proj": (H_kv * D, d), "v_proj": (H_kv * D, d), "o_proj": (d, H * D),
+        "gate_proj": (I, d), "up_proj": (I, d), "down_proj": (d, I),
+    }
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (V, d)}
+    for i in range(c.num_hidden_layers):
+        p = f"model.layers.{i}"
+        shapes[f"{p}.input_layernorm.weight"] = (d,)
+        for fname, module in LAYER_LINEARS[:4]:
+            shapes[f"{p}.{module}.weight"] = linear_shapes[fname]
+        shapes[f"{p}.post_attention_layernorm.weight"] = (d,)
+        for fname, module in LAYER_LINEARS[4:]:
+            shapes[f"{p}.{module}.weight"] = linear_shapes[fname]
+    shapes["model.norm.weight"] = (d,)
+    if not c.tie_word_embeddings:
+        shapes["lm_head.weight"] = (V, d)
+    return shapes
+
+
+def _is_layer_linear(name: str) -> bool:
+    return name.startswith("model.layers.") and name.endswith("_proj.weight")
+
+
+# Non-persistent buffers some older exports saved; the engine computes RoPE itself.
+_IGNORED = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
+
+
+def file_quant(st: SafeTensors) -> Int4 | None:
+    """The Int4 scheme an int4 file declares in its metadata `quant`, or None for a plain file."""
+    tag = st.layout.metadata.get("quant")
+    return None if tag is None else Int4.from_tag(tag)
+
+
+def load_weights(directory: str | os.PathLike, quant: Int4 | None = None) -> Weights:
+    """Read config.json and model.safetensors into BigramWeights or LlamaWeights (section 2.3).
+
+    Every tensor is checked against config.json: a missing one, a wrong shape or an unknown name
+    (a bias the engine would drop, say) is a FormatError naming the tensor. An int4 file (metadata
+    quant = "int4-g<g>-sym") is detected and its linears loaded with `.q4`. `quant=Int4(g)`
+    quantizes each layer linear of a float file while loading, one tensor at a time, so the float32
+    copies of the linears never coexist. Embeddings, norms and an untied lm_head stay float32 (the
+    LM head decides the token; int4 there would move the argmax the greedy tests compare).
+    """
+    directory = Path(directory)
+    config = ModelConfig.load(directory)
+    if quant is not None and not isinstance(quant, Int4):
+        raise ValueError(f"quant must be Int4(group) or None, got {quant!r}")
+    if quant is not None and config.arch != "llama":
+        raise ValueError(f"quant={quant!r} needs a llama checkpoint; a {config.arch} has no linear layers")
+    with SafeTensors.open(directory / "model.safetensors") as st:
+        stored = file_quant(st)
+        if config.quant is not None and (stored is None or stored.tag != config.quant):
+            raise FormatError(
+                f"config.json says tl_quant = {config.quant!r} but model.safetensors has metadata "
+                f"quant = {st.layout.metadata.get('quant')!r}"
+            )
+        if stored is not None and quant is not None and stored != quant:
+            raise ValueError(
+                f"model.safetensors is already {stored.tag}; re-quantizing it as {quant.tag} would "
+                f"compound the rounding (load it with quant=None or quant={stored!r})"
+            )
+        expected = tensor_shapes(config)
+        _check_names(st, expected, stored, config)
+        if config.arch == "bigram":
+            return BigramWeights(config, st.f32("bigram.logits", expected["bigram.logits"]))
+        return _load_llama(st, config, expected, stored, quant)
+
+
+def _check_names(st: SafeTensors, expected: dict, stored: Int4 | None, config: ModelConfig) -> None:
+    names = {}
+    for name, shape in expected.items():
+        if stored is not None and _is_layer_linear(name):
+            base = name[: -len(".weight")]
+            names[f"{base}.qweight"] = names[f"{base}.scales"] = None  # shapes checked by .q4
+        else:
+            names[name] = shape
+    for name, shape in names.items():
+        if name not in st:
+            raise FormatError(f"model.safetensors has no tensor {name!r} (config.json needs it)")
+        if shape is not None and st.info(name).shape != shape:
+            raise FormatError(
+                f"tensor {name!r} has shape {st.info(name).shape}, config.json needs {shape}"
+            )
+    for name in st.names():
+        if name in names or _IGNORED.fullmatch(name):
+            continue
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            continue  # a tied checkpoint that stored the head anyway: Hugging Face ignores it too
+        raise FormatError(
+            f"model.safetensors has a tensor the engine does not know: {name!r} "
+            f"(a {config.arch} with this config.json has no such weight)"
+        )
+
+
+def _load_llama(st, config, expected, stored: Int4 | None, quant: Int4 | None) -> LlamaWeights:
+    def linear(module: str) -> AnyLinear:
+        out, inp = expected[f"{module}.weight"]
+        if stored is not None:
+            return st.q4(module, out, inp, stored.group)
+        w = st.f32(f"{module}.weight", (out, inp))
+        if quant is None:
+            return Linear(w)
+        try:
+            return QLinear.quantize(w, quant.group)  # w, the only f32 copy, dies on return
+        except ValueError as exc:
+            raise ValueError(f"cannot quantize {module!r} as {quant.tag}: {exc}") from None
+
+    layers = []
+    for i in range(config.num_hidden_layers):
+        p = f"model.layers.{i}"
+        parts = {n: st.f32(f"{p}.{n}.weight", expected[f"{p}.{n}.weight"]) for n in LAYER_NORMS}
+        parts.update({f: linear(f"{p}.{m}") for f, m in LAYER_LINEARS})
+        layers.append(LlamaLayer(**parts))
+    embed = st.f32("model.embed_tokens.weight", expected["model.embed_tokens.weight"])
+    norm = st.f32("model.norm.weight", expected["model.norm.weight"])
+    lm_head = None
+    if not config.tie_word_embeddings:
+        lm_head = Linear(st.f32("lm_head.weight", expected["lm_head.weight"]))
+    return LlamaWeights(config, embed, layers, norm, lm_head, quant=stored or quant)
