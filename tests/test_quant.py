@@ -150,6 +150,8 @@ def test_conversions_keep_python_and_array_types():
     assert f16_to_f32(bits).dtype == np.float32 and f16_to_f32(bits).shape == (3, 1)
     assert bf16_to_f32(bits).shape == (3, 1)
     assert f32_to_f16(np.float32(2.0)) == 0x4000  # a numpy scalar counts as a scalar
+    assert f32_to_f16(np.array(2.0, dtype=np.float32)).shape == ()  # a 0-d array stays 0-d
+    assert f32_to_bf16(np.array(2.0, dtype=np.float32)).shape == ()
 
 
 # ---------------------------------------------------------------------------------------------

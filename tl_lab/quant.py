@@ -305,7 +305,7 @@ def _floats32(x: np.ndarray) -> np.ndarray:
             f"x must be a float array, got dtype {x.dtype} (for f32 bit patterns use .view(np.float32))"
         )
     with np.errstate(over="ignore"):
-        return np.ascontiguousarray(x, dtype=np.float32)
+        return np.asarray(x, dtype=np.float32)
 
 
 # ---------------------------------------------------------------------------------------------
