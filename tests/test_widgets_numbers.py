@@ -1,0 +1,57 @@
+"""Tests for tl_lab/widgets/numbers.py: typing a number shows its bits and its rounding."""
+
+import html as html_module
+import re
+
+from tl_lab.quant import f32_to_bf16, f32_to_f16
+from tl_lab.widgets.numbers import NumbersWidget
+
+
+def plain(html: str) -> str:
+    """The text shown: tags removed (bit strings read as one piece), entities decoded."""
+    return html_module.unescape(re.sub(r"<[^>]+>", "", html))
+
+
+def test_typing_the_section_3_tie_shows_the_even_result():
+    w = NumbersWidget("0.1")
+    w.text.value = "1.00048828125"  # 1 + 2^-11: halfway between 0x3C00 and 0x3C01
+    shown = plain(w.html.value)
+    assert "0x3C00" in shown and "0x3F801000" in shown
+    assert "tie -> even: the kept value is even, keep it" in shown
+    assert "0 | 01111 | 0000000000" in shown  # f16 sign | exponent | mantissa
+    assert "0 | 01111111 | 00000000001000000000000" in shown  # the f32 pattern
+    assert "drop 1000000000000 (13 bits; halfway is 1000000000000)" in shown
+    assert w.x == 1.00048828125 and w.narrowings["f16"].bits == f32_to_f16(w.x)
+
+    w.text.value = "1.00146484375"  # 1 + 3 * 2^-11: the even neighbour is 0x3C02, above
+    shown = plain(w.html.value)
+    assert "0x3C02" in shown and "round up (+1) to the even one" in shown
+    assert "0x%04X" % f32_to_bf16(1.00146484375) in shown
+
+
+def test_values_errors_and_ranges_are_shown():
+    w = NumbersWidget()
+    w.text.value = "70000"
+    shown = plain(w.html.value)
+    assert "0x7C00" in shown and "overflow: infinity" in shown
+    assert "beyond 65504, the largest finite f16" in shown
+    assert "70144.0" in shown  # bf16 keeps the range: the nearest bf16 to 70000
+    w.text.value = "0.1"
+    shown = plain(w.html.value)
+    assert "0x2E66" in shown and "0.0999755859375" in shown  # f16(0.1)
+    assert "0.000244" in shown  # its relative error, below 2^-11
+    assert "normal range: relative error at most 2^-11" in shown
+    w.text.value = "1e-6"
+    assert "f16 subnormal" in plain(w.html.value)
+    w.text.value = "nan"
+    assert "NaN stays NaN (quiet bit set)" in plain(w.html.value) and "0x7E00" in plain(w.html.value)
+
+
+def test_bad_input_shows_a_message_not_a_traceback():
+    w = NumbersWidget("1.5")
+    w.text.value = "abc"
+    assert "Not a number: 'abc'" in plain(w.html.value) and w.x is None
+    w.text.value = "  "
+    assert "Type a number" in plain(w.html.value)
+    w.text.value = "2"
+    assert "0x4000" in plain(w.html.value) and w.x == 2.0

@@ -1,0 +1,171 @@
+"""The numbers widget: type a float, see its f32, f16 and bf16 bits and how each was rounded.
+
+Chapter L10.1, section 2.3 (the widening formulas, rounding to nearest even) and section 3 (the f16
+ties). Everything shown comes from `tl_lab.quant`'s scalar reference (`explain_f32_to_f16`,
+`explain_f32_to_bf16`), the same code path that converts values, never a copy of it.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+
+import ipywidgets as widgets
+
+from tl_lab.quant import (
+    F16_MAX,
+    Narrowing,
+    bf16_to_f32,
+    explain_f32_to_bf16,
+    explain_f32_to_f16,
+    f16_to_f32,
+    f32_from_bits,
+)
+
+# (total bits, exponent bits, mantissa bits, relative error bound in the normal range)
+FORMATS = {"f32": (32, 8, 23, 2.0**-24), "f16": (16, 5, 10, 2.0**-11), "bf16": (16, 8, 7, 2.0**-8)}
+COLOURS = {"sign": "#c0392b", "exponent": "#2471a3", "mantissa": "#1e8449", "dropped": "#999999"}
+MONO = "font-family: monospace"
+
+
+class NumbersWidget(widgets.VBox):
+    """Type a number in `text`; `html` shows its bit fields, the rounding decisions and the errors.
+
+    After each change `x` holds the parsed value (None when the text is not a number) and
+    `narrowings` the f16 and bf16 `Narrowing` records behind the display.
+    """
+
+    def __init__(self, value: str = "0.1"):
+        self.text = widgets.Text(value=value, description="x =", placeholder="a float, e.g. 0.1")
+        self.html = widgets.HTML()
+        self.x: float | None = None
+        self.narrowings: dict[str, Narrowing] = {}
+        super().__init__([self.text, self.html])
+        self.text.observe(self._on_text, names="value")
+        self.refresh()
+
+    def _on_text(self, change) -> None:
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Parse the text and redraw."""
+        raw = self.text.value.strip()
+        try:
+            self.x = float(raw)
+        except ValueError:
+            self.x, self.narrowings = None, {}
+            self.html.value = _message(raw)
+            return
+        self.narrowings = {"f16": explain_f32_to_f16(self.x), "bf16": explain_f32_to_bf16(self.x)}
+        self.html.value = render(self.x, self.narrowings)
+
+
+def _message(raw: str) -> str:
+    what = "Type a number" if not raw else f"Not a number: {html.escape(repr(raw))}"
+    return (
+        f"<p style='color:{COLOURS['sign']}'><b>{what}.</b> "
+        "Try a decimal such as 0.1, 1.00048828125, -3.5e-6, 70000 or nan.</p>"
+    )
+
+
+def render(x: float, narrowings: dict[str, Narrowing]) -> str:
+    """The whole display for the typed value x (a Python float) as HTML."""
+    x32 = narrowings["f16"].x_bits
+    rows = [_row("f32", x32, f32_from_bits(x32), x)]
+    rows += [_row(fmt, n.bits, _widen(fmt, n.bits), x) for fmt, n in narrowings.items()]
+    table = (
+        f"<table style='{MONO}'><tr><th>format</th><th>sign | exponent | mantissa</th>"
+        "<th>hex</th><th>value stored</th><th>relative error</th></tr>" + "".join(rows) + "</table>"
+    )
+    steps = "".join(_rounding_block(n) for n in narrowings.values())
+    return f"<div><p>x = {html.escape(repr(x))} (typed; f32 first, then narrowed)</p>{table}{steps}</div>"
+
+
+def _widen(fmt: str, bits: int) -> float:
+    return f16_to_f32(bits) if fmt == "f16" else bf16_to_f32(bits)
+
+
+def _row(fmt: str, bits: int, stored: float, x: float) -> str:
+    width = FORMATS[fmt][0]
+    return (
+        f"<tr><td>{fmt}</td><td>{fields_html(fmt, bits)}</td>"
+        f"<td>0x{bits:0{width // 4}X}</td><td>{stored!r}</td><td>{relative_error(stored, x)}</td></tr>"
+    )
+
+
+def fields_html(fmt: str, bits: int) -> str:
+    """The bit pattern as coloured sign | exponent | mantissa spans."""
+    width, n_exp = FORMATS[fmt][:2]
+    b = f"{bits:0{width}b}"
+    parts = (("sign", b[0]), ("exponent", b[1 : 1 + n_exp]), ("mantissa", b[1 + n_exp :]))
+    return " | ".join(f"<span style='color:{COLOURS[k]}'>{v}</span>" for k, v in parts)
+
+
+def relative_error(stored: float, x: float) -> str:
+    """|stored - x| / |x| as text, with the special cases spelled out."""
+    if math.isnan(x) or math.isnan(stored):
+        return "NaN stays NaN"
+    if math.isinf(stored) and not math.isinf(x):
+        return "overflow: infinity"
+    if math.isinf(x):
+        return "0 (infinity)"
+    if x == 0:
+        return "0" if stored == 0 else "inf"
+    return f"{abs(stored - x) / abs(x):.3g}"
+
+
+def _rounding_block(n: Narrowing) -> str:
+    """How the f32 pattern was narrowed to `n.fmt`: kept and dropped bits, the halfway test."""
+    title = f"<p><b>f32 &rarr; {n.fmt}</b>: "
+    if n.rounding is None:
+        nan = math.isnan(f32_from_bits(n.x_bits))
+        return title + ("NaN stays NaN (quiet bit set)" if nan else "infinity stays infinity") + "</p>"
+    r = n.rounding
+    kept_width = (24 if n.fmt == "f16" else 31) - r.n_dropped
+    kept = f"{r.kept:0{kept_width}b}" if kept_width > 0 else "(none)"
+    dropped = f"{r.dropped:0{r.n_dropped}b}"
+    half = f"{r.half:0{r.n_dropped}b}"
+    what = "significand, implicit 1 included" if n.fmt == "f16" else "exponent and mantissa"
+    lines = [
+        f"keep ({what}) <span style='{MONO}; color:{COLOURS['mantissa']}'>{kept}</span> "
+        f"drop <span style='{MONO}; color:{COLOURS['dropped']}'>{dropped}</span> "
+        f"({r.n_dropped} bits; halfway is <span style='{MONO}'>{half}</span>)",
+        f"decision: {decision_text(r)}",
+        _range_note(n),
+    ]
+    return title + "<br>".join(lines) + "</p>"
+
+
+def _range_note(n: Narrowing) -> str:
+    """Where the value sits in the target format's range, and what that means for the error."""
+    bound = FORMATS[n.fmt][3]
+    x32 = abs(f32_from_bits(n.x_bits))
+    smallest_normal = 2.0**-14 if n.fmt == "f16" else 2.0**-126
+    if n.overflow:
+        limit = f"{F16_MAX:g}" if n.fmt == "f16" else "3.39e38"
+        return f"overflow: beyond {limit}, the largest finite {n.fmt}, the result is infinity"
+    if x32 == 0:
+        return "zero is exact"
+    if x32 < smallest_normal:
+        fate = "underflow to zero" if n.bits & 0x7FFF == 0 else f"{n.fmt} subnormal"
+        return (
+            f"below {n.fmt}'s normal range ({smallest_normal:.3g}): {fate}; fewer significant bits, "
+            f"so the relative error can exceed {bound:.3g}"
+        )
+    return f"normal range: relative error at most 2^{int(math.log2(bound))} = {bound:.3g}"
+
+
+def decision_text(r) -> str:
+    """One line naming the rounding decision: exact, below half, tie -> even, above half."""
+    if r.verdict == "exact":
+        return "exact: the dropped bits are all zero, keep"
+    if r.verdict == "below half":
+        return "below half: round down (keep)"
+    if r.verdict == "above half":
+        return "above half: round up (+1)"
+    if r.round_up:
+        return "tie -> even: the kept value is odd, round up (+1) to the even one"
+    return "tie -> even: the kept value is even, keep it"
+
+
+__all__ = ["NumbersWidget", "render", "fields_html", "relative_error", "decision_text"]
