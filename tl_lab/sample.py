@@ -204,7 +204,7 @@ def _widen(logits) -> np.ndarray:
     bad = ~(np.abs(x) <= LOGIT_LIMIT)  # catches NaN and +-inf too
     if bad.any():
         i = int(np.argmax(bad))
-        raise ValueError(f"logit of id {i} is {x[i]!r}: logits must be finite (and at most 2**1000 in size)")
+        raise ValueError(f"logit of id {i} is {float(x[i])!r}: logits must be finite (and at most 2**1000 in size)")
     return x
 
 
@@ -436,12 +436,13 @@ def _penalise(x: np.ndarray, params: SamplingParams, prompt: np.ndarray, output:
     l = x
     r = params.repetition_penalty
     seen = np.unique(np.concatenate([prompt, output]))
-    if seen.size:
-        v = l[seen]
-        l[seen] = np.where(v > 0, v / r, v * r)
-    if output.size:
-        ids, counts = np.unique(output, return_counts=True)
-        l[ids] = l[ids] - (params.frequency_penalty * counts.astype(np.float64) + params.presence_penalty)
+    with np.errstate(over="ignore"):  # an overflow is refused just below, by id
+        if seen.size:
+            v = l[seen]
+            l[seen] = np.where(v > 0, v / r, v * r)
+        if output.size:
+            ids, counts = np.unique(output, return_counts=True)
+            l[ids] = l[ids] - (params.frequency_penalty * counts.astype(np.float64) + params.presence_penalty)
     l += 0.0  # -0.0 -> +0.0
     bad = ~(np.abs(l) <= LOGIT_LIMIT)
     if bad.any():
