@@ -1,0 +1,233 @@
+"""Tokenizers: text <-> token ids, behind one small interface (interface page, "Beyond the chapter").
+
+config.json's `tl_tokenizer` picks one (chapter L10.1, section 2.3):
+
+- "byte": ByteTokenizer, token id = byte value (vocab 256), for the bigram and the tiny Llama;
+- "bpe":  BpeTokenizer, the model directory's tokenizer.json through the `tokenizers` library
+          (SmolLM2's byte-level BPE, rebuilt from its GGUF by tl_lab.fetch).
+
+encode() adds no special tokens: a chat prompt gets them from the chat template
+(apply_chat_template renders config.json's `tl_chat_template`, exactly as transformers does).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from tl_lab.errors import ConfigError
+
+
+class Tokenizer:
+    """What the engine and the notebooks need from a tokenizer.
+
+    vocab_size: ids are 0 .. vocab_size - 1.  eos_ids: generation stops at any of these.
+    bos_id: the begin-of-sequence id or None.  chat_template: a Jinja template or None.
+    """
+
+    vocab_size: int
+    eos_ids: list[int]
+    bos_id: int | None
+    chat_template: str | None
+
+    def encode(self, text: str) -> list[int]:
+        raise NotImplementedError
+
+    def decode(self, ids: Iterable[int]) -> str:
+        raise NotImplementedError
+
+    def token_str(self, id: int) -> str:
+        """One token for display: its text, with bytes that are not text on their own as \\xNN."""
+        raise NotImplementedError
+
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+        """The prompt text for a chat: messages [{"role": ..., "content": ...}] rendered by the template."""
+        if not self.chat_template:
+            raise ConfigError("this model has no chat template (config.json tl_chat_template); use a plain prompt")
+        return render_chat_template(
+            self.chat_template,
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            special_tokens=self._special_token_strings(),
+        )
+
+    def _special_token_strings(self) -> dict[str, str | None]:
+        return {}
+
+    def _check_ids(self, ids: Iterable[int]) -> list[int]:
+        ids = [int(i) for i in ids]
+        for i in ids:
+            if not 0 <= i < self.vocab_size:
+                raise ValueError(f"token id {i} is outside the vocabulary (0 .. {self.vocab_size - 1})")
+        return ids
+
+
+class ByteTokenizer(Tokenizer):
+    """Token id = byte value: UTF-8 in, 256 ids; decode replaces invalid UTF-8 with U+FFFD."""
+
+    vocab_size = 256
+
+    def __init__(self, eos_ids: Iterable[int] = (), bos_id: int | None = None, chat_template: str | None = None):
+        self.eos_ids = [int(i) for i in eos_ids]
+        self.bos_id = bos_id
+        self.chat_template = chat_template
+        self._check_ids(self.eos_ids + ([] if bos_id is None else [bos_id]))
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return bytes(self._check_ids(ids)).decode("utf-8", errors="replace")
+
+    def token_str(self, id: int) -> str:
+        (b,) = self._check_ids([id])
+        return chr(b) if 0x20 <= b < 0x7F else f"\\x{b:02x}"
+
+    def __repr__(self) -> str:
+        return f"ByteTokenizer(vocab_size=256, eos_ids={self.eos_ids})"
+
+
+class BpeTokenizer(Tokenizer):
+    """A tokenizer.json (byte-level BPE with special tokens) through the `tokenizers` library."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        eos_ids: Iterable[int] = (),
+        bos_id: int | None = None,
+        chat_template: str | None = None,
+        vocab_size: int | None = None,
+    ):
+        from tokenizers import Tokenizer as HfTokenizer
+
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"tl_tokenizer is bpe but {path} is missing")
+        try:
+            self._tok = HfTokenizer.from_file(str(path))
+        except Exception as exc:  # the library raises a bare Exception for a malformed file
+            raise ConfigError(f"{path} is not a tokenizer.json the tokenizers library can read: {exc}") from exc
+        n = self._tok.get_vocab_size(with_added_tokens=True)
+        if vocab_size is not None and n > vocab_size:
+            raise ConfigError(f"{path.name} has {n} tokens but config.json vocab_size is {vocab_size}")
+        self.vocab_size = vocab_size if vocab_size is not None else n
+        self.eos_ids = [int(i) for i in eos_ids]
+        self.bos_id = bos_id
+        self.chat_template = chat_template
+        self._check_ids(self.eos_ids + ([] if bos_id is None else [bos_id]))
+        self._special = {t.content for t in self._tok.get_added_tokens_decoder().values() if t.special}
+        self._byte_of = {c: b for b, c in _bytes_to_unicode().items()}
+
+    def encode(self, text: str) -> list[int]:
+        # Special-token strings in the text (the chat template writes them) become their ids.
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        return self._tok.decode(self._check_ids(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_bytes(self, id: int) -> bytes:
+        """The bytes a token stands for (a special token: its text in UTF-8)."""
+        (i,) = self._check_ids([id])
+        piece = self._tok.id_to_token(i)
+        if piece is None:
+            return b""
+        if piece in self._special or any(c not in self._byte_of for c in piece):
+            return piece.encode("utf-8")
+        return bytes(self._byte_of[c] for c in piece)
+
+    def token_str(self, id: int) -> str:
+        return self.token_bytes(id).decode("utf-8", errors="backslashreplace")
+
+    def _special_token_strings(self) -> dict[str, str | None]:
+        name = lambda i: None if i is None else self._tok.id_to_token(i)  # noqa: E731
+        return {"bos_token": name(self.bos_id), "eos_token": name(self.eos_ids[0] if self.eos_ids else None)}
+
+    def __repr__(self) -> str:
+        return f"BpeTokenizer(vocab_size={self.vocab_size}, eos_ids={self.eos_ids}, bos_id={self.bos_id})"
+
+
+def load_tokenizer(model_dir: str | Path, config: Any = None) -> Tokenizer:
+    """The tokenizer config.json asks for: config.tokenizer "byte" or "bpe" (tokenizer.json beside it).
+
+    config: a tl_lab.model.ModelConfig, a dict of config.json keys, or None to read model_dir/config.json.
+    """
+    model_dir = Path(model_dir)
+    if config is None:
+        path = model_dir / "config.json"
+        try:
+            config = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read {path}: {exc}") from exc
+    kind = _field(config, "tokenizer", "tl_tokenizer")
+    eos = _field(config, "eos_token_ids", "eos_token_id")
+    eos_ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    bos_id = _field(config, "bos_token_id", "bos_token_id")
+    template = _field(config, "chat_template", "tl_chat_template")
+    if kind == "byte":
+        return ByteTokenizer(eos_ids=eos_ids, bos_id=bos_id, chat_template=template)
+    if kind == "bpe":
+        vocab = _field(config, "vocab_size", "vocab_size")
+        return BpeTokenizer(model_dir / "tokenizer.json", eos_ids, bos_id, template, vocab_size=vocab)
+    raise ConfigError(f"tl_tokenizer must be 'byte' or 'bpe', got {kind!r}")
+
+
+def _field(config: Any, attr: str, key: str):
+    """A ModelConfig attribute, or a config.json key."""
+    if isinstance(config, dict):
+        return config.get(key)
+    return getattr(config, attr, None)
+
+
+def render_chat_template(
+    template: str,
+    messages: Sequence[dict],
+    *,
+    add_generation_prompt: bool = True,
+    special_tokens: dict[str, str | None] | None = None,
+) -> str:
+    """Render a Hugging Face chat template the way transformers does.
+
+    transformers uses a sandboxed Jinja environment with trim_blocks and lstrip_blocks, the
+    loopcontrols extension, a tojson filter and a raise_exception() helper; the special tokens
+    (bos_token, eos_token, ...) are variables.
+    """
+    env = _jinja_env()
+    variables = dict(special_tokens or {})
+    variables.update(messages=list(messages), add_generation_prompt=add_generation_prompt)
+    return env.from_string(template).render(**variables)
+
+
+_ENV = None
+
+
+def _jinja_env():
+    global _ENV
+    if _ENV is None:
+        from jinja2.exceptions import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message):
+            raise TemplateError(message)
+
+        def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+            return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        env.filters["tojson"] = tojson
+        env.globals["raise_exception"] = raise_exception
+        _ENV = env
+    return _ENV
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: each byte as a printable character (printable Latin-1 as itself)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
