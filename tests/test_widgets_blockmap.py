@@ -1,0 +1,163 @@
+"""Tests for tl_lab/widgets/blockmap.py: step the prefix-cache story, check the pool and the drawing."""
+
+import html as html_module
+import re
+
+import numpy as np
+
+from tl_lab.kv import KvCfg, KvPool, prefix_hashes
+from tl_lab.widgets.blockmap import PROMPTS, STORY, BlockMap, key_value, short_hash
+
+
+def plain(html: str) -> str:
+    """The text shown: bold marks dropped, other tags a space, entities decoded, spaces collapsed."""
+    html = re.sub(r"</?b>", "", html)
+    return " ".join(html_module.unescape(re.sub(r"<[^>]+>", " ", html)).split())
+
+
+def drawn_blocks(bm: BlockMap) -> dict[int, dict]:
+    """The grid's blocks as drawn: id -> state, ref, fill, short hash (from the SVG's data attributes)."""
+    out = {}
+    pat = (r"class='tl-block' data-block='(\d+)' data-state='(\w+)' data-ref='(\d+)' "
+           r"data-fill='(\d+)' data-hash='([^']*)'")
+    for b, st, ref, fill, h in re.findall(pat, bm.grid.value):
+        out[int(b)] = {"state": st, "ref": int(ref), "fill": int(fill), "hash": h}
+    return out
+
+
+def drawn_tables(bm: BlockMap) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for seq, _i, b in re.findall(r"class='tl-entry' data-seq='([^']*)' data-index='(\d+)' data-block='(\d+)'",
+                                 bm.grid.value):
+        out.setdefault(seq, []).append(int(b))
+    return out
+
+
+def assert_drawing_matches_pool(bm: BlockMap):
+    blocks = drawn_blocks(bm)
+    assert sorted(blocks) == list(range(bm.pool.n_blocks))
+    for b, d in blocks.items():
+        assert d["state"] == bm.pool.state(b) and d["ref"] == bm.pool.ref(b) and d["fill"] == bm.pool.fill(b)
+        assert d["hash"] == html_module.escape(short_hash(bm.pool.hash_of(b)))
+    assert drawn_tables(bm) == bm.tables
+
+
+def test_story_buttons_step_the_prefix_cache():
+    bm = BlockMap()
+    assert bm.step == 0 and bm.back_button.disabled and not bm.next_button.disabled
+    assert bm.pool.stats()["free"] == 12 and bm.tables == {}
+    assert "No sequence holds blocks" in plain(bm.where.value)
+    assert_drawing_matches_pool(bm)
+
+    bm.next_button.click()  # A prefills: 14 tokens, 4 blocks, 3 full ones registered
+    assert bm.step == 1 and bm.tables == {"A": [0, 1, 2, 3]}
+    hA = prefix_hashes(PROMPTS["A"], 4)
+    assert [bm.pool.hash_of(b) for b in range(4)] == hA + [None]
+    assert [bm.pool.fill(b) for b in range(4)] == [4, 4, 4, 2]
+    assert_drawing_matches_pool(bm)
+    assert "Request A prefills" in plain(bm.caption.value)
+
+    bm.next_button.click()  # B finds the system prompt's two blocks by hash
+    s = bm.pool.stats()
+    assert bm.tables["B"] == [0, 1, 4, 5] and (s["lookups"], s["hits"]) == (4, 2)
+    assert bm.pool.ref(0) == bm.pool.ref(1) == 2
+    assert "lookup finds blocks 0, 1 by hash" in plain(bm.caption.value)
+    assert_drawing_matches_pool(bm)
+
+    bm.next_button.click()  # A finishes: block 2 (registered) cached, block 3 (partial) freed
+    assert bm.pool.state(2) == "cached" and bm.pool.state(3) == "free" and bm.pool.lru() == [2]
+    assert bm.pool.ref(0) == bm.pool.ref(1) == 1
+    assert "LRU, oldest first (evicted first): 2" in plain(bm.grid.value)
+    assert_drawing_matches_pool(bm)
+
+    bm.next_button.click()  # B finishes, tail first
+    assert bm.pool.lru() == [2, 4, 1, 0] and bm.tables == {}
+    assert "LRU, oldest first (evicted first): 2 → 4 → 1 → 0" in plain(bm.grid.value)
+    assert_drawing_matches_pool(bm)
+
+    bm.next_button.click()  # C under pressure: hits 0, 1; evicts 2, the oldest cached block
+    assert bm.step == len(STORY) - 1 and bm.next_button.disabled
+    assert bm.pool.stats()["evictions"] == 1 and bm.pool.lru() == [4]
+    assert bm.tables["C"][:2] == [0, 1] and bm.tables["C"][-1] == 2
+    assert bm.pool.hash_of(2) == prefix_hashes(PROMPTS["C"], 4)[10]  # block 2 now holds C's last block
+    assert "evicted: 2" in plain(bm.caption.value)
+    assert "evictions 1" in plain(bm.grid.value)
+    assert_drawing_matches_pool(bm)
+
+    bm.next_button.click()  # at the end: stays
+    assert bm.step == len(STORY) - 1
+    bm.back_button.click()
+    assert bm.step == 4 and bm.pool.lru() == [2, 4, 1, 0]
+    bm.reset_button.click()
+    assert bm.step == 0 and bm.pool.stats()["free"] == 12 and bm.tables == {}
+
+
+def test_selecting_a_position_shows_where_its_key_lands():
+    bm = BlockMap()
+    bm.goto(5)
+    assert bm.seq.options == ("C",)
+    bm.seq.value = "C"
+    bm.position.value = 37  # C's table index 9 -> pool block 5, slot 1
+    loc = bm.locate()
+    table = bm.tables["C"]
+    assert (loc["index"], loc["block"], loc["slot"]) == (9, table[9], 1)
+    assert loc["offsets"] == [(0 * 4 + 1) * 4, (1 * 4 + 1) * 4]
+    shown = plain(bm.where.value)
+    assert f"block table index 37 // 4 = 9 → pool block {table[9]}, slot 37 % 4 = 1" in shown
+    assert "(1 · 4 + 1) · 4 = 20" in shown
+    token = PROMPTS["C"][37]
+    assert f"{key_value(token, 1):g}" in shown and f"{-key_value(token, 1):g}" in shown  # read from the slab
+    K = bm.pool.slab(table[9], 0, False).ravel()
+    assert float(np.uint16(K[20]).view(np.float16)) == key_value(token, 1)
+    assert f"data-block='{table[9]}' data-state='in_use'" in bm.grid.value
+    assert "stroke='#dc2626' stroke-width='3'" in bm.grid.value  # the selected block is outlined
+
+    for bad in (44, -1, 1000):
+        bm.position.value = bad
+        shown = plain(bm.where.value)
+        assert f"Position {bad} is outside sequence C's block table" in shown
+        assert "positions 0 to 43" in shown
+
+    bm.goto(2)
+    bm.seq.value = "B"
+    bm.position.value = 13  # past B's 13 tokens, inside its last block
+    assert bm.locate()["block"] == 5
+    assert "Not written yet" in plain(bm.where.value)
+
+
+def test_from_pool_draws_any_pool_and_the_chapter_example():
+    pool = KvPool(KvCfg(n_blocks=12, block_tokens=16, n_layers=2, n_kv_heads=2, head_dim=8))
+    pool.alloc(10)
+    for b in (7, 2):
+        pool.set_fill(b, 16)
+    pool.set_fill(9, 6)
+    bm = BlockMap.from_pool(pool, {"s": [7, 2, 9]}, layer=1)
+    assert bm.next_button not in bm.children  # no story buttons
+    assert bm.seq.value == "s"
+    bm.position.value = 37
+    loc = bm.locate()
+    assert (loc["index"], loc["block"], loc["slot"]) == (2, 9, 5)
+    assert loc["offsets"] == [(0 * 16 + 5) * 8, (1 * 16 + 5) * 8]
+    shown = plain(bm.where.value)
+    assert "pool block 9, slot 37 % 16 = 5" in shown and "(1 · 16 + 5) · 8 = 168" in shown
+    assert "layer 1's K slab" in shown and "Not written yet" not in shown
+    assert drawn_tables(bm) == {"s": [7, 2, 9]}
+    assert drawn_blocks(bm)[11]["state"] == "free"
+    # the caller changes the pool, then refreshes
+    assert drawn_blocks(bm)[0]["state"] == "in_use"
+    pool.release(0)
+    bm.refresh()
+    assert drawn_blocks(bm)[0]["state"] == "free"
+    bm.position.value = 48
+    assert "outside sequence s's block table" in plain(bm.where.value)
+    bm.layer.value = 0
+    bm.position.value = 5
+    assert bm.locate()["block"] == 7 and "layer 0's K slab" in plain(bm.where.value)
+
+
+def test_a_big_pool_is_drawn_in_part():
+    pool = KvPool(KvCfg(n_blocks=1000, block_tokens=4, n_layers=1, n_kv_heads=1, head_dim=2))
+    ids = pool.alloc(3)
+    bm = BlockMap.from_pool(pool, {"x": ids})
+    assert len(drawn_blocks(bm)) == 256 and "744 more blocks, not drawn" in plain(bm.grid.value)
+    assert BlockMap.from_pool(pool).where.value.count("No sequence") == 1

@@ -1,0 +1,421 @@
+"""The KV block map: the pool as a grid of blocks, each sequence's block table pointing into it.
+
+Chapter L10.1, section 2.2 (KvPool: references, the prefix hash index, LRU eviction) and section 3
+("where a key lands"). Everything drawn is read from a real `tl_lab.kv.KvPool` through its read-only
+views (`state`, `ref`, `fill`, `hash_of`, `lru`, `stats`, `slab`); the story drives the pool through
+its real operations (`lookup`, `alloc`, `set_fill`, `register`, `release`).
+
+    BlockMap()                        the prefix-cache story on a 12-block pool of B = 4
+    BlockMap.from_pool(pool, tables)  any pool and any sequences' block tables (no story buttons)
+    show(pool, tables)                the same, displayed
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import ipywidgets as widgets
+import numpy as np
+
+from tl_lab.errors import KvError
+from tl_lab.kv import KvCfg, KvPool, key_location, prefix_hashes, slab_offset
+from tl_lab.quant import f16_to_f32, f32_to_f16
+
+COLOURS = {"free": "#e5e7eb", "in_use": "#93c5fd", "cached": "#fcd34d"}
+STROKE = {"free": "#9ca3af", "in_use": "#1d4ed8", "cached": "#b45309"}
+SEQ_COLOURS = ["#2563eb", "#16a34a", "#9333ea", "#dc2626", "#0891b2", "#ca8a04"]
+HIGHLIGHT = "#dc2626"
+MAX_DRAWN = 256  # a bigger pool draws its first blocks and says how many more there are
+CELL_W, CELL_H, GAP = 104, 70, 8
+MONO = "font-family: ui-monospace, monospace"
+
+
+# ---------------------------------------------------------------- the prefix-cache story
+
+SYSTEM = list(range(100, 108))  # a shared system prompt: two full blocks of B = 4
+PROMPTS = {
+    "A": SYSTEM + list(range(200, 206)),  # 14 tokens: 4 blocks, the last one half full
+    "B": SYSTEM + list(range(300, 305)),  # 13 tokens: the first two blocks found by hash
+    "C": SYSTEM + list(range(400, 436)),  # 44 tokens: 11 blocks, needs an eviction
+}
+
+
+def story_cfg() -> KvCfg:
+    """The story's pool: 12 blocks of B = 4, one layer, two kv heads of D = 4."""
+    return KvCfg(n_blocks=12, block_tokens=4, n_layers=1, n_kv_heads=2, head_dim=4)
+
+
+def key_value(token: int, h: int) -> float:
+    """What the story writes as K of `token` at kv head h: recognisable in the slab (V is minus it)."""
+    return token + h / 4
+
+
+@dataclass
+class StoryState:
+    """What the story's engine knows besides the pool: each live sequence's table and length."""
+
+    tables: dict[str, list[int]] = field(default_factory=dict)
+    lengths: dict[str, int] = field(default_factory=dict)
+    last: dict = field(default_factory=dict)  # what the last step did (hits, new blocks, evicted)
+
+
+def prefill(pool: KvPool, st: StoryState, name: str, tokens: list[int]) -> None:
+    """Admit a sequence: reuse its leading full blocks found by hash, allocate and write the rest.
+
+    A sketch of what the engine loop does with the prefix cache (generate.py does it for real).
+    """
+    B = pool.block_tokens
+    hashes = prefix_hashes(tokens, B)
+    table: list[int] = []
+    for h in hashes:  # a chain: the first miss ends the shared prefix
+        b = pool.lookup(h)
+        if b is None:
+            break
+        table.append(b)
+    hits = list(table)
+    cached_before = pool.lru()
+    new = pool.alloc(math.ceil(len(tokens) / B) - len(table))
+    evicted = [b for b in new if b in cached_before]
+    for b in new:
+        i = len(table)
+        chunk = tokens[i * B:(i + 1) * B]
+        write_tokens(pool, b, chunk)
+        pool.set_fill(b, len(chunk))
+        if len(chunk) == B:
+            pool.register(b, hashes[i])
+        table.append(b)
+    st.tables[name], st.lengths[name] = table, len(tokens)
+    st.last = {"seq": name, "hits": hits, "new": new, "evicted": evicted}
+
+
+def write_tokens(pool: KvPool, b: int, chunk: list[int]) -> None:
+    """Write K = key_value(token, h) and V = -K (as f16) for each token into its slot of block b."""
+    for layer in range(pool.n_layers):
+        K, V = pool.slab(b, layer, False), pool.slab(b, layer, True)
+        for slot, t in enumerate(chunk):
+            for h in range(pool.H_kv):
+                K[h, slot, :] = f32_to_f16(key_value(t, h))
+                V[h, slot, :] = f32_to_f16(-key_value(t, h))
+
+
+def finish(pool: KvPool, st: StoryState, name: str) -> None:
+    """A sequence ends: release its blocks tail first, so the tail is evicted before the shared head."""
+    table = st.tables.pop(name)
+    st.lengths.pop(name)
+    for b in reversed(table):
+        pool.release(b)
+    by = {k: [b for b in reversed(table) if pool.state(b) == k] for k in ("free", "cached", "in_use")}
+    st.last = {"seq": name, "released": list(reversed(table)), **by}
+
+
+@dataclass(frozen=True)
+class Step:
+    title: str
+    run: Callable[[KvPool, StoryState], None]
+    say: Callable[[KvPool, StoryState], str]
+
+
+def _blocks(ids) -> str:
+    return ", ".join(str(b) for b in ids) if ids else "none"
+
+
+STORY = [
+    Step(
+        "An empty pool",
+        lambda p, s: None,
+        lambda p, s: f"{p.n_blocks} free blocks of B = {p.block_tokens} positions. Nothing in use, "
+        "nothing cached, the hash index is empty.",
+    ),
+    Step(
+        "Request A prefills",
+        lambda p, s: prefill(p, s, "A", PROMPTS["A"]),
+        lambda p, s: f"A has {s.lengths['A']} tokens: an 8-token system prompt and its own 6. Its first "
+        f"lookup misses, so it allocates blocks {_blocks(s.last['new'])}, writes K and V, and registers "
+        "its three full blocks under their chained prefix hashes. The last block is half full: no hash.",
+    ),
+    Step(
+        "Request B shares the system prompt",
+        lambda p, s: prefill(p, s, "B", PROMPTS["B"]),
+        lambda p, s: f"B starts with the same 8 tokens. lookup finds blocks {_blocks(s.last['hits'])} "
+        "by hash (two hits: their reference counts go to 2, nothing is recomputed); its third block's "
+        f"hash differs, a miss. B allocates {_blocks(s.last['new'])} for the rest.",
+    ),
+    Step(
+        "A finishes: a release that caches",
+        lambda p, s: finish(p, s, "A"),
+        lambda p, s: f"A releases {_blocks(s.last['released'])}, tail first. Block {_blocks(s.last['free'])} "
+        f"was never full, so it is free again; block {_blocks(s.last['cached'])} is registered, so at ref 0 "
+        "it is cached (it keeps its K, V and hash). Blocks "
+        f"{_blocks(s.last['in_use'])} drop to ref 1: B still uses them.",
+    ),
+    Step(
+        "B finishes",
+        lambda p, s: finish(p, s, "B"),
+        lambda p, s: f"B releases {_blocks(s.last['released'])}: {_blocks(s.last['free'])} is freed, the "
+        f"registered {_blocks(s.last['cached'])} join the LRU as the most recent, so oldest first it is now "
+        f"{_blocks(p.lru())}. Released tail first, the shared system prompt is the newest and will be "
+        "evicted last.",
+    ),
+    Step(
+        "Request C under pressure: the oldest cached block is evicted",
+        lambda p, s: prefill(p, s, "C", PROMPTS["C"]),
+        lambda p, s: f"C needs 11 blocks. Its system prompt is found by hash (blocks "
+        f"{_blocks(s.last['hits'])} leave the LRU with ref 1); it allocates "
+        f"{len(s.last['new'])} more: every free block first, then the least recently released cached "
+        f"block, evicted: {_blocks(s.last['evicted'])}. Its hash leaves the index; the newer cached "
+        f"block {_blocks(p.lru())} survives.",
+    ),
+]
+
+
+# ---------------------------------------------------------------- the widget
+
+
+class BlockMap(widgets.VBox):
+    """The pool as a grid (`grid.value`, HTML with an SVG), the story's caption and buttons, and the
+    "where a key lands" panel (`where.value`) driven by `seq` (a Dropdown) and `position` (IntText).
+
+    Story mode (the default) owns its pool: `next_button`, `back_button`, `reset_button` step through
+    STORY (`step` is the index shown). `from_pool(pool, tables)` draws any pool; call `refresh()`
+    after changing the pool or `tables` (name -> list of pool block ids).
+    """
+
+    def __init__(self, pool: KvPool | None = None, tables: dict | None = None, *,
+                 lengths: dict | None = None, layer: int = 0, story: bool | None = None):
+        self.story = pool is None if story is None else story
+        self.pool = pool if pool is not None else KvPool(story_cfg())
+        self.state = StoryState(dict(tables or {}), dict(lengths or {}))
+        self.step = 0
+        self._quiet = False
+        self.grid = widgets.HTML()
+        self.caption = widgets.HTML()
+        self.where = widgets.HTML()
+        self.back_button = widgets.Button(description="◀ back", layout=widgets.Layout(width="90px"))
+        self.next_button = widgets.Button(description="next ▶", button_style="primary",
+                                          layout=widgets.Layout(width="90px"))
+        self.reset_button = widgets.Button(description="reset", layout=widgets.Layout(width="90px"))
+        self.seq = widgets.Dropdown(description="sequence", layout=widgets.Layout(width="200px"))
+        self.position = widgets.IntText(value=0, description="position", layout=widgets.Layout(width="180px"))
+        self.layer = widgets.Dropdown(options=list(range(self.pool.n_layers)), value=layer,
+                                      description="layer", layout=widgets.Layout(width="150px"))
+        self.back_button.on_click(lambda _: self.goto(self.step - 1))
+        self.next_button.on_click(lambda _: self.goto(self.step + 1))
+        self.reset_button.on_click(lambda _: self.goto(0))
+        for w in (self.seq, self.position, self.layer):
+            w.observe(lambda _: self._redraw(), names="value")
+        buttons = widgets.HBox([self.back_button, self.next_button, self.reset_button])
+        picker = widgets.HBox([self.seq, self.position, self.layer])
+        top = [buttons, self.caption] if self.story else []
+        super().__init__(top + [self.grid, picker, self.where])
+        if self.story:
+            self.goto(0)
+        else:
+            self.refresh()
+
+    @classmethod
+    def from_pool(cls, pool: KvPool, tables: dict | None = None, *, lengths: dict | None = None,
+                  layer: int = 0) -> "BlockMap":
+        """A map of `pool` with `tables` (sequence name -> block table); `lengths` (name -> tokens)
+        marks positions past a sequence's length as not written yet."""
+        return cls(pool, tables, lengths=lengths, layer=layer, story=False)
+
+    @property
+    def tables(self) -> dict[str, list[int]]:
+        return self.state.tables
+
+    @property
+    def lengths(self) -> dict[str, int]:
+        return self.state.lengths
+
+    # ------------------------------------------------------------ the story
+
+    def goto(self, k: int) -> None:
+        """Show story step k (clamped to the story): a fresh pool replayed through steps 1..k."""
+        k = max(0, min(int(k), len(STORY) - 1))
+        self.pool, self.state = KvPool(story_cfg()), StoryState()
+        for step in STORY[1:k + 1]:
+            step.run(self.pool, self.state)
+        self.step = k
+        step = STORY[k]
+        self.caption.value = (
+            f"<p><b>Step {k} of {len(STORY) - 1}: {html.escape(step.title)}</b><br>"
+            f"{html.escape(step.say(self.pool, self.state))}</p>"
+        )
+        self.back_button.disabled = k == 0
+        self.next_button.disabled = k == len(STORY) - 1
+        self.refresh()
+
+    # ------------------------------------------------------------ drawing
+
+    def refresh(self) -> None:
+        """Re-read the pool and the tables; keep the selected sequence when it still exists."""
+        names = list(self.tables)
+        keep = self.seq.value if self.seq.value in names else (names[-1] if names else None)
+        self._quiet = True  # one redraw below, not one per trait change
+        try:
+            self.seq.options = names
+            self.seq.value = keep
+        finally:
+            self._quiet = False
+        self._redraw()
+
+    def _redraw(self) -> None:
+        if self._quiet:
+            return
+        loc = self.locate()
+        self.where.value = loc["html"]
+        self.grid.value = render(self.pool, self.tables, loc.get("block"), loc.get("slot"), loc.get("seq"))
+
+    def locate(self, seq: str | None = None, position: int | None = None) -> dict:
+        """Where the key of `position` of sequence `seq` (default: the controls) lands.
+
+        A dict with `html` (what the panel shows) and, when the position is inside the table,
+        `index`, `block`, `slot` and `offsets` (one flat K-slab element offset per kv head).
+        """
+        seq = self.seq.value if seq is None else seq
+        pos = self.position.value if position is None else position
+        if seq is None or seq not in self.tables:
+            return {"html": _message("No sequence holds blocks now: step the story, or give tables.")}
+        table, B, D = self.tables[seq], self.pool.block_tokens, self.pool.D
+        try:
+            index, block, slot = key_location(table, pos, B)
+        except KvError:
+            return {"html": _message(
+                f"Position {pos} is outside sequence {seq}'s block table: {len(table)} blocks of "
+                f"B = {B} hold positions 0 to {len(table) * B - 1}.")}
+        layer = self.layer.value
+        offsets = [slab_offset(h, slot, B, D) for h in range(self.pool.H_kv)]
+        K = self.pool.slab(block, layer, False).ravel()
+        V = self.pool.slab(block, layer, True).ravel()
+        written = pos < self.lengths[seq] if seq in self.lengths else slot < self.pool.fill(block)
+        rows = "".join(
+            f"<tr><td>{h}</td><td>({h} · {B} + {slot}) · {D} = <b>{off}</b></td>"
+            f"<td>{_val(K[off])}</td><td>{_val(V[off])}</td></tr>"
+            for h, off in enumerate(offsets)
+        )
+        note = "" if written else (
+            f"<p style='color:{HIGHLIGHT}'>Not written yet: the block holds {self.pool.fill(block)} of "
+            f"{B} positions; the slab there holds whatever was left in it.</p>")
+        out = (
+            f"<div class='tl-where' data-seq='{html.escape(seq)}' data-position='{pos}' "
+            f"data-index='{index}' data-block='{block}' data-slot='{slot}' style='{MONO}'>"
+            f"<p>Sequence {html.escape(seq)}, position {pos}: block table index {pos} // {B} = "
+            f"<b>{index}</b> → pool block <b>{block}</b>, slot {pos} % {B} = <b>{slot}</b>.</p>"
+            f"<table style='border-spacing: 14px 2px'><tr><th>kv head h</th><th>element of layer {layer}'s K slab of block {block}"
+            f"</th><th>K[0] there</th><th>V[0] there</th></tr>{rows}</table>{note}</div>"
+        )
+        return {"html": out, "seq": seq, "index": index, "block": block, "slot": slot, "offsets": offsets}
+
+
+def show(pool: KvPool, tables: dict | None = None, **kw) -> BlockMap:
+    """Display a block map of `pool` and `tables` in the notebook and return it."""
+    from IPython.display import display
+
+    bm = BlockMap.from_pool(pool, tables, **kw)
+    display(bm)
+    return bm
+
+
+def _message(text: str) -> str:
+    return f"<p class='tl-message' style='color:{HIGHLIGHT}'><b>{html.escape(text)}</b></p>"
+
+
+def _val(bits) -> str:
+    return f"{f16_to_f32(int(bits)):g}"
+
+
+def short_hash(h: int | None) -> str:
+    """The first 6 hex digits of a 64-bit hash, or a dash."""
+    return "—" if h is None else f"{h:016x}"[:6]
+
+
+def render(pool: KvPool, tables: dict, sel_block=None, sel_slot=None, sel_seq=None) -> str:
+    """The grid, the tables pointing into it, the LRU order and the counts, as HTML with an SVG."""
+    n = pool.n_blocks
+    drawn = min(n, MAX_DRAWN)
+    cols = n if n <= 8 else 6 if n <= 12 else 8 if n <= 64 else 16
+    rows = math.ceil(drawn / cols)
+    lru = pool.lru()
+    lru_rank = {b: i + 1 for i, b in enumerate(lru)}
+    B = pool.block_tokens
+    lines, parts, where = [], [], {}
+    for b in range(drawn):
+        x, y = GAP + (b % cols) * (CELL_W + GAP), GAP + (b // cols) * (CELL_H + GAP)
+        where[b] = (x, y)
+        parts.append(_cell(pool, b, x, y, lru_rank.get(b), b == sel_block, sel_slot))
+    grid_h = GAP + rows * (CELL_H + GAP)
+    width = GAP + cols * (CELL_W + GAP)
+    box_w, row_h = 34, 34
+    table_w = 60 + max((len(t) for t in tables.values()), default=0) * (box_w + 4)
+    width = max(width, table_w + GAP)
+    y0 = grid_h + 40
+    for r, (name, table) in enumerate(tables.items()):
+        colour = SEQ_COLOURS[r % len(SEQ_COLOURS)]
+        y = y0 + r * row_h
+        parts.append(f"<text x='{GAP}' y='{y + 21}' font-size='14' font-weight='bold' fill='{colour}'>"
+                     f"{html.escape(str(name))}</text>")
+        for i, b in enumerate(table):
+            x = 60 + i * (box_w + 4)
+            if b in where:  # a line from the table entry up to the block it points at
+                bx, by = where[b]
+                lines.append(f"<line x1='{x + box_w / 2}' y1='{y}' x2='{bx + CELL_W / 2}' "
+                             f"y2='{by + CELL_H}' stroke='{colour}' stroke-opacity='0.35'/>")
+        for i, b in enumerate(table):
+            x = 60 + i * (box_w + 4)
+            sel = name == sel_seq and b == sel_block
+            st = str(pool.state(b)) if 0 <= b < n else "free"
+            parts.append(
+                f"<g class='tl-entry' data-seq='{html.escape(str(name))}' data-index='{i}' data-block='{b}'>"
+                f"<rect x='{x}' y='{y + 4}' width='{box_w}' height='24' rx='3' fill='{COLOURS[st]}' "
+                f"stroke='{HIGHLIGHT if sel else colour}' stroke-width='{3 if sel else 1.5}'/>"
+                f"<text x='{x + box_w / 2}' y='{y + 21}' font-size='12' text-anchor='middle'>{b}</text></g>")
+    if tables:
+        parts.append(f"<text x='{GAP}' y='{y0 - 12}' font-size='12' fill='#374151'>block tables "
+                     "(entry i holds positions i·B to i·B + B − 1):</text>")
+    height = y0 + len(tables) * row_h + GAP if tables else grid_h
+    svg = (f"<svg class='tl-blockmap' xmlns='http://www.w3.org/2000/svg' width='{width}' "
+           f"height='{height}' style='font-family: sans-serif'>{''.join(lines + parts)}</svg>")
+    s = pool.stats()
+    more = f"<p>… and {n - drawn} more blocks, not drawn.</p>" if n > drawn else ""
+    legend = " ".join(
+        f"<span style='background:{COLOURS[k]};border:1px solid {STROKE[k]};padding:0 6px'>{k}</span>"
+        for k in COLOURS)
+    lru_text = " → ".join(str(b) for b in lru) if lru else "empty"
+    return (
+        f"<div class='tl-blockmap' style='{MONO}'><p>{legend} &nbsp; B = {B}, "
+        f"{pool.n_layers} layer(s), {pool.H_kv} kv head(s) of D = {pool.D}</p>{svg}{more}"
+        f"<p class='tl-lru'>LRU, oldest first (evicted first): <b>{lru_text}</b></p>"
+        f"<p class='tl-stats'>free {s['free']} · in use {s['in_use']} · cached {s['cached']} · "
+        f"registered {s['registered']} · lookups {s['lookups']} (hits {s['hits']}) · "
+        f"evictions {s['evictions']}</p></div>"
+    )
+
+
+def _cell(pool: KvPool, b: int, x: int, y: int, lru_rank, selected: bool, sel_slot) -> str:
+    st, ref, fill, h = str(pool.state(b)), pool.ref(b), pool.fill(b), pool.hash_of(b)
+    B = pool.block_tokens
+    stroke = HIGHLIGHT if selected else STROKE[st]
+    out = [
+        f"<g class='tl-block' data-block='{b}' data-state='{st}' data-ref='{ref}' data-fill='{fill}' "
+        f"data-hash='{short_hash(h)}'>",
+        f"<rect x='{x}' y='{y}' width='{CELL_W}' height='{CELL_H}' rx='5' fill='{COLOURS[st]}' "
+        f"stroke='{stroke}' stroke-width='{3 if selected else 1}'/>",
+        f"<text x='{x + 6}' y='{y + 15}' font-size='13' font-weight='bold'>#{b}</text>",
+        f"<text x='{x + CELL_W - 6}' y='{y + 15}' font-size='11' text-anchor='end'>ref {ref}</text>",
+        f"<text x='{x + 6}' y='{y + 31}' font-size='11'>fill {fill}/{B}</text>",
+        f"<text x='{x + 6}' y='{y + 46}' font-size='11' font-family='monospace'>h {short_hash(h)}</text>",
+    ]
+    if lru_rank is not None:
+        out.append(f"<text x='{x + CELL_W - 6}' y='{y + 31}' font-size='11' text-anchor='end' "
+                   f"fill='{STROKE['cached']}'>LRU {lru_rank}</text>")
+    w = (CELL_W - 12) / max(B, 1)
+    for j in range(B):  # one square per slot, dark where a key is written
+        sel = selected and j == sel_slot
+        fill_c = HIGHLIGHT if sel else ("#374151" if j < fill else "#ffffff")
+        out.append(f"<rect x='{x + 6 + j * w:.1f}' y='{y + 54}' width='{max(w - 1, 1):.1f}' height='9' "
+                   f"fill='{fill_c}' stroke='#6b7280' stroke-width='0.5'/>")
+    out.append("</g>")
+    return "".join(out)
