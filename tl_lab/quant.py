@@ -377,7 +377,7 @@ class QLinear:
     qweight: uint8 (out, inp // 2), two int4 values per byte (see `pack_int4`).
     scales:  uint16 (out, inp // group), the f16 bit pattern of each group's scale.
 
-    Only these stay resident (about 0.56 bytes per weight for group 32, 1/7 of f32);
+    Only these stay resident (0.5625 bytes per weight for group 32, 9/64 of f32);
     `forward` widens the weights into a temporary on each call.
     """
 
