@@ -152,6 +152,9 @@ def test_conversions_keep_python_and_array_types():
     assert f32_to_f16(np.float32(2.0)) == 0x4000  # a numpy scalar counts as a scalar
     assert f32_to_f16(np.array(2.0, dtype=np.float32)).shape == ()  # a 0-d array stays 0-d
     assert f32_to_bf16(np.array(2.0, dtype=np.float32)).shape == ()
+    for convert in (f32_to_f16, f32_to_bf16):
+        nan = convert(np.array(np.nan, dtype=np.float32))
+        assert isinstance(nan, np.ndarray) and nan.shape == () and nan.dtype == np.uint16
 
 
 # ---------------------------------------------------------------------------------------------

@@ -271,10 +271,15 @@ def f32_to_bf16(x):
     if not isinstance(x, np.ndarray):
         return f32_to_bf16_scalar(_as_float(x))
     x = _floats32(x)
-    u = x.view(np.uint32)
-    rounded = (u + np.uint32(0x7FFF) + ((u >> 16) & 1)) >> 16
-    quiet_nan = (u >> 16) | BF16_QUIET
-    return np.where(np.isnan(x), quiet_nan, rounded).astype(np.uint16)
+    u = x.reshape(-1).view(np.uint32)  # flat, so 0-d input works with in-place updates too
+    carry = (u >> 16) & 1  # the lowest kept bit: 1 when the kept part is odd
+    carry += 0x7FFF
+    carry += u  # in place: no overflow for finite values, NaNs are replaced below
+    h = (carry >> 16).astype(np.uint16)
+    nan = np.isnan(u.view(np.float32))
+    if nan.any():
+        h[nan] = (u[nan] >> 16) | BF16_QUIET
+    return h.reshape(x.shape)
 
 
 def _as_int(h, name: str) -> int:
