@@ -144,13 +144,17 @@ def prefix_hash(parent: int | None, tokens) -> int:
         if not _is_int(parent) or not 0 <= parent < 2**HASH_BITS:
             raise ValueError(f"prefix_hash: parent must be None or a u64, got {parent!r}")
         h.update(_CHILD + int(parent).to_bytes(8, "little"))
-    ids = np.asarray(tokens)
-    if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
-        raise ValueError(f"prefix_hash: tokens must be a 1-D sequence of ints, got {tokens!r}")
-    if ids.size and (ids.min() < 0 or ids.max() >= 2**32):
-        raise ValueError(f"prefix_hash: token ids must fit in u32, got {tokens!r}")
-    h.update(struct.pack("<I", ids.size))
-    h.update(ids.astype("<u4").tobytes())
+    if isinstance(tokens, np.ndarray):
+        if tokens.ndim != 1 or (tokens.size and tokens.dtype.kind not in "iu"):
+            raise ValueError(f"prefix_hash: tokens must be a 1-D array of ints, got {tokens!r}")
+        if tokens.size and (tokens.min() < 0 or tokens.max() >= 2**32):
+            raise ValueError(f"prefix_hash: token ids must fit in u32, got {tokens!r}")
+        h.update(struct.pack("<I", tokens.size) + tokens.astype("<u4").tobytes())
+    else:
+        try:  # struct refuses non-ints and values outside u32 for us
+            h.update(struct.pack(f"<I{len(tokens)}I", len(tokens), *tokens))
+        except (struct.error, TypeError):
+            raise ValueError(f"prefix_hash: token ids must be ints in u32, got {tokens!r}") from None
     return int.from_bytes(h.digest(), "little")
 
 
@@ -411,17 +415,23 @@ class KvPool:
                 raise KvError(f"export: block {b} is listed twice")
             seen.add(b)
         blocks = [int(i) for i in ids]
-        c = self.cfg
-        head = _HEADER.pack(
-            MAGIC, VERSION, self.B, self.n_layers, self.H_kv, self.D,
-            DTYPE_CODES[c.dtype], int(c.format), len(blocks),
-        )
-        table = b"".join(
-            _BLOCK.pack(self._fill[b], self._hash[b] is not None, self._hash[b] or 0) for b in blocks
-        )
-        payload = self._data[blocks].astype("<u2", copy=False).tobytes()
-        body = head + table + payload
-        return body + _CRC.pack(zlib.crc32(body))
+        n, c = len(blocks), self.cfg
+        start = _HEADER.size + n * _BLOCK.size
+        total = start + n * c.block_bytes + _CRC.size
+        out = bytearray(total)  # one buffer, written in place: no concatenation copies
+        _HEADER.pack_into(out, 0, MAGIC, VERSION, self.B, self.n_layers, self.H_kv, self.D,
+                          DTYPE_CODES[c.dtype], int(c.format), n)
+        for i, b in enumerate(blocks):
+            h = self._hash[b]
+            _BLOCK.pack_into(out, _HEADER.size + i * _BLOCK.size, self._fill[b], h is not None, h or 0)
+        payload = np.frombuffer(out, dtype="<u2", count=n * c.block_bytes // 2, offset=start)
+        payload = payload.reshape(n, *c.block_shape)
+        if payload.dtype == self._data.dtype:  # a little-endian machine: gather straight into place
+            np.take(self._data, blocks, axis=0, out=payload)
+        else:
+            payload[...] = self._data[blocks]
+        _CRC.pack_into(out, total - _CRC.size, zlib.crc32(memoryview(out)[: total - _CRC.size]))
+        return bytes(out)
 
     def import_(self, buf) -> list[int]:
         """Blocks from an envelope: allocated (ref 1), slabs and fill restored, hashes registered
