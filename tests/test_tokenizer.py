@@ -1,0 +1,225 @@
+"""tl_lab.tokenizer: the byte tokenizer, the BPE tokenizer on tokenizer.json, chat templates."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from conftest import need
+from tl_lab.errors import ConfigError
+from tl_lab.tokenizer import BpeTokenizer, ByteTokenizer, Tokenizer, _bytes_to_unicode, load_tokenizer, render_chat_template
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+# Whitespace control, loop controls, tojson, raise_exception and the special-token variables: the
+# parts of transformers' Jinja set-up a template can depend on.
+FANCY = """{{ bos_token }}
+{%- for m in messages %}
+    {%- if m['role'] not in ['system', 'user', 'assistant'] %}
+        {{- raise_exception('unknown role ' + m['role']) }}
+    {%- endif %}
+    {%- if m['content'] == 'skip me' %}{% continue %}{% endif %}
+    [{{ m['role'] | upper }}] {{ m['content'] | tojson }}
+    {% if loop.last and m['role'] == 'assistant' %}{{ eos_token }}{% endif %}
+{%- endfor %}
+{% if add_generation_prompt %}
+[ASSISTANT]
+{% endif %}"""
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "Hi!"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}],
+    [
+        {"role": "user", "content": "Name a colour."},
+        {"role": "assistant", "content": "Blue."},
+        {"role": "user", "content": "skip me"},
+        {"role": "user", "content": "Another, with \"quotes\" and ünïcødé\n  and  spaces"},
+    ],
+    [{"role": "user", "content": ""}],
+]
+
+
+# ------------------------------------------------------------------------------------------------
+# ByteTokenizer
+# ------------------------------------------------------------------------------------------------
+
+
+def test_byte_tokenizer_ids_are_utf8_bytes():
+    tok = ByteTokenizer()
+    text = "héllo 😀\n"
+    assert tok.encode(text) == list(text.encode("utf-8"))
+    assert tok.decode(tok.encode(text)) == text
+    assert tok.vocab_size == 256 and tok.eos_ids == [] and tok.bos_id is None
+
+
+def test_byte_tokenizer_decode_replaces_invalid_utf8():
+    tok = ByteTokenizer()
+    assert tok.decode([0xFF, 0x41]) == "\ufffdA"
+    assert tok.decode(list("😀".encode())[:2]) == "\ufffd"  # half an emoji
+
+
+def test_byte_tokenizer_token_str_shows_printable_bytes_or_escapes():
+    tok = ByteTokenizer()
+    assert [tok.token_str(i) for i in (65, 32, 126)] == ["A", " ", "~"]
+    assert [tok.token_str(i) for i in (10, 0, 127, 0xF0)] == ["\\x0a", "\\x00", "\\x7f", "\\xf0"]
+
+
+def test_byte_tokenizer_refuses_ids_outside_the_vocabulary():
+    tok = ByteTokenizer()
+    for bad in ([256], [-1]):
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            tok.decode(bad)
+    with pytest.raises(ValueError, match="256"):
+        tok.token_str(256)
+    with pytest.raises(ValueError, match="300"):
+        ByteTokenizer(eos_ids=[300])
+
+
+# ------------------------------------------------------------------------------------------------
+# BpeTokenizer on a small tokenizer.json
+# ------------------------------------------------------------------------------------------------
+
+MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("Ġ", "Ġ"), ("l", "l"), ("he", "ll"), ("hell", "o")]
+
+
+@pytest.fixture(scope="module")
+def bpe_dir(tmp_path_factory):
+    """A model directory with a byte-level BPE tokenizer.json (digits split, three special tokens)."""
+    from tokenizers import AddedToken
+    from tokenizers import Tokenizer as HfTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+
+    alphabet = [_bytes_to_unicode()[b] for b in range(256)]
+    tokens = SPECIALS + alphabet + ["".join(m) for m in MERGES]
+    tok = HfTokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=MERGES))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIALS])
+    root = tmp_path_factory.mktemp("bpe")
+    tok.save(str(root / "tokenizer.json"))
+    config = {"tl_tokenizer": "bpe", "vocab_size": len(tokens), "eos_token_id": [2, 0], "bos_token_id": 1,
+              "tl_chat_template": CHATML}  # fmt: skip
+    (root / "config.json").write_text(json.dumps(config))
+    return root
+
+
+def test_bpe_tokenizer_encodes_merges_digits_and_special_tokens(bpe_dir):
+    tok = load_tokenizer(bpe_dir)
+    assert isinstance(tok, BpeTokenizer)
+    assert tok.vocab_size == 3 + 256 + len(MERGES) and tok.eos_ids == [2, 0] and tok.bos_id == 1
+    pieces = lambda s: [tok.token_str(i) for i in tok.encode(s)]  # noqa: E731
+    assert pieces("hello the") == ["hello", " the"]
+    assert pieces("a  12") == ["a", "  ", "1", "2"]
+    ids = tok.encode("<|im_start|>hello<|im_end|>")
+    assert ids[0] == 1 and ids[-1] == 2 and len(ids) == 3
+    assert tok.encode("") == []
+
+
+def test_bpe_tokenizer_decode_round_trips(bpe_dir):
+    tok = load_tokenizer(bpe_dir)
+    for text in ("hello the world", "  x\n\n\ty  ", "naïve 😀 日本", "<|im_start|>a<|im_end|>\n", "1,234.5"):
+        assert tok.decode(tok.encode(text)) == text
+    assert tok.decode(tok.encode("<|im_start|>hi<|im_end|>"), skip_special_tokens=True) == "hi"
+
+
+def test_bpe_token_str_shows_partial_utf8_as_escapes(bpe_dir):
+    tok = load_tokenizer(bpe_dir)
+    ids = tok.encode("😀é")
+    assert [tok.token_str(i) for i in ids] == ["\\xf0", "\\x9f", "\\x98", "\\x80", "\\xc3", "\\xa9"]
+    assert tok.token_str(2) == "<|im_end|>"
+    assert tok.token_bytes(tok.encode(" ")[0]) == b" "
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        tok.token_str(tok.vocab_size)
+
+
+def test_bytes_to_unicode_is_gpt2s_alphabet():
+    table = _bytes_to_unicode()
+    assert len(set(table.values())) == 256
+    assert table[ord("A")] == "A" and table[ord(" ")] == "Ġ" and table[ord("\n")] == "Ċ" and table[0] == "Ā"
+
+
+# ------------------------------------------------------------------------------------------------
+# load_tokenizer
+# ------------------------------------------------------------------------------------------------
+
+
+def test_load_tokenizer_chooses_by_config(bpe_dir, tmp_path):
+    byte = load_tokenizer(tmp_path, {"tl_tokenizer": "byte", "eos_token_id": 10})
+    assert isinstance(byte, ByteTokenizer) and byte.eos_ids == [10]
+    # a ModelConfig-like object (attribute names of tl_lab.model.ModelConfig)
+    cfg = SimpleNamespace(tokenizer="bpe", eos_token_ids=[2], bos_token_id=1, chat_template=None, vocab_size=300)
+    bpe = load_tokenizer(bpe_dir, cfg)
+    assert isinstance(bpe, BpeTokenizer) and bpe.eos_ids == [2] and bpe.vocab_size == 300
+    assert isinstance(load_tokenizer(bpe_dir), Tokenizer)  # config.json read from the directory
+
+
+def test_load_tokenizer_refusals_name_the_problem(bpe_dir, tmp_path):
+    with pytest.raises(ConfigError, match="'words'"):
+        load_tokenizer(tmp_path, {"tl_tokenizer": "words"})
+    with pytest.raises(ConfigError, match="tokenizer.json is missing"):
+        load_tokenizer(tmp_path, {"tl_tokenizer": "bpe"})
+    with pytest.raises(ConfigError, match="vocab_size is 100"):
+        load_tokenizer(bpe_dir, {"tl_tokenizer": "bpe", "vocab_size": 100})
+    with pytest.raises(ConfigError, match="config.json"):
+        load_tokenizer(tmp_path)
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="tokenizers library"):
+        load_tokenizer(tmp_path, {"tl_tokenizer": "bpe"})
+
+
+# ------------------------------------------------------------------------------------------------
+# Chat templates
+# ------------------------------------------------------------------------------------------------
+
+
+def test_chat_template_renders_chatml(bpe_dir):
+    tok = load_tokenizer(bpe_dir)
+    msgs = [{"role": "user", "content": "Hi!"}]
+    assert tok.apply_chat_template(msgs) == (
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n"
+    )
+    sys_first = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+    assert tok.apply_chat_template(sys_first, add_generation_prompt=False) == (
+        "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n"
+    )
+    ids = tok.encode(tok.apply_chat_template(msgs))
+    assert ids[0] == 1 and ids.count(1) == 3 and ids.count(2) == 2
+
+
+def test_chat_template_variables_and_helpers():
+    out = render_chat_template(FANCY, CONVERSATIONS[2], special_tokens={"bos_token": "<s>", "eos_token": "</s>"})
+    assert out.startswith("<s>") and '[USER] "Name a colour."' in out and "skip me" not in out
+    assert '"Another, with \\"quotes\\" and ünïcødé\\n  and  spaces"' in out and out.endswith("[ASSISTANT]\n")
+    from jinja2.exceptions import TemplateError
+
+    with pytest.raises(TemplateError, match="unknown role tool"):
+        render_chat_template(FANCY, [{"role": "tool", "content": "x"}])
+
+
+def test_no_chat_template_is_a_clear_refusal():
+    with pytest.raises(ConfigError, match="no chat template"):
+        ByteTokenizer().apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+@pytest.mark.hf
+def test_chat_templates_render_like_transformers(bpe_dir):
+    transformers = need("transformers")
+    hf = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(bpe_dir / "tokenizer.json"), bos_token="<|im_start|>", eos_token="<|im_end|>"
+    )
+    ours = load_tokenizer(bpe_dir)
+    for template in (CHATML, FANCY):
+        ours.chat_template = template
+        for msgs in CONVERSATIONS:
+            for gen in (True, False):
+                want = hf.apply_chat_template(msgs, chat_template=template, tokenize=False, add_generation_prompt=gen)
+                assert ours.apply_chat_template(msgs, add_generation_prompt=gen) == want, (template[:20], msgs, gen)
