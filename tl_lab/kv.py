@@ -28,7 +28,7 @@ Decisions where the chapter is silent (also in docs/formats/kv-block.md and the 
 - set_fill on a registered block may only keep it full (its hashed contents are frozen).
 - alloc does not zero a block: fill says which slots hold data; the forward writes before it reads.
 - slab(id, ...) works for a block in any state (the block map reads cached blocks); only the id,
-  layer and is_v are checked.
+  layer and is_v (a bool, or 0 / 1) are checked.
 - export takes in-use blocks only (a cached block has no owner: lookup it first), no duplicates.
 - import_ registers an imported block's hash when no live block holds it yet; otherwise the block
   comes back unregistered (its data is still restored). With prefix_cache=False nothing registers.
@@ -244,8 +244,8 @@ class KvPool:
         b = self._check_id(id)
         if not _is_int(layer) or not 0 <= layer < self.n_layers:
             raise KvError(f"layer {layer!r} is out of range (n_layers {self.n_layers})")
-        if not isinstance(is_v, (bool, np.bool_)):
-            raise KvError(f"is_v must be a bool, got {is_v!r}")
+        if not (isinstance(is_v, (bool, np.bool_)) or _is_int(is_v)) or is_v not in (0, 1):
+            raise KvError(f"is_v must be a bool (or 0 for K, 1 for V), got {is_v!r}")
         return self._data[b, int(layer), int(is_v)]
 
     def ref(self, id: int) -> int:
@@ -274,6 +274,11 @@ class KvPool:
     def available(self) -> int:
         """Blocks alloc can hand out now: free plus cached."""
         return len(self._free) + len(self._lru)
+
+    @property
+    def n_free_or_cached(self) -> int:
+        """The same as available()."""
+        return self.available()
 
     def stats(self) -> dict:
         free, cached = len(self._free), len(self._lru)
