@@ -1,0 +1,149 @@
+"""Tests for tl_lab/widgets/sampler.py: set the controls, check what the playground shows."""
+
+import html as html_module
+import math
+import re
+
+import numpy as np
+import pytest
+
+from tl_lab.sample import SamplingParams, sample, sample_trace, stream
+from tl_lab.widgets.sampler import PRESETS, STAGES, SamplerPlayground
+
+
+def plain(html: str) -> str:
+    return html_module.unescape(re.sub(r"<[^>]+>", "", html))
+
+
+def test_hand_example_reproduces_token_3():
+    w = SamplerPlayground()  # the section-3 preset, seed 0
+    assert w.logits_text.value == "1, 3, 2, 3, -1"
+    w.top_k.value = 3
+    w.top_p.value = 0.8
+    w.seed.value = 0
+    line = plain(w.result.value)
+    assert "token 3" in line and "logprob -0.92487" in line and "u = 0.80209" in line
+    assert "kept 2 of 5: {1, 3}" in line
+    assert w.trace.kept.tolist() == [1, 3] and w.trace.token == 3
+    assert w.chart_data["after top-k"]["kept"] == [False, True, True, True, False]
+    assert w.chart_data["after top-p"]["values"] == [0.0, 0.5, 0.0, 0.5, 0.0]
+    assert w.chart_data["CDF walk"]["values"] == [0.0, 0.5, 0.0, 1.0, 0.0]
+    assert w.chart_data["logprobs"]["values"][3] == w.trace.logprob
+    assert set(w.chart_data) == set(STAGES)
+    charts = w.charts.value
+    assert charts.count("class='tl-chart'") == len(STAGES) and "u = 0.8021" in charts
+
+
+def test_sliders_change_the_result():
+    w = SamplerPlayground()
+    w.temperature.value = 0.0
+    assert "token 1" in plain(w.result.value) and "greedy: argmax, no draw" in plain(w.result.value)
+    assert "after top-k" not in w.chart_data and "greedy" in plain(w.charts.value)
+    w.temperature.value = 1.0
+    w.top_k.value = 1
+    assert w.trace.kept.tolist() == [1]
+    w.top_k.value = 0
+    w.min_p.value = 0.5  # weights e^-2, 1, e^-1, 1, e^-4: only ids 1 and 3 reach 0.5
+    assert w.trace.kept.tolist() == [1, 3]
+    assert w.chart_data["min-p: weight w = exp(q - max q)"]["kept"] == [False, True, False, True, False]
+    w.min_p.value = 0.0
+    w.draw.value = 1  # the second uniform of stream(0, 4)
+    rng = stream(0, 4)
+    rng.uniform_f64()
+    assert w.trace.u == rng.uniform_f64()
+
+
+def test_history_and_penalties_are_shown():
+    w = SamplerPlayground()
+    w.temperature.value = 0.0
+    w.prompt_text.value = "1, 3"
+    w.repetition_penalty.value = 2.0
+    assert w.chart_data["penalised logits"]["values"] == [1.0, 1.5, 2.0, 1.5, -1.0]
+    assert "token 2" in plain(w.result.value)
+    w.output_text.value = "2"
+    w.presence_penalty.value = 1.0  # id 2 (in the output): 2 / 2 - 1 = 0
+    assert w.chart_data["penalised logits"]["values"] == [1.0, 1.5, 0.0, 1.5, -1.0]
+    assert w.trace.token == 1
+
+
+def test_the_widget_shows_what_sample_returns():
+    g = np.random.default_rng(0)
+    w = SamplerPlayground()
+    for _ in range(15):
+        x = np.round(g.standard_normal(int(g.integers(2, 12))) * 3, 2)
+        w.preset.value = next(iter(PRESETS))
+        w.logits_text.value = ", ".join(map(str, x))
+        w.temperature.value, w.top_k.value = float(round(g.uniform(0.1, 2.5), 2)), int(g.integers(0, 5))
+        w.top_p.value, w.min_p.value = float(round(g.uniform(0.3, 1), 2)), float(round(g.uniform(0, 0.4), 2))
+        w.seed.value = int(g.integers(0, 1000))
+        params = w.params()
+        want = sample(x.astype(np.float32), params, [], [], stream(w.seed.value, 4))
+        assert (w.trace.token, w.trace.logprob) == want
+        assert f"token {want[0]}" in plain(w.result.value)
+
+
+def test_presets_switch_the_vector():
+    w = SamplerPlayground()
+    w.preset.value = "probabilities 0.4 / 0.3 / 0.2 / 0.1"
+    assert w.trace.penalised.size == 4
+    assert w.chart_data["final probabilities"]["values"] == pytest.approx([0.4, 0.3, 0.2, 0.1], abs=1e-6)
+    w.preset.value = "ties: four equal, one far below"
+    w.top_p.value = 0.5
+    assert w.trace.top_p.tolist() == [0, 1]  # the crossing id is kept
+
+
+def test_a_big_vocabulary_with_labels_shows_the_top_20():
+    g = np.random.default_rng(1)
+    x = (g.standard_normal(49152) * 2).astype(np.float32)
+    labels = [f" tok{i}" for i in range(49152)]
+    w = SamplerPlayground(x, labels=labels)
+    assert w.logits_text.disabled and "49152 logits given" in w.logits_text.value
+    assert w.preset.value == "given logits"
+    top20 = np.argsort(-x.astype(np.float64), kind="stable")[:20].tolist()
+    assert set(top20) <= set(w.shown_ids) and w.trace.token in w.shown_ids and len(w.shown_ids) <= 21
+    assert w.shown_ids == sorted(w.shown_ids)
+    assert f"token {w.trace.token} {labels[w.trace.token]!r}" in plain(w.result.value)
+    assert "Showing" in plain(w.charts.value) and "of 49152 ids" in plain(w.charts.value)
+    assert (w.trace.token, w.trace.logprob) == sample(x, SamplingParams(), [], [], stream(0, 4))
+    w.top_k.value = 5
+    assert w.trace.kept.size <= 5
+    w.preset.value = "peaked"  # a preset, then back to the given vector
+    assert w.trace.penalised.size == 8 and not w.logits_text.disabled
+    w.preset.value = "given logits"
+    assert w.trace.penalised.size == 49152 and w.labels[3] == " tok3"
+    w.set_logits(np.array([0.5, 1.5], np.float32), labels=["a", "b"], prompt=[1], output=[0])
+    assert w.logits_text.value == "0.5, 1.5" and w.prompt_text.value == "1" and not w.logits_text.disabled
+    with pytest.raises(ValueError, match="labels has 1 entries for 2 logits"):
+        w.set_logits([0.0, 1.0], labels=["x"])
+
+
+def test_bad_input_shows_a_message_not_a_traceback():
+    w = SamplerPlayground()
+    for field, text, msg in [
+        ("logits_text", "1, abc, 2", "'abc' (number 2) is not a number"),
+        ("logits_text", "1, nan, 2", "logit of id 1 is nan: logits must be finite"),
+        ("logits_text", "1, inf", "logit of id 1 is inf"),
+        ("logits_text", "", "type some logits"),
+        ("prompt_text", "7", "prompt[0] = 7 is outside the vocabulary [0, 5)"),
+        ("output_text", "x", "output ids must be whole numbers: 'x'"),
+        ("seed", -1, "seed must be an integer in [0, 2**64), got -1"),
+        ("draw", -2, "draws before must be >= 0"),
+    ]:
+        w2 = SamplerPlayground()
+        setattr(getattr(w2, field), "value", text)
+        assert msg in plain(w2.result.value), (field, text, plain(w2.result.value))
+        assert w2.trace is None and w2.charts.value == "" and w2.message
+    w.logits_text.value = "1, abc"
+    assert w.trace is None
+    w.logits_text.value = "[2, 1]"  # recovers
+    assert w.trace is not None and w.message == "" and "token" in plain(w.result.value)
+
+
+def test_greedy_trace_matches_the_library():
+    x = [0.0, 2.0, 2.0]
+    w = SamplerPlayground()
+    w.logits_text.value = "0, 2, 2"
+    w.temperature.value = 0.0
+    tr = sample_trace(x, SamplingParams(temperature=0.0), [], [], None)
+    Z = math.exp(0.0 - 2.0) + 1.0 + 1.0  # in id order, left to right
+    assert (w.trace.token, w.trace.logprob) == (tr.token, tr.logprob) == (1, (2.0 - 2.0) - math.log(Z))
