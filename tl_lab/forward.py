@@ -1,0 +1,455 @@
+"""The forwards: the byte bigram and the Llama graph of one step. Chapter L10.1, sections 2.4 and 2.5.
+
+One step runs S sequences; sequence s brings n_s new tokens at absolute positions p_s .. p_s+n_s-1,
+and the step's hidden states are the rows of x: (N, d), N = sum n_s, in batch order:
+
+    x = embed[tokens]
+    per layer:  h = RMSNorm(x) w_in;  q, k, v = h W_q^T, h W_k^T, h W_v^T;  RoPE(q, k) at pos(t)
+                write k, v as f16 into the sequence's blocks (position j -> table[j // B], slot j % B)
+                o_t = sum_{j <= pos(t)} softmax_j(q_t . k_j / sqrt(D)) v_j   (k_j, v_j read back, f16)
+                x += o W_o^T;  h2 = RMSNorm(x) w_post;  x += (silu(h2 W_g^T) * (h2 W_u^T)) W_d^T
+    logits = RMSNorm(x[last token of s]) w_norm  W_head^T     (W_head = embed when tied)
+
+Every piece is a small pure function (`rms_norm`, `rope`, `attend`, ...) that `llama_forward`
+calls and the notebook reuses to draw the internals; there is no second copy of the forward.
+
+Batch invariance (section 2.4) rests on one rule: every operation that mixes numbers either works
+inside one row (the norms, RoPE, SwiGLU, the embedding) or inside one sequence (attention), or is a
+product with a weight matrix, and every such product goes through `product_rows`, whose result for
+a sequence does not depend on the other sequences in the step. See `matmul_rows` for why numpy's
+plain ``x @ W.T`` does not have that property and how the tiles restore it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tl_lab.model import Linear, LlamaWeights
+from tl_lab.quant import QLinear, f16_to_f32, f32_to_f16
+
+__all__ = [
+    "TILE",
+    "LONG_ROWS",
+    "PRODUCTS",
+    "matmul_rows",
+    "RowPlan",
+    "plan_rows",
+    "product_rows",
+    "weight_t",
+    "Scratch",
+    "rms_norm",
+    "silu",
+    "rope_inv_freq",
+    "rope_cos_sin",
+    "rotate_half",
+    "rope",
+    "kv_location",
+    "write_kv",
+    "gather_kv",
+    "causal_mask",
+    "softmax",
+    "attend",
+    "Step",
+    "llama_forward",
+    "lm_head",
+    "bigram_forward",
+]
+
+# ---------------------------------------------------------------------------------------------
+# The batch-invariant product
+# ---------------------------------------------------------------------------------------------
+
+TILE = 8
+"""Rows per tile of `matmul_rows`. Measured on this machine's OpenBLAS (Haswell kernels, 1 or 2
+threads): with 8-row tiles a row's result is the same at every position of the tile, for every
+shape we tried; with 12, 16, 24, 32 or 64 rows it depends on the position (the kernel handles the
+rows past 8 differently); 4 also works but costs twice as many weight passes."""
+
+LONG_ROWS = 32
+"""A sequence with at least this many new tokens in a step gets a product of its own (see
+`product_rows`): one (n_s, K) x (K, N) gemm, as fast as the plain product for a long prefill."""
+
+PRODUCTS = ("invariant", "plain")
+
+
+def matmul_rows(x: np.ndarray, W_T: np.ndarray) -> np.ndarray:
+    """y = x W_T, computed so that each row's result does not depend on the other rows.
+
+    x: (M, K) float32, W_T: (K, N) float32 (a weight stored (out, in), passed as its .T view)
+    -> y: (M, N) float32.
+
+    Why: numpy hands ``x @ W_T`` to OpenBLAS, which picks its code path from the shape. One row
+    goes to a matrix-vector kernel (gemv) and more rows to the blocked gemm kernel, which sums in
+    another order; inside gemm, the row count decides how the work is split between threads and
+    which register tile handles a row, and some of those add in a different order too. So the
+    same row comes out a few ulps apart depending on how many rows share the call (the test
+    `test_plain_product_is_not_row_invariant` shows it for every batch size 2 to 64).
+
+    How: pad the rows with zeros to a multiple of TILE and run every tile through its own
+    same-shaped (TILE, K) x (K, N) product. Every row then always meets the same kernel, the
+    same K blocking and the same thread split, whatever the batch: its bits depend only on the
+    row itself (and on the weight, the shape and the BLAS thread count, which are fixed for a
+    run). The chapter's `matmul_rows` sends every row alone through a (1, K) product instead,
+    which reads the whole weight once per row; a tile reads it once per 8 rows, so a batch of 8
+    decodes costs about as much as one.
+    """
+    M, K = x.shape
+    N = W_T.shape[1]
+    n_tiles = -(-M // TILE)
+    xp = np.zeros((n_tiles * TILE, K), dtype=np.float32)
+    xp[:M] = x
+    y = np.empty((n_tiles * TILE, N), dtype=np.float32)
+    for i in range(0, n_tiles * TILE, TILE):  # one BLAS call per tile, never one merged call
+        np.matmul(xp[i : i + TILE], W_T, out=y[i : i + TILE])
+    return y[:M]
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """How a step's rows meet the weights (built once per step by `plan_rows`).
+
+    short: row indices of the sequences with fewer than LONG_ROWS new tokens, all sent together
+    through `matmul_rows` (decode rows and short chunks share tiles);
+    spans: (begin, end) row ranges of the longer sequences, each its own product.
+    """
+
+    n_rows: int
+    short: np.ndarray
+    spans: tuple[tuple[int, int], ...]
+
+
+def plan_rows(lengths) -> RowPlan:
+    """The RowPlan for sequences of `lengths` new tokens, in batch order."""
+    short, spans, a = [], [], 0
+    for n in lengths:
+        if n >= LONG_ROWS:
+            spans.append((a, a + n))
+        else:
+            short.extend(range(a, a + n))
+        a += n
+    return RowPlan(a, np.asarray(short, dtype=np.intp), tuple(spans))
+
+
+def product_rows(x: np.ndarray, W_T: np.ndarray, plan: RowPlan | None = None,
+                 product: str = "invariant") -> np.ndarray:
+    """y = x W_T for a step's rows x: (N, K) float32 -> (N, N_out) float32.
+
+    product="invariant" (the runner's): rows of short sequences go through `matmul_rows` tiles;
+    a sequence of LONG_ROWS or more new tokens is one plain gemm of its own rows, (n_s, K) x
+    (K, N_out). That gemm's rows do depend on each other, but only on rows of the same sequence,
+    so the sequence's result still does not depend on its batch, and a long prefill runs at the
+    plain product's speed instead of paying for 8-row tiles. plan=None: every row is tiled.
+    product="plain": ``x @ W_T`` in one call, the fast but batch-dependent baseline.
+    """
+    if product == "plain":
+        return x @ W_T
+    if product != "invariant":
+        raise ValueError(f"product must be one of {PRODUCTS}, got {product!r}")
+    if plan is None:
+        return matmul_rows(x, W_T)
+    y = np.empty((x.shape[0], W_T.shape[1]), dtype=np.float32)
+    if plan.short.size:
+        y[plan.short] = matmul_rows(x[plan.short], W_T)
+    for a, b in plan.spans:
+        np.matmul(x[a:b], W_T, out=y[a:b])
+    return y
+
+
+class Scratch:
+    """Reusable float32 buffers for widening int4 weights, one per weight shape (section 2.5).
+
+    An int4 linear is widened into the buffer of its shape just before its product and the buffer
+    is overwritten by the next linear of that shape, so at most one f32 copy per shape is ever
+    resident, never the whole dequantized model.
+    """
+
+    def __init__(self) -> None:
+        self._bufs: dict[tuple[int, int], np.ndarray] = {}
+
+    def get(self, shape: tuple[int, int]) -> np.ndarray:
+        if shape not in self._bufs:
+            self._bufs[shape] = np.empty(shape, dtype=np.float32)
+        return self._bufs[shape]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self._bufs.values())
+
+
+def weight_t(lin: Linear | QLinear, scratch: Scratch | None = None) -> np.ndarray:
+    """The (in, out) operand of a linear's product: W.T, a view of the stored (out, in) weight.
+
+    A float32 Linear gives a view (no copy). An int4 QLinear is widened to W_hat = q s (exact in
+    f32) into `scratch`'s buffer (or a new array) and its view is returned: the product of an int4
+    model is then bit for bit the product of the f32 model holding W_hat.
+    """
+    if isinstance(lin, Linear):
+        return lin.w.T
+    if isinstance(lin, QLinear):
+        buf = None if scratch is None else scratch.get((lin.out, lin.inp))
+        return lin.dequantize(out=buf).T
+    raise TypeError(f"expected a Linear or QLinear, got {type(lin).__name__}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Row-local pieces: RMSNorm, SwiGLU, RoPE
+# ---------------------------------------------------------------------------------------------
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """x / sqrt(mean(x^2) + eps) * w, per row. x: (N, d) float32, w: (d,) -> (N, d) float32.
+
+    Hugging Face's order: the reciprocal square root multiplies x, then the weight. The mean is a
+    numpy reduction along the last axis of a C-contiguous array, which sums each row by itself
+    (tests check a row alone and in a stack agree bit for bit).
+    """
+    ms = np.mean(x * x, axis=-1, keepdims=True)
+    return (x * (np.float32(1.0) / np.sqrt(ms + np.float32(eps)))) * w
+
+
+def silu(g: np.ndarray) -> np.ndarray:
+    """silu(g) = g * sigmoid(g), elementwise float32. Applied to the GATE projection."""
+    return g / (np.float32(1.0) + np.exp(-g))
+
+
+def rope_inv_freq(D: int, theta: float) -> np.ndarray:
+    """inv_freq_i = theta^(-2i/D), i = 0 .. D/2-1, float32, computed as Hugging Face does it.
+
+    The exponent 2i/D and the power are float32 operations, then 1 / power. Frequencies fall
+    with i: pair 0 turns fastest (one radian per position), the last pair slowest.
+    """
+    exponent = np.arange(0, D, 2, dtype=np.int64).astype(np.float32) / np.float32(D)
+    return np.float32(1.0) / (np.float32(theta) ** exponent)
+
+
+def rope_cos_sin(pos: np.ndarray, D: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of the angles pos * inv_freq, each (N, D) float32, the D/2 angles twice.
+
+    The angle of pair i at position p is p * inv_freq_i (one float32 product, as HF's matmul of
+    an inner size 1); the half-split layout pairs element i with element i + D/2, so the table
+    repeats the D/2 angles for both halves.
+    """
+    angles = np.asarray(pos).astype(np.float32)[:, None] * rope_inv_freq(D, theta)[None, :]
+    angles = np.concatenate([angles, angles], axis=-1)
+    return np.cos(angles), np.sin(angles)
+
+
+def rotate_half(x: np.ndarray) -> np.ndarray:
+    """(x1, x2) -> (-x2, x1) over the last axis split in halves (HF's rotate_half)."""
+    half = x.shape[-1] // 2
+    return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+
+def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate each pair (x_i, x_{i+D/2}) of every head by its angle. x: (N, heads, D) float32,
+    cos, sin: (N, D) from `rope_cos_sin` at the tokens' absolute positions -> (N, heads, D)."""
+    return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
+
+
+# ---------------------------------------------------------------------------------------------
+# The KV cache: where a key lands, writing it, reading a sequence's keys back
+# ---------------------------------------------------------------------------------------------
+
+
+def kv_location(table: np.ndarray, pos: np.ndarray, B: int) -> tuple[np.ndarray, np.ndarray]:
+    """Position j lives in pool block table[j // B], slot j % B (section 3). Arrays in, arrays out."""
+    pos = np.asarray(pos)
+    return np.asarray(table)[pos // B], pos % B
+
+
+def write_kv(data: np.ndarray, layer: int, blk: np.ndarray, slot: np.ndarray,
+             k: np.ndarray, v: np.ndarray) -> None:
+    """Write the step's keys and values as f16 into the pool, one vectorized write each.
+
+    data: the pool buffer (n_blocks, n_layers, 2, H_kv, B, D) uint16 (axis 2: 0 = K, 1 = V);
+    blk, slot: (N,) pool block and slot of each row; k, v: (N, H_kv, D) float32.
+    """
+    data[blk, layer, 0, :, slot, :] = f32_to_f16(k)
+    data[blk, layer, 1, :, slot, :] = f32_to_f16(v)
+
+
+def gather_kv(data: np.ndarray, layer: int, table: np.ndarray, L: int) -> tuple[np.ndarray, np.ndarray]:
+    """K and V of positions 0 .. L-1 of one sequence, read back from its blocks and widened.
+
+    -> K, V: (H_kv, L, D) float32, exactly the f16 values the pool holds (section 2.4's f16 bound).
+    """
+    B = data.shape[4]
+    blocks = data[np.asarray(table)[: -(-L // B)], layer]  # (nb, 2, H_kv, B, D)
+    H_kv, D = blocks.shape[2], blocks.shape[4]
+    kv = blocks.transpose(1, 2, 0, 3, 4).reshape(2, H_kv, -1, D)[:, :, :L]
+    kv = f16_to_f32(np.ascontiguousarray(kv))
+    return kv[0], kv[1]
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention over one sequence
+# ---------------------------------------------------------------------------------------------
+
+
+def causal_mask(start: int, n: int, L: int) -> np.ndarray:
+    """(n, L) bool, True where key j is visible to query t: j <= start + t (q_offset = start)."""
+    return np.arange(L)[None, :] <= (start + np.arange(n))[:, None]
+
+
+def softmax(s: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis in float32, the row maximum subtracted first (exp never
+    overflows; a masked -inf score gives a weight of exactly 0)."""
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def attend(q: np.ndarray, K: np.ndarray, V: np.ndarray, start: int,
+           return_weights: bool = False):
+    """Grouped-query causal attention of one sequence's new tokens over its keys.
+
+    q: (n, H, D) float32, the queries of positions start .. start+n-1 (after RoPE);
+    K, V: (H_kv, L, D) float32 with L = start + n, positions 0 .. L-1;
+    -> o: (n, H * D) float32 [, weights: (H, n, L) float32].
+
+    Query head h reads KV head h // (H / H_kv). Query t weighs exactly the keys j <= pos(t) =
+    start + t: the others get the score -inf and so the weight 0. A decode step (n = 1) has
+    L = start + 1 keys, all visible.
+    """
+    n, H, D = q.shape
+    H_kv, L, _ = K.shape
+    rep = H // H_kv
+    qg = q.transpose(1, 0, 2).reshape(H_kv, rep * n, D)  # head h = g * rep + r
+    s = (qg @ K.transpose(0, 2, 1)) * np.float32(D ** -0.5)  # (H_kv, rep * n, L)
+    s = s.reshape(H_kv, rep, n, L)
+    s = np.where(causal_mask(start, n, L), s, np.float32(-np.inf))
+    w = softmax(s)
+    o = w.reshape(H_kv, rep * n, L) @ V  # (H_kv, rep * n, D)
+    o = o.reshape(H, n, D).transpose(1, 0, 2).reshape(n, H * D)
+    if return_weights:
+        return o, w.reshape(H, n, L)
+    return o
+
+
+# ---------------------------------------------------------------------------------------------
+# The step
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Step:
+    """One step's sequences, flattened (built by the runner after its checks).
+
+    tokens, pos: (N,) int64, the new tokens and their absolute positions, in batch order;
+    offsets: (S + 1,) row offsets, sequence s owns rows offsets[s] .. offsets[s+1]-1;
+    starts: (S,) p_s; tables: S block tables (int arrays).
+    """
+
+    tokens: np.ndarray
+    pos: np.ndarray
+    offsets: np.ndarray
+    starts: np.ndarray
+    tables: list[np.ndarray]
+    plan: RowPlan = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.plan = plan_rows(np.diff(self.offsets))
+
+    @classmethod
+    def of(cls, seqs) -> Step:
+        """From (tokens, start, table) triples."""
+        toks = [np.asarray(t, dtype=np.int64).reshape(-1) for t, _, _ in seqs]
+        starts = np.asarray([int(s) for _, s, _ in seqs], dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum([len(t) for t in toks])]).astype(np.int64)
+        pos = np.concatenate([s + np.arange(len(t)) for t, s in zip(toks, starts)]).astype(np.int64)
+        tables = [np.asarray(b, dtype=np.int64).reshape(-1) for _, _, b in seqs]
+        return cls(np.concatenate(toks), pos, offsets, starts, tables)
+
+    @property
+    def n_seqs(self) -> int:
+        return len(self.starts)
+
+    @property
+    def last(self) -> np.ndarray:
+        """(S,) the row of each sequence's last new token."""
+        return self.offsets[1:] - 1
+
+    def rows(self, s: int) -> slice:
+        return slice(int(self.offsets[s]), int(self.offsets[s + 1]))
+
+
+def lm_head(weights: LlamaWeights, x_last: np.ndarray, product: str = "invariant") -> np.ndarray:
+    """Final RMSNorm and the LM head (the embedding when tied). x_last: (S, d) -> (S, V) float32."""
+    c = weights.config
+    h = rms_norm(x_last, weights.norm, c.rms_norm_eps)
+    return product_rows(h, weights.head_weight.T, None, product)
+
+
+def llama_forward(weights: LlamaWeights, step: Step, data: np.ndarray | None, *,
+                  product: str = "invariant", kv: str = "pool", scratch: Scratch | None = None,
+                  return_hidden: bool = False, trace: dict | None = None):
+    """Run one step of the Llama graph (section 2.4) and return each sequence's last-token logits.
+
+    weights: f32 or int4 linears; step: the flattened sequences; data: the KV pool's buffer
+    (n_blocks, n_layers, 2, H_kv, B, D) uint16, written in place.
+    -> logits (S, V) float32, or (logits, hidden) with return_hidden, hidden (N, d) float32 the
+    final-normed hidden state of every new token (what Hugging Face calls last_hidden_state).
+
+    kv="pool" is the engine: K and V go through the f16 pool. kv="f32" is the float32 reference
+    the f16 bound is measured against: nothing is written, each sequence attends over its own
+    step's f32 keys, so every sequence must start at position 0.
+    product: "invariant" (`product_rows`) or "plain" (``x @ W.T``, for the benchmarks and the
+    notebook's comparison). trace: a dict that collects the internals for the notebook.
+    """
+    c = weights.config
+    H, H_kv, D, eps = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps
+    if kv not in ("pool", "f32"):
+        raise ValueError(f"kv must be 'pool' or 'f32', got {kv!r}")
+    if kv == "f32" and np.any(step.starts != 0):
+        raise ValueError("kv='f32' keeps no cache between steps: every sequence must start at 0")
+    N, plan = len(step.tokens), step.plan
+
+    def linear(h: np.ndarray, lin) -> np.ndarray:
+        return product_rows(h, weight_t(lin, scratch), plan, product)
+
+    cos, sin = rope_cos_sin(step.pos, D, c.rope_theta)
+    if kv == "pool":
+        B = data.shape[4]
+        blk = np.concatenate([step.tables[s][step.pos[step.rows(s)] // B] for s in range(step.n_seqs)])
+        slot = step.pos % B
+    x = weights.embed[step.tokens]  # (N, d), a gather: a copy, row by row
+    if trace is not None:
+        trace.update(x=[x.copy()], q=[], k=[], v=[], attn=[])
+    for l, layer in enumerate(weights.layers):
+        h = rms_norm(x, layer.input_layernorm, eps)
+        q = rope(linear(h, layer.q_proj).reshape(N, H, D), cos, sin)
+        k = rope(linear(h, layer.k_proj).reshape(N, H_kv, D), cos, sin)
+        v = linear(h, layer.v_proj).reshape(N, H_kv, D)
+        if kv == "pool":
+            write_kv(data, l, blk, slot, k, v)
+        o = np.empty((N, H * D), dtype=np.float32)
+        weights_l = []
+        for s in range(step.n_seqs):
+            r, p = step.rows(s), int(step.starts[s])
+            if kv == "pool":
+                K, V = gather_kv(data, l, step.tables[s], p + r.stop - r.start)
+            else:
+                K, V = k[r].transpose(1, 0, 2), v[r].transpose(1, 0, 2)
+            if trace is None:
+                o[r] = attend(q[r], K, V, p)
+            else:
+                o[r], a = attend(q[r], K, V, p, return_weights=True)
+                weights_l.append(a)
+        x = x + linear(o, layer.o_proj)
+        h2 = rms_norm(x, layer.post_attention_layernorm, eps)
+        x = x + linear(silu(linear(h2, layer.gate_proj)) * linear(h2, layer.up_proj), layer.down_proj)
+        if trace is not None:
+            for name, val in (("q", q), ("k", k), ("v", v), ("x", x)):
+                trace[name].append(val.copy())
+            trace["attn"].append(weights_l)
+    logits = lm_head(weights, x[step.last], product)
+    if return_hidden:
+        return logits, rms_norm(x, weights.norm, eps)
+    return logits
+
+
+def bigram_forward(table: np.ndarray, last_tokens: np.ndarray) -> np.ndarray:
+    """The byte bigram (L10.0): row a of `table` (V, V) is the logits of the byte after a.
+    last_tokens: (S,) -> (S, V) float32, a copy."""
+    return table[np.asarray(last_tokens, dtype=np.int64)].astype(np.float32, copy=True)
