@@ -84,7 +84,6 @@ def test_pcg32_reference_vectors():
 
 def test_uniform_f64_uses_53_bits_a_first():
     g = Pcg32(7, 9)
-    a, b = g.copy().next_u32(), None
     twin = g.copy()
     a, b = twin.next_u32(), twin.next_u32()
     u = g.uniform_f64()
