@@ -1,0 +1,280 @@
+"""tl_lab/forward.py: the batch-invariant product and the row-local pieces (chapter L10.1, section 2.4).
+
+The chapter-named end-to-end tests (HF parity, batch and chunk invariance of the whole forward)
+are in test_runner.py; here are the building blocks and the evidence for the tile design.
+"""
+
+import numpy as np
+import pytest
+
+from tl_lab.forward import (
+    LONG_ROWS,
+    TILE,
+    attend,
+    causal_mask,
+    gather_kv,
+    kv_location,
+    matmul_rows,
+    plan_rows,
+    product_rows,
+    rms_norm,
+    rope,
+    rope_cos_sin,
+    rope_inv_freq,
+    rotate_half,
+    silu,
+    softmax,
+    write_kv,
+)
+from tl_lab.quant import f16_to_f32, f32_to_f16
+
+# (in, out) of every linear of the tiny test model and of SmolLM2-135M
+TINY_SHAPES = [(64, 64), (64, 32), (64, 128), (128, 64), (64, 256)]
+SMOL_SHAPES = [(576, 576), (576, 192), (576, 1536), (1536, 576)]
+SMOL_HEAD = (576, 49152)
+
+
+def weight(rng, K, N):
+    """A random weight stored (out, in) = (N, K), as in a checkpoint."""
+    return (rng.standard_normal((N, K)) * K ** -0.5).astype(np.float32)
+
+
+@pytest.mark.parametrize("K,N", TINY_SHAPES + SMOL_SHAPES)
+def test_plain_product_is_not_row_invariant(K, N):
+    """numpy's x @ W.T: the same row changes bits with the number of rows in the call.
+
+    This is why the runner needs matmul_rows. On this machine's OpenBLAS a lone row takes gemv
+    and every batch of 2 to 64 rows gives row 0 other bits; the test asks for at least one.
+    """
+    rng = np.random.default_rng(K * 7 + N)
+    W = weight(rng, K, N)
+    X = rng.standard_normal((64, K)).astype(np.float32)
+    alone = (X[:1] @ W.T)[0]
+    changed = [M for M in range(2, 65) if not np.array_equal((X[:M] @ W.T)[0], alone)]
+    assert changed, f"x @ W.T was row-invariant for ({K} -> {N}) at every batch size 1..64"
+
+
+def test_plain_product_breaks_the_lm_head_shape():
+    rng = np.random.default_rng(3)
+    W = weight(rng, *SMOL_HEAD)
+    X = rng.standard_normal((16, SMOL_HEAD[0])).astype(np.float32)
+    alone = (X[:1] @ W.T)[0]
+    assert any(not np.array_equal((X[:M] @ W.T)[0], alone) for M in (2, 8, 16))
+
+
+def _garbage(rng, M, K, kind):
+    if kind == "zeros":
+        return np.zeros((M, K), np.float32)
+    if kind == "huge":
+        return (rng.standard_normal((M, K)) * 1e30).astype(np.float32)
+    return rng.standard_normal((M, K)).astype(np.float32)
+
+
+@pytest.mark.parametrize("K,N", TINY_SHAPES + SMOL_SHAPES)
+def test_matmul_rows_is_row_invariant(K, N):
+    """Every row of matmul_rows has the same bits alone and at any place in batches of 1..70
+    rows, whatever the other rows hold (random, zeros, huge values)."""
+    rng = np.random.default_rng(K * 11 + N)
+    W = weight(rng, K, N)
+    W_T = W.T
+    probes = rng.standard_normal((5, K)).astype(np.float32)
+    alone = np.stack([matmul_rows(p[None], W_T)[0] for p in probes])
+    for M in list(range(1, 18)) + [23, 31, 32, 33, 47, 64, 70]:
+        kind = ("random", "zeros", "huge")[M % 3]
+        X = _garbage(rng, M, K, kind)
+        where = rng.choice(M, size=min(M, len(probes)), replace=False)
+        X[where] = probes[: len(where)]
+        Y = matmul_rows(X, W_T)
+        for i, r in enumerate(where):
+            assert np.array_equal(Y[r], alone[i]), f"({K}->{N}) probe {i} at row {r} of {M} changed"
+
+
+def test_matmul_rows_is_row_invariant_for_the_lm_head():
+    rng = np.random.default_rng(5)
+    W = weight(rng, *SMOL_HEAD)
+    p = rng.standard_normal(SMOL_HEAD[0]).astype(np.float32)
+    alone = matmul_rows(p[None], W.T)[0]
+    for M in (2, 7, 8, 9, 16):
+        X = rng.standard_normal((M, SMOL_HEAD[0])).astype(np.float32)
+        X[M // 2] = p
+        assert np.array_equal(matmul_rows(X, W.T)[M // 2], alone), f"batch {M}"
+
+
+def test_matmul_rows_equals_the_product_within_float_tolerance():
+    rng = np.random.default_rng(6)
+    W = weight(rng, 64, 96)
+    X = rng.standard_normal((21, 64)).astype(np.float32)
+    Y = matmul_rows(X, W.T)
+    assert Y.shape == (21, 96) and Y.dtype == np.float32
+    np.testing.assert_allclose(Y, X.astype(np.float64) @ W.T.astype(np.float64), rtol=1e-5, atol=1e-5)
+
+
+def test_tile_size_is_one_that_works():
+    """The 8-row tile: a probe row gives the same bits at each of the 8 places of a tile."""
+    assert TILE == 8
+    rng = np.random.default_rng(8)
+    for K, N in [(64, 64), (576, 1536)]:
+        W_T = weight(rng, K, N).T
+        p = rng.standard_normal(K).astype(np.float32)
+        outs = []
+        for place in range(TILE):
+            X = rng.standard_normal((TILE, K)).astype(np.float32)
+            X[place] = p
+            outs.append(matmul_rows(X, W_T)[place])
+        assert all(np.array_equal(outs[0], o) for o in outs)
+
+
+def test_product_rows_keeps_each_sequence_to_itself():
+    """Short sequences share tiles, a long one (>= LONG_ROWS new tokens) gets its own gemm: each
+    sequence's rows come out the same alone and in a shuffled batch."""
+    rng = np.random.default_rng(9)
+    W_T = weight(rng, 64, 128).T
+    lengths = [1, 3, LONG_ROWS, 1, LONG_ROWS + 17, 9, 1]
+    seqs = [rng.standard_normal((n, 64)).astype(np.float32) for n in lengths]
+    alone = [product_rows(s, W_T, plan_rows([len(s)])) for s in seqs]
+    for trial in range(4):
+        order = rng.permutation(len(seqs))
+        X = np.concatenate([seqs[i] for i in order])
+        Y = product_rows(X, W_T, plan_rows([lengths[i] for i in order]))
+        a = 0
+        for i in order:
+            assert np.array_equal(Y[a : a + lengths[i]], alone[i]), f"seq {i} (n={lengths[i]})"
+            a += lengths[i]
+
+
+def test_product_rows_plain_is_x_at_w():
+    rng = np.random.default_rng(10)
+    W_T = weight(rng, 64, 32).T
+    X = rng.standard_normal((5, 64)).astype(np.float32)
+    assert np.array_equal(product_rows(X, W_T, None, "plain"), X @ W_T)
+    with pytest.raises(ValueError, match="product"):
+        product_rows(X, W_T, None, "fast")
+
+
+def test_plan_rows_splits_short_and_long():
+    plan = plan_rows([1, LONG_ROWS, 2])
+    assert plan.n_rows == LONG_ROWS + 3
+    assert plan.short.tolist() == [0, LONG_ROWS + 1, LONG_ROWS + 2]
+    assert plan.spans == ((1, LONG_ROWS + 1),)
+
+
+# ------------------------------------------------------------------ row-local pieces
+
+
+@pytest.mark.parametrize("d", [16, 64, 576, 1536])
+def test_row_local_ops_give_a_row_the_same_bits_alone_and_stacked(d):
+    """RMSNorm, SwiGLU, softmax and RoPE work row by row: numpy's reductions along the last axis
+    of a 2D array sum each row by itself."""
+    rng = np.random.default_rng(d)
+    w = (1 + 0.1 * rng.standard_normal(d)).astype(np.float32)
+    X = rng.standard_normal((40, d)).astype(np.float32) * 3
+    D = 64 if d % 64 == 0 else 16
+    pos = rng.integers(0, 500, size=40)
+    cos, sin = rope_cos_sin(pos, D, 10000.0)
+    stacked = {
+        "rms_norm": rms_norm(X, w, 1e-5),
+        "silu": silu(X) * X,
+        "softmax": softmax(X),
+        "rope": rope(X.reshape(40, -1, D), cos, sin).reshape(40, d),
+    }
+    for r in (0, 7, 39):
+        alone = {
+            "rms_norm": rms_norm(X[r : r + 1], w, 1e-5),
+            "silu": silu(X[r : r + 1]) * X[r : r + 1],
+            "softmax": softmax(X[r : r + 1]),
+            "rope": rope(X[r : r + 1].reshape(1, -1, D), cos[r : r + 1], sin[r : r + 1]).reshape(1, d),
+        }
+        for name in stacked:
+            assert np.array_equal(stacked[name][r], alone[name][0]), f"{name} row {r}"
+
+
+def test_rms_norm_formula():
+    x = np.array([[3.0, 4.0]], np.float32)
+    w = np.array([1.0, 2.0], np.float32)
+    rms = np.sqrt((9 + 16) / 2 + 1e-5)
+    np.testing.assert_allclose(rms_norm(x, w, 1e-5), [[3 / rms, 8 / rms]], rtol=1e-6)
+
+
+def test_silu_is_x_sigmoid_x():
+    g = np.linspace(-8, 8, 33, dtype=np.float32)
+    np.testing.assert_allclose(silu(g), g / (1 + np.exp(-g.astype(np.float64))), rtol=1e-6, atol=1e-7)
+
+
+def test_rope_inv_freq_falls_and_matches_the_formula():
+    f = rope_inv_freq(16, 10000.0)
+    assert f.dtype == np.float32 and f.shape == (8,)
+    assert f[0] == 1.0 and np.all(np.diff(f) < 0)  # pair 0 turns fastest
+    np.testing.assert_allclose(f, 10000.0 ** (-np.arange(0, 16, 2) / 16), rtol=1e-6)
+
+
+def test_rope_rotates_pairs_i_and_i_plus_half():
+    """Half-split layout: (x_i, x_{i+D/2}) turns by pos * inv_freq_i; norms are kept."""
+    D, p = 8, 5
+    x = np.zeros((1, 1, D), np.float32)
+    x[0, 0, 1] = 1.0  # pair 1 = (x_1, x_5) = (1, 0)
+    cos, sin = rope_cos_sin(np.array([p]), D, 10000.0)
+    y = rope(x, cos, sin)[0, 0]
+    theta = p * 10000.0 ** (-2 / D)
+    np.testing.assert_allclose([y[1], y[5]], [np.cos(theta), np.sin(theta)], atol=1e-6)
+    assert np.count_nonzero(np.abs(y) > 1e-7) == 2
+    v = np.random.default_rng(0).standard_normal((3, 2, D)).astype(np.float32)
+    cos, sin = rope_cos_sin(np.array([0, 1, 300]), D, 10000.0)
+    r = rope(v, cos, sin)
+    np.testing.assert_allclose(np.linalg.norm(r, axis=-1), np.linalg.norm(v, axis=-1), rtol=1e-5)
+    assert np.array_equal(r[0], v[0])  # position 0 is no rotation
+    assert np.array_equal(rotate_half(np.arange(4.0)), [-2.0, -3.0, 0.0, 1.0])
+
+
+# ------------------------------------------------------------------ the KV pool and attention
+
+
+def test_where_a_key_lands_section_3():
+    blk, slot = kv_location(np.array([7, 2, 9]), np.array([37, 0, 16]), 16)
+    assert blk.tolist() == [9, 7, 2] and slot.tolist() == [5, 0, 0]
+
+
+def test_write_then_gather_round_trips_through_f16():
+    rng = np.random.default_rng(11)
+    n_blocks, L_layers, H_kv, B, D = 6, 2, 2, 4, 8
+    data = np.zeros((n_blocks, L_layers, 2, H_kv, B, D), np.uint16)
+    table = np.array([5, 1, 3])
+    pos = np.arange(10)
+    k = rng.standard_normal((10, H_kv, D)).astype(np.float32)
+    v = rng.standard_normal((10, H_kv, D)).astype(np.float32)
+    blk, slot = kv_location(table, pos, B)
+    write_kv(data, 1, blk, slot, k, v)
+    # section 3: K of head h at slot j starts at flat element (h * B + j) * D of the K slab
+    flat = data[table[9 // B]].reshape(L_layers, 2, -1)[1, 0]  # block 3 holds positions 8..11
+    assert np.array_equal(flat[(1 * B + 1) * D : (1 * B + 1) * D + D], f32_to_f16(k[9, 1]))
+    K, V = gather_kv(data, 1, table, 10)
+    assert K.shape == (H_kv, 10, D)
+    assert np.array_equal(K, f16_to_f32(f32_to_f16(k)).transpose(1, 0, 2))
+    assert np.array_equal(V, f16_to_f32(f32_to_f16(v)).transpose(1, 0, 2))
+    assert not data[:, 0].any()  # layer 0 untouched
+    assert not data[[0, 2, 4]].any()  # blocks outside the table untouched
+
+
+def test_causal_mask_uses_the_start_as_q_offset():
+    m = causal_mask(3, 2, 5)
+    assert m.tolist() == [[True] * 4 + [False], [True] * 5]
+
+
+def test_attend_matches_a_loop_over_heads_and_visible_keys():
+    rng = np.random.default_rng(12)
+    n, H, H_kv, D, start = 3, 4, 2, 8, 4
+    L = start + n
+    q = rng.standard_normal((n, H, D)).astype(np.float32)
+    K = rng.standard_normal((H_kv, L, D)).astype(np.float32)
+    V = rng.standard_normal((H_kv, L, D)).astype(np.float32)
+    o, w = attend(q, K, V, start, return_weights=True)
+    ref = np.zeros((n, H, D))
+    for t in range(n):
+        for h in range(H):
+            g = h // (H // H_kv)
+            vis = start + t + 1
+            s = K[g, :vis].astype(np.float64) @ q[t, h] / np.sqrt(D)
+            p = np.exp(s - s.max())
+            p /= p.sum()
+            ref[t, h] = p @ V[g, :vis]
+            assert np.all(w[h, t, vis:] == 0)
+    np.testing.assert_allclose(o.reshape(n, H, D), ref, rtol=1e-5, atol=1e-6)
