@@ -210,24 +210,34 @@ def _widen(logits) -> np.ndarray:
 
 def _ids(ids, vocab: int, name: str) -> np.ndarray:
     """Token ids as an int64 array, each in [0, vocab), or ValueError naming the list and position."""
-    if isinstance(ids, np.ndarray):
-        if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
-            raise ValueError(f"{name} must be a 1-D array of integer token ids, got {ids.dtype} {ids.shape}")
-        bad = (ids < 0) | (ids >= vocab)
-        if bad.any():
-            j = int(np.argmax(bad))
-            raise ValueError(f"{name}[{j}] = {int(ids[j])} is outside the vocabulary [0, {vocab})")
-        return ids.astype(np.int64)
-    try:
-        seq = list(ids)
-    except TypeError:
-        raise ValueError(f"{name} must be a sequence of token ids, got {type(ids).__name__}") from None
+    if not isinstance(ids, np.ndarray):
+        try:
+            seq = list(ids)
+        except TypeError:
+            raise ValueError(f"{name} must be a sequence of token ids, got {type(ids).__name__}") from None
+        try:
+            ids = np.array(seq) if seq else np.zeros(0, np.int64)
+        except (OverflowError, ValueError):
+            ids = None
+        if ids is None or ids.ndim != 1 or ids.dtype.kind not in "iu":
+            _explain_ids(seq, vocab, name)
+    if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+        raise ValueError(f"{name} must be a 1-D array of integer token ids, got {ids.dtype} {ids.shape}")
+    bad = (ids < 0) | (ids >= vocab)
+    if bad.any():
+        j = int(np.argmax(bad))
+        raise ValueError(f"{name}[{j}] = {int(ids[j])} is outside the vocabulary [0, {vocab})")
+    return ids.astype(np.int64)
+
+
+def _explain_ids(seq: list, vocab: int, name: str) -> None:
+    """Raise the ValueError that names the first element of `seq` that is not a token id."""
     for j, v in enumerate(seq):
         if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
             raise ValueError(f"{name}[{j}] = {v!r} is not an integer token id")
         if not 0 <= v < vocab:
             raise ValueError(f"{name}[{j}] = {int(v)} is outside the vocabulary [0, {vocab})")
-    return np.array(seq, dtype=np.int64)
+    raise ValueError(f"{name} must be a flat sequence of integer token ids")
 
 
 def _check_call(logits, params, prompt, output, rng):
