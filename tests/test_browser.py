@@ -135,3 +135,26 @@ def test_start_here_runs_in_a_real_browser(lab, browser):
     links = page.eval_on_selector_all(".jp-RenderedMarkdown table a", "els => els.map(e => e.textContent)")
     assert "07_sampler" in links and "04_kv_pool" in links
     page.close()
+
+
+def test_sampler_playground_reacts_to_a_slider_in_the_browser(lab, browser):
+    """Move the top-k slider with the keyboard; the kernel's new kept set must appear on the page.
+
+    The section-3 example (top-k 3, top-p 0.8, seed 0) keeps {1, 3}; top-k 4 lets id 2 into the
+    nucleus (q1 + q3 = 0.799 < 0.8), so only a wired observer can show {1, 2, 3}.
+    """
+    page = _open_and_run_all(browser, lab, "07_sampler.ipynb")
+    assert not [e for e in _errors(page) if "Error" in e], _errors(page)
+    token = page.locator(".tl-token").first
+    token.scroll_into_view_if_needed()
+    assert "kept 2 of 5: {1, 3}" in token.text_content()
+    slider = page.locator(".widget-slider").filter(has_text="top-k").first
+    handle = slider.locator(".noUi-handle")
+    handle.focus()
+    handle.press("ArrowRight")
+    assert slider.locator(".widget-readout").text_content().strip() == "4"
+    page.wait_for_function(
+        "() => document.querySelector('.tl-token').textContent.includes('kept 3 of 5: {1, 2, 3}')", timeout=30_000
+    )
+    assert "token 3" in token.text_content()
+    page.close()
