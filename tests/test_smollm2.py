@@ -77,7 +77,7 @@ def may_differ(text: str) -> bool:
 
 @pytest.fixture(scope="module")
 def model_dir():
-    path = smollm2_dir()
+    path = smollm2_dir(quiet=True)
     if path is None:
         pytest.fail("SmolLM2 is not in the cache; run: python -m tl_lab fetch smollm2", pytrace=False)
     return path

@@ -108,18 +108,22 @@ def model_dir(source: Source = SMOLLM2) -> Path:
     return models_dir() / source.dir_name
 
 
-def smollm2_dir(required: bool = False) -> Path | None:
+def smollm2_dir(required: bool = False, quiet: bool = False) -> Path | None:
     """The converted SmolLM2 directory if it has been fetched, else None (or FetchError if required).
 
     A quick check (the manifest and the file sizes), cheap enough for every notebook and test;
-    `python -m tl_lab fetch smollm2` does the full hash check.
+    `python -m tl_lab fetch smollm2` does the full hash check. When the model is missing and not
+    required, one line says how to fetch it (in a notebook: !python -m tl_lab fetch smollm2).
     """
     path = model_dir(SMOLLM2)
     problem = check_model_dir(path, full=False)
     if problem is None:
         return path
+    message = f"SmolLM2 is not in the cache ({path}: {problem}); {FETCH_HINT}"
     if required:
-        raise FetchError(f"SmolLM2 is not in the cache ({path}: {problem}); {FETCH_HINT}")
+        raise FetchError(message)
+    if not quiet:
+        print(f"{message} (in a notebook: !python -m tl_lab fetch smollm2)")
     return None
 
 
