@@ -6,8 +6,6 @@ own float32 LlamaForCausalLM); test_tools_goldens.py re-derives that file.
 
 import base64
 import json
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +17,7 @@ from tl_lab.paths import DATA_DIR, GOLDEN_DIR
 from tl_lab.quant import QLinear
 from tl_lab.runner import EngineConfig, ForwardBatch, ForwardSeq, Int4, KvConfig, Logits, ModelRunner
 
-TINY = Path(os.environ.get("TL_LAB_TINY_LLAMA", DATA_DIR / "tiny-llama"))
+TINY = DATA_DIR / "tiny-llama"
 GOLDEN = GOLDEN_DIR / "tiny_llama_hf.json"
 B = 16
 # The chapter's f16 bound: 1e-3 of the largest logit, about 2e-2 on the tiny model.
@@ -273,34 +271,14 @@ def test_run_once_hidden_is_the_final_normed_state():
     np.testing.assert_allclose(hidden[-1] @ runner.weights.embed.T, z, rtol=1e-5, atol=1e-4)
 
 
-def save_int4_dir(runner: ModelRunner, src: Path, dst: Path) -> None:
-    """Write runner's int4 weights as an int4 model directory (<name>.qweight, <name>.scales,
-    metadata quant = "int4-g<g>-sym"), with the safetensors library."""
-    from safetensors.numpy import save_file
-
-    w = runner.weights
-    t = {"model.embed_tokens.weight": w.embed, "model.norm.weight": w.norm}
-    for i, layer in enumerate(w.layers):
-        p = f"model.layers.{i}"
-        t[f"{p}.input_layernorm.weight"] = layer.input_layernorm
-        t[f"{p}.post_attention_layernorm.weight"] = layer.post_attention_layernorm
-        for name, lin in layer.linears().items():
-            module = f"{p}.{'self_attn' if name.endswith(('q_proj', 'k_proj', 'v_proj', 'o_proj')) else 'mlp'}.{name}"
-            t[f"{module}.qweight"] = lin.qweight
-            t[f"{module}.scales"] = lin.scales.view(np.float16)
-    dst.mkdir()
-    (dst / "config.json").write_text((src / "config.json").read_text())
-    save_file(t, str(dst / "model.safetensors"), metadata={"quant": w.quant.tag})
-
-
-def test_int4_runner_matches_its_dequantized_model(tmp_path):
-    """Quantize-at-load equals the int4 file bit for bit; both equal the f32 model holding the
-    dequantized weights (the int4 product is the f32 product on W_hat, widened exactly)."""
+def test_int4_runner_matches_its_dequantized_model():
+    """Quantize-at-load equals the int4 file (data/tiny-llama-int4) bit for bit; both equal the f32
+    model holding the dequantized weights (the int4 product is the f32 product on W_hat)."""
     q_load = tiny(quant=Int4(32))
-    assert all(isinstance(l, QLinear) for layer in q_load.weights.layers for l in layer.linears().values())
-    save_int4_dir(q_load, TINY, tmp_path / "tiny-int4")
-    q_file = ModelRunner.load(tmp_path / "tiny-int4", EngineConfig(kv=KvConfig(64)))
-    assert q_file.quant == Int4(32)
+    q_file = ModelRunner.load(DATA_DIR / "tiny-llama-int4", EngineConfig(kv=KvConfig(64)))
+    assert q_file.quant == q_load.quant == Int4(32)
+    for r in (q_load, q_file):
+        assert all(isinstance(l, QLinear) for layer in r.weights.layers for l in layer.linears().values())
     w = q_load.weights
     dq_layers = [LlamaLayer(**{**vars(layer), **{n: Linear(l.dequantize()) for n, l in layer.linears().items()}})
                  for layer in w.layers]

@@ -6,9 +6,7 @@ Needs the hf extra (torch, transformers); without it the test fails with the ins
 import base64
 import importlib.util
 import json
-import os
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,7 +16,7 @@ from tl_lab.paths import DATA_DIR, GOLDEN_DIR, REPO_ROOT
 
 pytestmark = pytest.mark.hf
 
-TINY = Path(os.environ.get("TL_LAB_TINY_LLAMA", DATA_DIR / "tiny-llama"))
+TINY = DATA_DIR / "tiny-llama"
 
 
 def _tool():
