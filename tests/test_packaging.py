@@ -18,7 +18,7 @@ def _pyproject_requirements() -> set[str]:
 def _environment_requirements() -> set[str]:
     text = (ROOT / "environment.yml").read_text()
     pip_block = text.split("- pip:", 1)[1]
-    return {m.group(1).replace(" ", "") for m in re.finditer(r"^\s+- ([^#\s][^#\n]*?)\s*$", pip_block, re.M)}
+    return {m.group(1).replace(" ", "") for m in re.finditer(r"^\s+- ([^#\s][^#\n]*?)\s*(?:#.*)?$", pip_block, re.M)}
 
 
 def test_environment_yml_lists_the_same_set_as_pyproject():
