@@ -1,0 +1,816 @@
+"""tl_lab.model: config.json, the safetensors reader, the weights (chapter L10.1, section 2.3).
+
+The chapter's tests: safetensors_reader_rules, config_refuses_what_the_engine_cannot_run; plus a
+fuzz test and a memory test of the reader, the int4 file against quantize-at-load, load_weights.
+The `safetensors` library is the oracle for valid files; the rules are docs/formats/safetensors.md.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import struct
+import tempfile
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from safetensors.numpy import load as lib_load
+from safetensors.numpy import save as lib_save
+from safetensors.numpy import save_file as lib_save_file
+
+from tl_lab.errors import ConfigError, FormatError
+from tl_lab.model import (
+    MAX_HEADER_BYTES,
+    BigramWeights,
+    Int4,
+    LAYER_LINEARS,
+    Linear,
+    LlamaWeights,
+    ModelConfig,
+    SafeTensors,
+    config_schema,
+    load_weights,
+    parse_layout,
+    tensor_shapes,
+)
+from tl_lab.paths import DATA_DIR
+from tl_lab.quant import QLinear
+
+from conftest import need
+
+TINY = DATA_DIR / "tiny-llama"
+TINY_INT4 = DATA_DIR / "tiny-llama-int4"
+BIGRAM = DATA_DIR / "bigram"
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers: files written by the library, and hand-made files for the malformed cases
+# ---------------------------------------------------------------------------------------------
+
+
+def craft(header: dict, data: bytes, *, header_len: int | None = None, raw_header: bytes | None = None) -> bytes:
+    """A safetensors file by hand: u64 LE length, the JSON (space-padded to header_len), data."""
+    h = raw_header if raw_header is not None else json.dumps(header).encode()
+    if header_len is not None:
+        assert len(h) <= header_len
+        h = h + b" " * (header_len - len(h))
+    return struct.pack("<Q", len(h)) + h + data
+
+
+def entry(dtype: str, shape: list, begin: int, end: int) -> dict:
+    return {"dtype": dtype, "shape": shape, "data_offsets": [begin, end]}
+
+
+def both_ways(buf: bytes, tmp_path: Path) -> list:
+    """Parse buf with parse_layout and through a file with SafeTensors.open; return both results."""
+    p = tmp_path / "f.safetensors"
+    p.write_bytes(buf)
+    out = [parse_layout(buf), parse_layout(memoryview(buf))]
+    with SafeTensors.open(p) as f:
+        out.append(f.layout)
+    return out
+
+
+def refused(buf: bytes, tmp_path: Path, words: list[str]) -> None:
+    """buf is refused with FormatError, by parse_layout and by SafeTensors.open, naming `words`."""
+    with pytest.raises(FormatError) as e1:
+        parse_layout(buf)
+    p = tmp_path / "bad.safetensors"
+    p.write_bytes(buf)
+    with pytest.raises(FormatError) as e2:
+        SafeTensors.open(p)
+    for e in (e1, e2):
+        for w in words:
+            assert w in str(e.value), f"{w!r} not in {str(e.value)!r}"
+
+
+VALID_TENSORS = {
+    "w32": np.arange(12, dtype=np.float32).reshape(3, 4) / 7,
+    "h16": np.array([[1.5, -2.0], [65504.0, 6.1e-5]], dtype=np.float16),
+    "bytes": np.arange(10, dtype=np.uint8),
+    "ints": np.array([-3, 7, 2**31 - 1], dtype=np.int32),
+    "longs": np.array([-(2**62), 5], dtype=np.int64),
+    "i8": np.array([-128, 127], dtype=np.int8),
+    "u16": np.array([0, 65535], dtype=np.uint16),
+    "f64": np.array([np.pi], dtype=np.float64),
+    "empty": np.zeros((0, 3), dtype=np.float32),
+    "empty_u8": np.zeros((4, 0), dtype=np.uint8),
+    "scalar": np.array(2.5, dtype=np.float32),
+    "scalar_h": np.array(-0.25, dtype=np.float16),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# safetensors_reader_rules: valid files equal the library
+# ---------------------------------------------------------------------------------------------
+
+
+def test_safetensors_reader_rules_valid_files_equal_the_library(tmp_path):
+    meta = {"format": "np", "quant": "none", "note": "é ünïcode"}
+    buf = lib_save(VALID_TENSORS, metadata=meta)
+    oracle = lib_load(buf)
+    for layout in both_ways(buf, tmp_path):
+        assert layout.metadata == meta
+        assert set(layout.tensors) == set(VALID_TENSORS)
+        assert layout.file_size == len(buf)
+    with SafeTensors.open(tmp_path / "f.safetensors") as f:
+        assert sorted(f.names()) == sorted(VALID_TENSORS)
+        for name, want in oracle.items():
+            raw = f.raw(name)
+            assert raw.shape == want.shape
+            if want.dtype == np.float16:  # F16 is handed out as its bit patterns
+                assert raw.dtype == np.uint16
+                np.testing.assert_array_equal(raw, want.view(np.uint16))
+            else:
+                assert raw.dtype == want.dtype
+                np.testing.assert_array_equal(raw, want)
+            if want.dtype in (np.float32, np.float16):
+                got = f.f32(name, shape=want.shape)
+                assert got.dtype == np.float32 and got.shape == want.shape
+                np.testing.assert_array_equal(got, want.astype(np.float32))
+            else:
+                with pytest.raises(FormatError, match=name):
+                    f.f32(name)
+
+
+def test_safetensors_reader_rules_bf16_and_f16_each_read_as_itself(tmp_path):
+    # Values exactly representable in BF16: their BF16 bits are the top half of their f32 bits.
+    values = np.array([1.0, -2.5, 0.15625, 2.0**127, -(2.0**-126), 96.0, 0.0], dtype=np.float32)
+    bf16_bits = (values.view(np.uint32) >> 16).astype(np.uint16)
+    assert np.array_equal((bf16_bits.astype(np.uint32) << 16).view(np.float32), values)
+    f16_values = np.array([1.0, -2.5, 0.15625, 65504.0, 6.0e-8, 96.0, 0.0], dtype=np.float16)
+    n = len(values) * 2
+    header = {"b": entry("BF16", [len(values)], 0, n), "h": entry("F16", [len(values)], n, 2 * n)}
+    buf = craft(header, bf16_bits.tobytes() + f16_values.tobytes())
+    p = tmp_path / "mixed.safetensors"
+    p.write_bytes(buf)
+    with SafeTensors.open(p) as f:
+        np.testing.assert_array_equal(f.f32("b"), values)
+        np.testing.assert_array_equal(f.f32("h"), f16_values.astype(np.float32))
+        np.testing.assert_array_equal(f.raw("b"), bf16_bits)
+        # The pitfall (s12): the same BF16 bits read as F16 are not slightly off but wildly off.
+        with np.errstate(invalid="ignore"):
+            as_f16 = f.raw("b").view(np.float16).astype(np.float32)
+        assert f.raw("b")[0] == 0x3F80 and as_f16[0] == 1.875  # BF16 1.0 read as F16
+        assert as_f16[2] == 1.53125 and values[2] == 0.15625  # exponent bits land in the mantissa
+        assert not np.isfinite(as_f16[3]) and values[3] == 2.0**127
+
+
+@pytest.mark.hf
+def test_safetensors_reader_rules_bf16_against_the_library():
+    """The bundled tiny Llama is BF16 written by safetensors.torch: the torch loader is the oracle."""
+    torch = need("torch")
+    from safetensors.torch import load_file
+
+    oracle = load_file(str(TINY / "model.safetensors"))
+    with SafeTensors.open(TINY / "model.safetensors") as f:
+        assert sorted(f.names()) == sorted(oracle)
+        for name, t in oracle.items():
+            assert f.layout.tensors[name].dtype == "BF16" and t.dtype == torch.bfloat16
+            np.testing.assert_array_equal(f.f32(name), t.to(torch.float32).numpy())
+
+
+def test_safetensors_reader_rules_offsets_count_from_the_data_buffer(tmp_path):
+    """A file whose offsets are right relative to the data buffer but would read header bytes from
+    the start of the file: the values prove the reader adds 8 + N (pitfall s11)."""
+    a = np.array([1.0, 2.0, 3.0, 4.0], dtype=np.float32)
+    b = np.array([-7.0, 8.5], dtype=np.float32)
+    buf = lib_save({"a": a, "b": b})
+    p = tmp_path / "ab.safetensors"
+    p.write_bytes(buf)
+    with SafeTensors.open(p) as f:
+        assert f.layout.data_start == 8 + struct.unpack("<Q", buf[:8])[0]
+        np.testing.assert_array_equal(f.f32("a"), a)
+        np.testing.assert_array_equal(f.f32("b"), b)
+
+
+def test_safetensors_reader_rules_header_padding_and_empty_files(tmp_path):
+    data = np.arange(4, dtype=np.float32).tobytes()
+    padded = craft({"x": entry("F32", [4], 0, 16)}, data, header_len=200)  # trailing spaces: fine
+    for layout in both_ways(padded, tmp_path):
+        assert layout.data_start == 208 and layout.tensors["x"].shape == (4,)
+    no_tensors = craft({"__metadata__": {"a": "b"}}, b"")
+    for layout in both_ways(no_tensors, tmp_path):
+        assert layout.tensors == {} and layout.metadata == {"a": "b"}
+    only_empty = craft({"e": entry("F16", [0], 0, 0), "f": entry("I64", [3, 0, 2], 0, 0)}, b"")
+    for layout in both_ways(only_empty, tmp_path):
+        assert set(layout.tensors) == {"e", "f"}
+    with SafeTensors.open(tmp_path / "f.safetensors") as f:
+        assert f.raw("f").shape == (3, 0, 2) and f.f32("e").shape == (0,)
+
+
+# ---------------------------------------------------------------------------------------------
+# safetensors_reader_rules: each malformed file is refused with FormatError
+# ---------------------------------------------------------------------------------------------
+
+F4 = np.arange(4, dtype=np.float32).tobytes()  # 16 bytes
+
+
+def _file_start_offsets() -> bytes:
+    """Offsets counted from the start of the file (the writer's version of pitfall s11)."""
+    H = 200
+    start = 8 + H
+    header = {"a": entry("F32", [4], start + 0, start + 16), "b": entry("F32", [4], start + 16, start + 32)}
+    return craft(header, F4 + F4, header_len=H)
+
+
+def _valid() -> bytes:
+    return lib_save({"a": np.ones(4, np.float32), "b": np.arange(6, dtype=np.uint8)})
+
+
+MALFORMED = {
+    "offsets_from_the_start_of_the_file": (_file_start_offsets(), ["start of the file"]),
+    "gap": (craft({"a": entry("F32", [2], 0, 8), "b": entry("F32", [2], 12, 20)}, bytes(20)), ["gap", "'b'"]),
+    "gap_at_the_start": (craft({"a": entry("F32", [4], 4, 20)}, bytes(20)), ["gap", "'a'"]),
+    "overlap": (craft({"a": entry("F32", [2], 0, 8), "b": entry("F32", [2], 4, 12)}, bytes(12)), ["overlap", "'b'", "'a'"]),
+    "same_range_twice": (craft({"a": entry("F32", [2], 0, 8), "b": entry("F32", [2], 0, 8)}, bytes(8)), ["overlap"]),
+    "trailing_bytes": (_valid() + b"\0\0\0\0", ["trailing"]),
+    "length_disagrees_with_shape": (craft({"a": entry("F32", [2, 2], 0, 12)}, bytes(12)), ["'a'", "needs", "16"]),
+    "length_disagrees_with_itemsize": (craft({"a": entry("F16", [4], 0, 16)}, bytes(16)), ["'a'", "needs", "8"]),
+    "header_length_past_the_end": (struct.pack("<Q", 1000) + b"{}" + bytes(10), ["past the end of the file"]),
+    "header_length_over_100MB": (struct.pack("<Q", MAX_HEADER_BYTES + 1) + b"{}", ["100 MB"]),
+    "header_length_absurd": (b"\xff" * 8 + b"{}", ["100 MB"]),
+    "truncated_in_the_data": (_valid()[:-3], ["truncated", "'b'"]),
+    "truncated_in_the_header": (_valid()[:20], ["past the end of the file"]),
+    "shorter_than_8_bytes": (b"\x02\0\0", ["shorter"]),
+    "empty_file": (b"", ["shorter"]),
+    "bad_json": (craft({}, b"", raw_header=b'{"a": {"dtype": "F32",'), ["not valid JSON"]),
+    "not_utf8": (craft({}, b"", raw_header=b'{"\xff\xfe": 1}'), ["not valid JSON"]),
+    "not_an_object": (craft({}, b"", raw_header=b"[1, 2, 3]"), ["JSON object"]),
+    "leading_whitespace": (craft({}, b"", raw_header=b" {}"), ["JSON object"]),
+    "garbage_after_the_object": (craft({}, b"", raw_header=b"{}  xx"), ["not spaces"]),
+    "nan_in_the_header": (craft({}, b"", raw_header=b'{"__metadata__": {"a": NaN}}'), ["not valid JSON"]),
+    "absurd_nesting": (craft({}, b"", raw_header=b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"), ["not valid JSON"]),
+    "unknown_dtype": (craft({"a": entry("F8_E4M3", [4], 0, 4)}, bytes(4)), ["unknown dtype", "F8_E4M3"]),
+    "dtype_not_a_string": (craft({"a": entry(4, [4], 0, 4)}, bytes(4)), ["unknown dtype"]),
+    "negative_shape": (craft({"a": entry("U8", [-2, -2], 0, 4)}, bytes(4)), ["'a'", "shape"]),
+    "float_shape": (craft({"a": entry("U8", [2.0, 2], 0, 4)}, bytes(4)), ["'a'", "shape"]),
+    "string_shape": (craft({"a": entry("U8", ["4"], 0, 4)}, bytes(4)), ["'a'", "shape"]),
+    "bool_shape": (craft({"a": entry("U8", [True], 0, 1)}, bytes(1)), ["'a'", "shape"]),
+    "shape_not_a_list": (craft({"a": entry("U8", 4, 0, 4)}, bytes(4)), ["'a'", "shape"]),
+    "huge_shape": (craft({"a": entry("F32", [2**40, 2**40], 0, 16)}, bytes(16)), ["'a'", "needs"]),
+    "negative_offset": (craft({"a": entry("U8", [4], -4, 0)}, bytes(4)), ["'a'", "data_offsets"]),
+    "offsets_end_before_begin": (craft({"a": entry("U8", [0], 4, 0)}, bytes(4)), ["'a'", "end before"]),
+    "offsets_three_numbers": (craft({"a": {"dtype": "U8", "shape": [4], "data_offsets": [0, 2, 4]}}, bytes(4)), ["'a'", "data_offsets"]),
+    "entry_missing_a_key": (craft({"a": {"dtype": "U8", "shape": [4]}}, bytes(4)), ["'a'", "exactly"]),
+    "entry_with_an_extra_key": (craft({"a": {**entry("U8", [4], 0, 4), "x": 1}}, bytes(4)), ["'a'", "exactly"]),
+    "entry_not_an_object": (craft({"a": [1, 2]}, b""), ["'a'", "exactly"]),
+    "metadata_not_strings": (craft({"__metadata__": {"quant": 4}}, b""), ["__metadata__"]),
+    "empty_name": (craft({"": entry("U8", [4], 0, 4)}, bytes(4)), ["empty name"]),
+    "duplicate_name": (
+        craft({}, bytes(8), raw_header=b'{"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, '
+                                       b'"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}'),
+        ["repeats the key 'a'"],
+    ),
+    "duplicate_key_in_an_entry": (
+        craft({}, bytes(4), raw_header=b'{"a": {"dtype": "F32", "dtype": "U8", "shape": [1], "data_offsets": [0, 4]}}'),
+        ["repeats the key 'dtype'"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_safetensors_reader_rules_refusals(case, tmp_path):
+    buf, words = MALFORMED[case]
+    refused(buf, tmp_path, words)
+
+
+def test_safetensors_reader_rules_malformed_cases_are_otherwise_valid():
+    """Each hand-made refusal differs from a valid file in its one rule: the fixed versions parse."""
+    fixed = {
+        "offsets_from_the_start_of_the_file": craft(
+            {"a": entry("F32", [4], 0, 16), "b": entry("F32", [4], 16, 32)}, F4 + F4, header_len=200),
+        "gap": craft({"a": entry("F32", [2], 0, 8), "b": entry("F32", [2], 8, 16)}, bytes(16)),
+        "overlap": craft({"a": entry("F32", [2], 0, 8), "b": entry("F32", [2], 8, 16)}, bytes(16)),
+        "trailing_bytes": _valid(),
+        "length_disagrees_with_shape": craft({"a": entry("F32", [3], 0, 12)}, bytes(12)),
+    }
+    for case, buf in fixed.items():
+        assert parse_layout(buf).tensors, case
+    # the library agrees with the file-start-offsets refusal
+    with pytest.raises(Exception):
+        lib_load(MALFORMED["offsets_from_the_start_of_the_file"][0])
+
+
+def test_safetensors_reader_reads_only_what_it_is_asked(tmp_path):
+    buf = lib_save({"a": np.ones((2, 3), np.float32)})
+    p = tmp_path / "a.safetensors"
+    p.write_bytes(buf)
+    f = SafeTensors.open(p)
+    with pytest.raises(FormatError, match="'nope'"):
+        f.f32("nope")
+    with pytest.raises(FormatError, match=r"shape \(2, 3\), expected \(3, 2\)"):
+        f.f32("a", shape=(3, 2))
+    view = f.raw("a")
+    assert not view.flags.writeable and not view.flags.owndata  # a view into the map
+    copy_ = f.f32("a")
+    assert copy_.flags.owndata or copy_.base is not None and copy_.base.flags.owndata
+    f.close()
+    assert np.array_equal(view, np.ones((2, 3)))  # a live view keeps the map alive
+    np.testing.assert_array_equal(copy_, np.ones((2, 3), np.float32))
+    with pytest.raises(ValueError, match="closed"):
+        f.raw("a")
+    with SafeTensors.open(p) as g:
+        g.f32("a")
+    assert "closed" in repr(g)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fuzz: random byte changes and truncations either load correctly or raise FormatError
+# ---------------------------------------------------------------------------------------------
+
+FUZZ_SEED_FILE = lib_save(
+    {"w": np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4), "h": np.array([1.0, -0.5], np.float16),
+     "q": np.arange(6, dtype=np.uint8).reshape(2, 3), "i": np.array([7], np.int32), "e": np.zeros((0,), np.float32)},
+    metadata={"quant": "int4-g32-sym"},
+)
+ALLOC_BUDGET = 1_000_000  # bytes: the fuzzed files are ~500 bytes; a reader trusting a bad shape allocates GBs
+
+
+def _load_everything(buf: bytes) -> dict | None:
+    """Read every tensor of buf the way the engine would; None when refused with FormatError."""
+    try:
+        layout = parse_layout(buf)
+    except FormatError:
+        return None
+    f = SafeTensors(Path("fuzz.safetensors"), buf, layout)
+    out = {}
+    for name, t in layout.tensors.items():
+        out[name] = f.raw(name)
+        assert out[name].shape == t.shape
+        if t.dtype in ("F32", "F16", "BF16"):
+            assert f.f32(name).shape == t.shape
+    return out
+
+
+def _check_fuzzed(buf: bytes, tmp: Path) -> None:
+    tracemalloc.start()
+    try:
+        got = _load_everything(buf)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < ALLOC_BUDGET + 10 * len(buf), f"allocated {peak} bytes for a {len(buf)}-byte file"
+    p = tmp / "fuzz.safetensors"
+    p.write_bytes(buf)
+    try:
+        with SafeTensors.open(p) as f:
+            assert got is not None, "SafeTensors.open accepted what parse_layout refused"
+            assert f.names() == list(got)
+    except FormatError:
+        assert got is None, "SafeTensors.open refused what parse_layout accepted"
+    if got is not None:  # accepted: the library must read the same thing
+        oracle = lib_load(buf)
+        assert set(oracle) == set(got)
+        for name, want in oracle.items():
+            np.testing.assert_array_equal(got[name], want.view(np.uint16) if want.dtype == np.float16 else want)
+
+
+@pytest.fixture(scope="module")
+def fuzz_dir():
+    with tempfile.TemporaryDirectory() as d:
+        yield Path(d)
+
+
+@settings(max_examples=150, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    changes=st.lists(st.tuples(st.integers(0, len(FUZZ_SEED_FILE) - 1), st.integers(0, 255)), max_size=6),
+    cut=st.one_of(st.none(), st.integers(0, len(FUZZ_SEED_FILE))),
+)
+def test_safetensors_reader_survives_random_bytes(fuzz_dir, changes, cut):
+    buf = bytearray(FUZZ_SEED_FILE)
+    for pos, value in changes:
+        buf[pos] = value
+    if cut is not None:
+        buf = buf[:cut]
+    _check_fuzzed(bytes(buf), fuzz_dir)
+
+
+JSONISH = st.one_of(
+    st.integers(-(2**70), 2**70), st.integers(-2, 64), st.floats(allow_nan=False), st.text(max_size=4),
+    st.booleans(), st.none(),
+)
+
+
+@settings(max_examples=100, deadline=2000)
+@given(
+    dtype=st.one_of(st.sampled_from(["F32", "F16", "BF16", "U8", "I64", "F8_E5M2", "f32", ""]), st.integers()),
+    shape=st.one_of(st.lists(st.one_of(st.integers(-1, 5), JSONISH), max_size=4), JSONISH),
+    offsets=st.one_of(st.lists(st.one_of(st.integers(-1, 40), JSONISH), max_size=3), JSONISH),
+    data_len=st.integers(0, 40),
+)
+def test_safetensors_reader_survives_random_headers(fuzz_dir, dtype, shape, offsets, data_len):
+    header = {"t": {"dtype": dtype, "shape": shape, "data_offsets": offsets}}
+    try:
+        buf = craft(header, bytes(range(data_len)))
+    except (ValueError, OverflowError):  # json.dumps refuses some floats; nothing to test
+        return
+    got = _load_everything(buf)
+    if got is not None:
+        t = parse_layout(buf).tensors["t"]
+        assert t.data_offsets == (0, data_len) and t.nbytes == t.numel * {"F32": 4, "F16": 2, "BF16": 2, "U8": 1, "I64": 8}[t.dtype]
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory: a 1 GB tensor is mapped, not read
+# ---------------------------------------------------------------------------------------------
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def test_safetensors_reader_maps_a_1gb_file_without_reading_it(tmp_path):
+    big = 2**30
+    header = {"small": entry("F32", [4], 0, 16), "big": entry("F32", [big // 4], 16, 16 + big)}
+    head = craft(header, np.array([1, 2, 3, 4], np.float32).tobytes())
+    p = tmp_path / "sparse.safetensors"
+    with open(p, "wb") as f:
+        f.write(head)
+        f.truncate(len(head) + big)  # a sparse file: 1 GB long, a few KB on disk
+    assert p.stat().st_size > big
+    before = _rss_bytes()
+    with SafeTensors.open(p) as st_:
+        np.testing.assert_array_equal(st_.f32("small"), [1, 2, 3, 4])
+        first = float(st_.raw("big")[0])  # touches one page of the big tensor
+        grown = _rss_bytes() - before
+    assert first == 0.0
+    assert grown < 64 * 2**20, f"resident memory grew by {grown / 2**20:.0f} MiB"
+
+
+# ---------------------------------------------------------------------------------------------
+# config_refuses_what_the_engine_cannot_run
+# ---------------------------------------------------------------------------------------------
+
+TINY_CONFIG = json.loads((TINY / "config.json").read_text())
+
+# Public config.json files of Llama-family models (shape fields as published on the Hub), without
+# the tl_ keys a converted model directory adds.
+SMOLLM2_135M = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 0, "eos_token_id": 0, "hidden_act": "silu", "hidden_size": 576,
+    "initializer_range": 0.041666666666666664, "intermediate_size": 1536, "is_llama_config": True,
+    "max_position_embeddings": 8192, "model_type": "llama", "num_attention_heads": 9,
+    "num_hidden_layers": 30, "num_key_value_heads": 3, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_interleaved": False, "rope_scaling": None, "rope_theta": 100000, "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16", "transformers_version": "4.40.1", "use_cache": True, "vocab_size": 49152,
+}
+TINYLLAMA_1_1B = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "bos_token_id": 1, "eos_token_id": 2,
+    "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 5632,
+    "max_position_embeddings": 2048, "model_type": "llama", "num_attention_heads": 32,
+    "num_hidden_layers": 22, "num_key_value_heads": 4, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_scaling": None, "rope_theta": 10000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "transformers_version": "4.35.0", "use_cache": True, "vocab_size": 32000,
+}
+LLAMA_3_2_1B = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu",
+    "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192,
+    "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "llama",
+    "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8, "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+    "transformers_version": "4.45.0.dev0", "use_cache": True, "vocab_size": 128256,
+}
+TL_KEYS = {"tl_arch": "llama", "tl_tokenizer": "bpe"}
+
+
+def _without(cfg: dict, key: str) -> dict:
+    return {k: v for k, v in cfg.items() if k != key}
+
+
+def _with(**changes) -> dict:
+    return {**copy.deepcopy(TINY_CONFIG), **changes}
+
+
+# case -> (config text, words the message must contain)
+REFUSALS = {
+    "missing_tl_arch": (_without(TINY_CONFIG, "tl_arch"), ["tl_arch", "missing"]),
+    "unknown_tl_arch": (_with(tl_arch="gpt2"), ["tl_arch", "gpt2"]),
+    "missing_tl_tokenizer": (_without(TINY_CONFIG, "tl_tokenizer"), ["tl_tokenizer", "missing"]),
+    "unknown_tl_tokenizer": (_with(tl_tokenizer="sentencepiece"), ["tl_tokenizer"]),
+    "rope_scaling_llama3": (_with(rope_scaling=LLAMA_3_2_1B["rope_scaling"]), ["rope_scaling.rope_type", '"llama3"', "scaled RoPE"]),
+    "rope_scaling_linear_old_key": (_with(rope_scaling={"type": "linear", "factor": 2.0}), ["rope_scaling.type", '"linear"']),
+    "rope_scaling_without_a_type": (_with(rope_scaling={"factor": 2.0}), ["rope_scaling"]),
+    "rope_parameters_yarn": (_with(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}), ["rope_parameters.rope_type", '"yarn"']),
+    "partial_rotary_factor": (_with(partial_rotary_factor=0.5), ["partial_rotary_factor"]),
+    "rope_interleaved": (_with(rope_interleaved=True), ["rope_interleaved"]),
+    "rope_theta_disagrees": (_with(rope_parameters={"rope_type": "default", "rope_theta": 5e5}), ["rope_theta", "disagrees"]),
+    "rope_theta_zero": (_with(rope_theta=0), ["rope_theta"]),
+    "sliding_window": (_with(sliding_window=4096), ["sliding_window", "4096"]),
+    "use_sliding_window": (_with(use_sliding_window=True), ["use_sliding_window"]),
+    "attention_bias": (_with(attention_bias=True), ["attention_bias", "true"]),
+    "mlp_bias": (_with(mlp_bias=True), ["mlp_bias", "true"]),
+    "hidden_act_gelu": (_with(hidden_act="gelu"), ["hidden_act", '"gelu"']),
+    "heads_do_not_divide_hidden": (_with(hidden_size=66, head_dim=None), ["hidden_size 66", "num_attention_heads 4"]),
+    "kv_heads_do_not_divide_heads": (_with(num_key_value_heads=3), ["num_key_value_heads", "not divisible"]),
+    "more_kv_heads_than_heads": (_with(num_key_value_heads=8), ["num_key_value_heads"]),
+    "head_dim_contradicts": (_with(head_dim=32), ["head_dim", "32", "64 / 4 = 16"]),
+    "head_dim_odd": (_with(hidden_size=36, head_dim=None, num_attention_heads=4, num_key_value_heads=2), ["head_dim", "even"]),
+    "hidden_size_zero": (_with(hidden_size=0), ["hidden_size", "minimum"]),
+    "negative_vocab": (_with(vocab_size=-1), ["vocab_size"]),
+    "no_layers": (_with(num_hidden_layers=0), ["num_hidden_layers"]),
+    "size_as_a_string": (_with(intermediate_size="128"), ["intermediate_size", "integer"]),
+    "size_as_a_fraction": (_with(intermediate_size=127.5), ["intermediate_size", "integer"]),
+    "missing_hidden_size": (_without(TINY_CONFIG, "hidden_size"), ["hidden_size", "missing"]),
+    "eps_negative": (_with(rms_norm_eps=-1e-5), ["rms_norm_eps"]),
+    "eos_outside_vocab": (_with(eos_token_id=[3, 300]), ["eos_token_id", "300"]),
+    "eos_negative": (_with(eos_token_id=-1), ["eos_token_id"]),
+    "bos_outside_vocab": (_with(bos_token_id=256), ["bos_token_id", "256"]),
+    "byte_tokenizer_small_vocab": (_with(vocab_size=100, eos_token_id=3), ["vocab_size", "byte"]),
+    "not_llama_model_type": (_with(model_type="qwen2"), ["model_type", '"qwen2"']),
+    "max_positions_zero": (_with(max_position_embeddings=0), ["max_position_embeddings"]),
+    "tl_quant_unknown": (_with(tl_quant="int8"), ["tl_quant"]),
+    "chat_template_not_text": (_with(tl_chat_template=5), ["tl_chat_template"]),
+    "not_an_object": ([1, 2], ["(the whole file)"]),
+}
+BAD_TEXT = {
+    "bad_json": ('{"tl_arch": "llama",', ["not valid JSON"]),
+    "nan": (json.dumps(TINY_CONFIG)[:-1] + ', "rms_norm_eps": NaN}', ["not valid JSON"]),
+    "duplicate_key": ('{"tl_arch": "llama", "tl_arch": "bigram", "tl_tokenizer": "byte"}', ["repeats the key 'tl_arch'"]),
+    "not_utf8": (b'{"tl_arch": "\xff"}', ["not valid JSON"]),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS) + list(BAD_TEXT))
+def test_config_refuses_what_the_engine_cannot_run(case, tmp_path):
+    if case in REFUSALS:
+        cfg, words = REFUSALS[case]
+        text = json.dumps(cfg)
+    else:
+        text, words = BAD_TEXT[case]
+    with pytest.raises(ConfigError) as e:
+        ModelConfig.from_json(text)
+    for w in words:
+        assert w in str(e.value), f"{w!r} not in {str(e.value)!r}"
+    # ModelConfig.load and load_weights refuse it the same way
+    (tmp_path / "config.json").write_bytes(text.encode() if isinstance(text, str) else text)
+    with pytest.raises(ConfigError):
+        ModelConfig.load(tmp_path)
+    with pytest.raises(ConfigError):
+        load_weights(tmp_path)
+
+
+def test_config_refuses_real_models_without_the_tl_keys():
+    for cfg in (SMOLLM2_135M, TINYLLAMA_1_1B):
+        with pytest.raises(ConfigError, match="tl_arch is missing.*tl_tokenizer is missing"):
+            ModelConfig.from_json(json.dumps(cfg))
+
+
+def test_config_of_real_llama_family_models():
+    smol = ModelConfig.from_json(json.dumps({**SMOLLM2_135M, **TL_KEYS}))
+    assert (smol.hidden_size, smol.num_attention_heads, smol.num_key_value_heads, smol.head_dim) == (576, 9, 3, 64)
+    assert smol.rope_theta == 100000.0 and smol.tie_word_embeddings and smol.eos_token_ids == [0]
+    assert smol.param_count() == 134_515_008  # SmolLM2-135M's published parameter count
+    tl = ModelConfig.from_json(json.dumps({**TINYLLAMA_1_1B, **TL_KEYS}))
+    assert (tl.head_dim, tl.n_rep, tl.tie_word_embeddings, tl.rope_theta) == (64, 8, False, 10000.0)
+    assert tl.param_count() == 1_100_048_384  # TinyLlama-1.1B
+    # Llama-3.2-1B: a scaled RoPE (rope_type llama3) is refused, in either transformers layout...
+    with pytest.raises(ConfigError, match=r"rope_scaling\.rope_type must be \"default\", got \"llama3\""):
+        ModelConfig.from_json(json.dumps({**LLAMA_3_2_1B, **TL_KEYS}))
+    v5 = {**_without(_without(LLAMA_3_2_1B, "rope_scaling"), "rope_theta"), **TL_KEYS,
+          "rope_parameters": {**LLAMA_3_2_1B["rope_scaling"], "rope_theta": 500000.0}}
+    with pytest.raises(ConfigError, match=r"rope_parameters\.rope_type must be \"default\", got \"llama3\""):
+        ModelConfig.from_json(json.dumps(v5))
+    # ...and it is the only reason: without the scaling the same shapes parse.
+    plain = ModelConfig.from_json(json.dumps({**LLAMA_3_2_1B, **TL_KEYS, "rope_scaling": None}))
+    assert (plain.head_dim, plain.rope_theta, plain.eos_token_ids) == (64, 500000.0, [128001])
+    assert plain.param_count() == 1_235_814_400  # Llama-3.2-1B
+
+
+def test_config_reads_both_huggingface_layouts():
+    base = _without(TINY_CONFIG, "rope_theta")
+    v4 = ModelConfig.from_json(json.dumps({**base, "rope_theta": 500000.0, "rope_scaling": None}))
+    v5 = ModelConfig.from_json(json.dumps({**_without(base, "rope_scaling"),
+                                           "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"}}))
+    both = ModelConfig.from_json(json.dumps({**base, "rope_theta": 500000,
+                                             "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"}}))
+    assert v4 == v5 == both and v4.rope_theta == 500000.0
+    default = ModelConfig.from_json(json.dumps(_without(base, "rope_scaling")))
+    assert default.rope_theta == 10000.0
+    assert ModelConfig.from_json(json.dumps({**base, "rope_scaling": {"rope_type": "default"}})).rope_theta == 10000.0
+
+
+def test_config_defaults_and_optional_fields():
+    c = ModelConfig.load(TINY)
+    assert (c.arch, c.tokenizer, c.vocab_size, c.hidden_size, c.num_hidden_layers) == ("llama", "byte", 256, 64, 2)
+    assert (c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.n_rep) == (4, 2, 16, 2)
+    assert c.tie_word_embeddings and c.bos_token_id == 2 and c.eos_token_ids == [3] and c.chat_template is None
+    lean = {k: v for k, v in TINY_CONFIG.items() if k not in ("head_dim", "num_key_value_heads", "eos_token_id", "bos_token_id")}
+    d = ModelConfig.from_json(json.dumps(lean))
+    assert (d.head_dim, d.num_key_value_heads, d.eos_token_ids, d.bos_token_id) == (16, 4, [], None)
+    listed = ModelConfig.from_json(json.dumps(_with(eos_token_id=[3, 0], tl_chat_template="{{ x }}", head_dim=None)))
+    assert listed.eos_token_ids == [3, 0] and listed.chat_template == "{{ x }}" and listed.head_dim == 16
+    b = ModelConfig.load(BIGRAM)
+    assert (b.arch, b.vocab_size, b.num_hidden_layers, b.eos_token_ids) == ("bigram", 256, 0, [3])
+    assert b.param_count() == 256 * 256
+    q = ModelConfig.load(TINY_INT4)
+    assert q.quant == "int4-g32-sym" and q.param_count() == c.param_count()
+    with pytest.raises(ConfigError, match="head_dim"):
+        ModelConfig("llama", "byte", 256, 64, 128, 2, 4, 2, 32)  # direct construction is checked too
+
+
+def test_config_schema_is_a_real_json_schema():
+    from jsonschema import Draft202012Validator
+
+    schema = config_schema()
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    Draft202012Validator.check_schema(schema)
+    v = Draft202012Validator(schema)
+    for ok in (TINY_CONFIG, json.loads((BIGRAM / "config.json").read_text()), {**SMOLLM2_135M, **TL_KEYS}):
+        assert not list(v.iter_errors(ok))
+    assert list(v.iter_errors({**LLAMA_3_2_1B, **TL_KEYS}))
+
+
+# ---------------------------------------------------------------------------------------------
+# Int4 files and quantize-at-load (section 2.5)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_int4_file_equals_quantize_of_the_f32_weights():
+    config = ModelConfig.load(TINY)
+    with SafeTensors.open(TINY / "model.safetensors") as src, SafeTensors.open(TINY_INT4 / "model.safetensors") as q:
+        assert q.metadata["quant"] == "int4-g32-sym"
+        n = 0
+        for name, (out, inp) in ((k, s) for k, s in tensor_shapes(config).items() if k.endswith("_proj.weight")):
+            base = name[: -len(".weight")]
+            assert q.layout.tensors[f"{base}.qweight"].dtype == "U8"
+            assert q.layout.tensors[f"{base}.scales"].dtype == "F16"
+            got = q.q4(base, out, inp, 32)
+            want = QLinear.quantize(src.f32(name), 32)
+            assert got.qweight.dtype == np.uint8 and got.scales.dtype == np.uint16
+            np.testing.assert_array_equal(got.qweight, want.qweight)
+            np.testing.assert_array_equal(got.scales, want.scales)
+            n += 1
+        assert n == 7 * config.num_hidden_layers
+
+
+def test_q4_checks_the_metadata_and_the_tensors(tmp_path):
+    with SafeTensors.open(TINY_INT4 / "model.safetensors") as q:
+        with pytest.raises(FormatError, match="int4-g64-sym"):
+            q.q4("model.layers.0.self_attn.q_proj", 64, 64, 64)
+        with pytest.raises(FormatError, match=r"q_proj.qweight' is U8 \(64, 32\), expected U8 \(32, 32\)"):
+            q.q4("model.layers.0.self_attn.q_proj", 32, 64, 32)
+        with pytest.raises(FormatError, match="'model.layers.9.mlp.up_proj.qweight'"):
+            q.q4("model.layers.9.mlp.up_proj", 128, 64, 32)
+    with SafeTensors.open(TINY / "model.safetensors") as plain:
+        with pytest.raises(FormatError, match="metadata quant is None"):
+            plain.q4("model.layers.0.self_attn.q_proj", 64, 64, 32)
+    bad_dtype = lib_save({"l.qweight": np.zeros((2, 16), np.uint8), "l.scales": np.zeros((2, 1), np.uint16)},
+                         metadata={"quant": "int4-g32-sym"})
+    (tmp_path / "b.safetensors").write_bytes(bad_dtype)
+    with SafeTensors.open(tmp_path / "b.safetensors") as f:
+        with pytest.raises(FormatError, match=r"'l.scales' is U16"):
+            f.q4("l", 2, 32, 32)
+
+
+# ---------------------------------------------------------------------------------------------
+# load_weights
+# ---------------------------------------------------------------------------------------------
+
+
+def test_load_weights_tiny_llama_tied_and_shaped():
+    w = load_weights(TINY)
+    c = w.config
+    assert isinstance(w, LlamaWeights) and w.quant is None
+    assert w.lm_head is None and w.head_weight is w.embed  # tied: the embedding is the LM head
+    assert np.shares_memory(w.head.w, w.embed)
+    assert w.embed.shape == (256, 64) and w.norm.shape == (64,) and len(w.layers) == 2
+    shapes = tensor_shapes(c)
+    with SafeTensors.open(TINY / "model.safetensors") as f:
+        np.testing.assert_array_equal(w.embed, f.f32("model.embed_tokens.weight"))
+        for i, layer in enumerate(w.layers):
+            for field, module in LAYER_LINEARS:
+                lin = getattr(layer, field)
+                assert isinstance(lin, Linear) and lin.w.dtype == np.float32
+                assert lin.w.shape == shapes[f"model.layers.{i}.{module}.weight"] == (lin.out, lin.inp)
+                np.testing.assert_array_equal(lin.w, f.f32(f"model.layers.{i}.{module}.weight"))
+            assert layer.input_layernorm.shape == layer.post_attention_layernorm.shape == (64,)
+    assert layer.k_proj.out == c.num_key_value_heads * c.head_dim == 32  # GQA
+    total = w.embed.size + w.norm.size + sum(
+        l.input_layernorm.size + l.post_attention_layernorm.size + sum(x.w.size for x in l.linears().values())
+        for l in w.layers)
+    assert total == c.param_count()
+
+
+def test_linear_forward_is_x_times_w_transposed():
+    rng = np.random.default_rng(0)
+    lin = Linear(rng.standard_normal((5, 8)).astype(np.float32))
+    x = rng.standard_normal((3, 8)).astype(np.float32)
+    np.testing.assert_array_equal(lin.forward(x), x @ lin.w.T)
+    rows = lin.forward(x, rowwise=True)
+    for i in range(3):
+        np.testing.assert_array_equal(rows[i], lin.forward(x[i : i + 1])[0])
+    with pytest.raises(ValueError, match=r"\(m, 8\)"):
+        lin.forward(np.ones((3, 7), np.float32))
+    with pytest.raises(ValueError, match="float32"):
+        Linear(np.ones((2, 2)))
+
+
+def test_load_weights_bigram():
+    w = load_weights(BIGRAM)
+    assert isinstance(w, BigramWeights) and w.logits.shape == (256, 256) and w.logits.dtype == np.float32
+    with pytest.raises(ValueError, match="bigram"):
+        load_weights(BIGRAM, quant=Int4(32))
+
+
+def test_load_weights_int4_file_and_quantize_at_load_agree():
+    f32 = load_weights(TINY)
+    at_load = load_weights(TINY, quant=Int4(32))
+    from_file = load_weights(TINY_INT4)
+    for w in (at_load, from_file):
+        assert w.quant == Int4(32) and w.lm_head is None
+        np.testing.assert_array_equal(w.embed, f32.embed)
+        np.testing.assert_array_equal(w.norm, f32.norm)
+    for la, lb, lf in zip(at_load.layers, from_file.layers, f32.layers):
+        np.testing.assert_array_equal(la.input_layernorm, lf.input_layernorm)
+        for name, qa in la.linears().items():
+            qb = lb.linears()[name]
+            assert isinstance(qa, QLinear) and isinstance(qb, QLinear) and qa.group == 32
+            np.testing.assert_array_equal(qa.qweight, qb.qweight)
+            np.testing.assert_array_equal(qa.scales, qb.scales)
+            W = lf.linears()[name].w
+            s = np.repeat(qa.scales.view(np.float16).astype(np.float32), 32, axis=1)
+            assert np.all(np.abs(qa.dequantize() - W) <= s / 2 * (1 + 1e-6))  # |W - W_hat| <= s / 2
+    assert load_weights(TINY_INT4, quant=Int4(32)).quant == Int4(32)  # asking for what it is: fine
+    with pytest.raises(ValueError, match="already int4-g32-sym"):
+        load_weights(TINY_INT4, quant=Int4(64))
+
+
+def _write_llama(d: Path, cfg: dict, tensors: dict, metadata=None) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps(cfg))
+    lib_save_file(tensors, str(d / "model.safetensors"), metadata=metadata)
+    return d
+
+
+def _random_llama(layers=8, d=128, inter=256, tied=False, seed=0):
+    cfg = {"tl_arch": "llama", "tl_tokenizer": "byte", "vocab_size": 256, "hidden_size": d,
+           "intermediate_size": inter, "num_hidden_layers": layers, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "tie_word_embeddings": tied}
+    rng = np.random.default_rng(seed)
+    shapes = tensor_shapes(ModelConfig.from_json(json.dumps(cfg)))
+    return cfg, {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+
+
+def test_load_weights_int4_at_load_keeps_no_f32_linears(tmp_path):
+    cfg, tensors = _random_llama()
+    d = _write_llama(tmp_path / "m", cfg, tensors)
+    f32_linears = sum(t.nbytes for k, t in tensors.items() if k.startswith("model.layers.") and k.endswith("_proj.weight"))
+    largest = max(t.nbytes for k, t in tensors.items() if k.endswith("_proj.weight"))
+    del tensors
+    tracemalloc.start()
+    try:
+        w = load_weights(d, quant=Int4(32))
+        current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert all(isinstance(x, QLinear) for l in w.layers for x in l.linears().values())
+    assert isinstance(w.lm_head, Linear) and w.lm_head.w.dtype == np.float32  # untied head stays f32
+    resident = sum(x.nbytes for l in w.layers for x in l.linears().values())
+    assert resident < f32_linears / 6
+    # The f32 linears (3.6 MB here) never coexist: the peak is the kept arrays plus a few copies of
+    # the largest single linear (its f32 read and the quantizer's temporaries).
+    kept = w.embed.nbytes + w.lm_head.w.nbytes + resident
+    assert peak < kept + 8 * largest < f32_linears / 2, (peak, kept, largest, f32_linears)
+    assert current < kept + largest
+
+
+def test_load_weights_refuses_tensors_that_do_not_fit(tmp_path):
+    cfg, tensors = _random_llama(layers=1, d=32, inter=64, tied=True)
+    ok = _write_llama(tmp_path / "ok", cfg, tensors)
+    assert load_weights(ok).lm_head is None
+    missing = {k: v for k, v in tensors.items() if k != "model.layers.0.mlp.down_proj.weight"}
+    with pytest.raises(FormatError, match="no tensor 'model.layers.0.mlp.down_proj.weight'"):
+        load_weights(_write_llama(tmp_path / "missing", cfg, missing))
+    wrong = {**tensors, "model.norm.weight": np.ones(31, np.float32)}
+    with pytest.raises(FormatError, match=r"'model.norm.weight' has shape \(31,\), config.json needs \(32,\)"):
+        load_weights(_write_llama(tmp_path / "wrong", cfg, wrong))
+    bias = {**tensors, "model.layers.0.self_attn.q_proj.bias": np.zeros(32, np.float32)}
+    with pytest.raises(FormatError, match="does not know: 'model.layers.0.self_attn.q_proj.bias'"):
+        load_weights(_write_llama(tmp_path / "bias", cfg, bias))
+    not_float = {**tensors, "model.norm.weight": np.ones(32, np.int32)}
+    with pytest.raises(FormatError, match="'model.norm.weight' is I32"):
+        load_weights(_write_llama(tmp_path / "int", cfg, not_float))
+    # Tolerated, as Hugging Face tolerates them: a stored head of a tied model, old inv_freq buffers.
+    extra = {**tensors, "lm_head.weight": np.zeros((256, 32), np.float32),
+             "model.layers.0.self_attn.rotary_emb.inv_freq": np.ones(4, np.float32)}
+    w = load_weights(_write_llama(tmp_path / "extra", cfg, extra))
+    assert w.lm_head is None and np.array_equal(w.head_weight, tensors["model.embed_tokens.weight"])
+    # An int4 note in config.json that the file does not back up
+    with pytest.raises(FormatError, match="tl_quant"):
+        load_weights(_write_llama(tmp_path / "note", {**cfg, "tl_quant": "int4-g32-sym"}, tensors))
+    with pytest.raises(FormatError, match="int4-g33-sym"):
+        load_weights(_write_llama(tmp_path / "odd", cfg, tensors, metadata={"quant": "int4-g33-sym"}))
+    with pytest.raises(ValueError, match="Int4"):
+        load_weights(ok, quant="int4")
+    with pytest.raises(ValueError, match="positive even"):
+        Int4(3)
