@@ -48,8 +48,10 @@ def build(out: Path, corpus: Path = DATA_DIR / "corpus" / "bigram.txt") -> None:
     out.mkdir(parents=True, exist_ok=True)
     logits = bigram_logits(corpus.read_bytes())
     (out / "config.json").write_text(json.dumps(CONFIG, indent=2) + "\n")
+    # One metadata key: the library writes metadata in hash-map order, so two keys could swap
+    # places between runs and the file would not be reproducible byte for byte.
     save_file({"bigram.logits": logits}, str(out / "model.safetensors"),
-              metadata={"made_by": "tools/make_bigram.py", "corpus": corpus.name})
+              metadata={"made_by": f"tools/make_bigram.py from {corpus.name}"})
 
 
 def main(argv: list[str] | None = None) -> None:

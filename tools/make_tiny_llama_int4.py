@@ -58,8 +58,9 @@ def build(out: Path, src: Path = DATA_DIR / "tiny-llama", group: int = 32) -> No
     config["tl_quant"] = scheme.tag
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_file(tensors, str(out / "model.safetensors"),
-              metadata={"quant": scheme.tag, "made_by": "tools/make_tiny_llama_int4.py"})
+    # Only the one key: the library writes metadata in hash-map order, so a second key could
+    # swap places between runs and the file would not be reproducible byte for byte.
+    save_file(tensors, str(out / "model.safetensors"), metadata={"quant": scheme.tag})
 
 
 def main(argv: list[str] | None = None) -> None:
