@@ -330,7 +330,7 @@ def _describe(err, schema: dict) -> str:
         what = err.message
     name = "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p)) for i, p in enumerate(path))
     why = schema.get("properties", {}).get(path[0], {}).get("description") if path else None
-    return f"{name or '(the whole file)'} {what}" + (f" ({why})" if why else "")
+    return f"{name or '(the whole file)'} {what}" + (f" \N{EM DASH} {why}" if why else "")
 
 
 # ---------------------------------------------------------------------------------------------
