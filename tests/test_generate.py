@@ -1,0 +1,328 @@
+"""tl_lab/generate.py: the engine loop over ModelRunner, on data/tiny-llama and data/bigram (one test
+on SmolLM2): prefix-cache hits, the last prompt token, no leaked blocks, batch invariance of whole
+generations, stops, seeds, streaming, pool exhaustion."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from tl_lab.errors import KvError
+from tl_lab.generate import Engine, Request, Result
+from tl_lab.kv import BlockState
+from tl_lab.paths import DATA_DIR
+from tl_lab.runner import EngineConfig, KvConfig, ModelRunner
+from tl_lab.sample import SamplingParams
+
+TINY = DATA_DIR / "tiny-llama"
+B = 16
+GREEDY = SamplingParams(temperature=0.0)
+SAMPLED = SamplingParams(temperature=0.9, top_k=60, top_p=0.95)
+PENALISED = SamplingParams(temperature=0.7, min_p=0.05, repetition_penalty=1.3, presence_penalty=0.4,
+                           frequency_penalty=0.2)
+SYSTEM = "You are a careful assistant. Answer in one short sentence.\n"  # 59 bytes: 3 full blocks
+
+
+def engine(n_blocks=64, prefix_cache=True, runner=None, **kw) -> Engine:
+    cfg = EngineConfig(kv=KvConfig(n_blocks=n_blocks, block_tokens=B), prefix_cache=prefix_cache, **kw)
+    if runner is not None:  # share the weights, a fresh pool
+        return Engine(ModelRunner(runner.weights, cfg))
+    return Engine.load(TINY, cfg)
+
+
+def req(text, params=GREEDY, seed=0, max_tokens=16, stop_ids=None) -> Request:
+    return Request(list(text.encode()), params, seed, max_tokens, stop_ids)
+
+
+def assert_pool_idle(pool):
+    """Nothing in use: every block free or cached, every reference given back."""
+    s = pool.stats()
+    assert s["in_use"] == 0 and s["free"] + s["cached"] == s["n_blocks"], s
+    assert all(pool.ref(b) == 0 for b in range(pool.n_blocks))
+    assert all(pool.state(b) != BlockState.IN_USE for b in range(pool.n_blocks))
+
+
+def same(a: Result, b: Result) -> bool:
+    """Bit for bit: the same ids and the same f64 logprobs."""
+    return a.output_ids == b.output_ids and a.logprobs == b.logprobs and a.finish == b.finish
+
+
+# ------------------------------------------------------------------ the prefix cache
+
+
+def test_prefix_cache_hits_on_a_shared_system_prompt():
+    """A second request with the same system prompt finds its full blocks by hash and skips that
+    prefill; its output equals a run with the prefix cache off (ids exactly, logprobs within float
+    tolerance: the uncached suffix is prefilled as a chunk of its own, section 2.4's chunk invariance)."""
+    e = engine()
+    a, b = SYSTEM + "Q: what is a cache?", SYSTEM + "Q: what is a block?"
+    common = len(SYSTEM + "Q: what is a ")  # 72 bytes: 4 full blocks
+    first = e.generate([req(a, SAMPLED, seed=5, max_tokens=20)])[0]
+    assert (first.cached_blocks, first.cached_tokens, first.prefilled_tokens) == (0, 0, len(a))
+    lookups = e.pool.stats()["lookups"]
+    second = e.generate([req(b, SAMPLED, seed=5, max_tokens=20)])[0]
+    assert second.cached_blocks == common // B == 4 and second.cached_tokens == 64
+    assert second.prefilled_tokens == len(b) - 64  # only the rest of the prompt ran
+    s = e.pool.stats()
+    assert s["lookups"] - lookups == 4 == s["hits"]  # blocks 0-3; block 4 holds the last prompt token
+
+    off = engine(prefix_cache=False, runner=e.runner)
+    alone = off.generate([req(b, SAMPLED, seed=5, max_tokens=20)])[0]
+    assert alone.cached_blocks == 0 and alone.prefilled_tokens == len(b)
+    assert second.output_ids == alone.output_ids
+    assert np.max(np.abs(np.subtract(second.logprobs, alone.logprobs))) < 1e-4
+    assert_pool_idle(e.pool)
+    assert off.pool.stats()["cached"] == 0  # with the cache off, release frees
+
+
+def test_a_request_admitted_later_hits_blocks_of_a_running_one():
+    """max_seqs=1: the second request is admitted when the first finishes and reuses its blocks;
+    admitted together, neither finds the other's blocks (they are registered after the prefill)."""
+    e = engine(max_seqs=1)
+    out = e.generate([req(SYSTEM + "one"), req(SYSTEM + "two")])
+    assert [r.cached_blocks for r in out] == [0, 3]
+    e = engine(max_seqs=2)
+    out = e.generate([req(SYSTEM + "one"), req(SYSTEM + "two")])
+    assert [r.cached_blocks for r in out] == [0, 0]
+
+
+@pytest.mark.parametrize("n", [47, 48, 49])
+def test_the_last_prompt_token_is_always_computed(n):
+    """The same prompt twice: the lookup stops before the block holding the last prompt token, whose
+    logits pick the first new token. A prompt of exactly 3 blocks reuses 2 and prefills the third again."""
+    e = engine()
+    prompt = (SYSTEM * 2)[:n]
+    first = e.generate([req(prompt, SAMPLED, seed=1)])[0]
+    again = e.generate([req(prompt, SAMPLED, seed=1)])[0]
+    assert again.cached_blocks == (n - 1) // B == {47: 2, 48: 2, 49: 3}[n]
+    assert again.prefilled_tokens == n - again.cached_tokens >= 1
+    assert again.output_ids == first.output_ids
+    assert np.max(np.abs(np.subtract(again.logprobs, first.logprobs))) < 1e-4
+    assert_pool_idle(e.pool)
+
+
+# ------------------------------------------------------------------ blocks come back
+
+
+def test_no_block_leaked_after_many_requests():
+    """40 requests of many lengths through a small pool (evictions happen), batched 4 at a time:
+    afterwards nothing is in use and every block is free or cached."""
+    e = engine(n_blocks=24, max_seqs=4)
+    rng = np.random.default_rng(0)
+    reqs = []
+    for i in range(40):
+        n = int(rng.integers(1, 60))
+        prompt = (SYSTEM * 2)[:n] if i % 3 else bytes(rng.integers(32, 127, n).tolist()).decode()
+        reqs.append(req(prompt, [GREEDY, SAMPLED, PENALISED][i % 3], seed=i, max_tokens=int(rng.integers(1, 25))))
+    out = e.generate(reqs)
+    assert all(r.finish in ("stop", "length") for r in out)
+    assert all(1 <= len(r.output_ids) <= q.max_tokens for r, q in zip(out, reqs))
+    assert_pool_idle(e.pool)
+    s = e.pool.stats()
+    assert s["evictions"] > 0 and s["hits"] > 0  # the pool was under pressure and the cache was used
+
+
+def test_blocks_come_back_when_the_stream_stops_early_or_fails(monkeypatch):
+    e = engine()
+    it = e.stream([req(SYSTEM, SAMPLED, max_tokens=50), req("hello", max_tokens=50)])
+    for _ in range(5):
+        next(it)
+    assert e.pool.stats()["in_use"] > 0
+    it.close()  # the consumer stops listening: the generator's finally releases everything
+    assert_pool_idle(e.pool)
+
+    def broken_sampler(*args):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr("tl_lab.generate.sample", broken_sampler)
+    with pytest.raises(RuntimeError, match="boom"):
+        e.generate([req(SYSTEM), req("x")])
+    assert_pool_idle(e.pool)
+
+
+# ------------------------------------------------------------------ batch invariance of generations
+
+
+@pytest.mark.parametrize("kw", [{}, {"max_seqs": 2, "prefill_chunk": 16, "max_batch_tokens": 40}])
+def test_same_output_alone_and_batched(kw):
+    """Each request alone (a fresh engine) and among others (prefill rows and decode rows mixed in
+    one ForwardBatch per step): the same ids and the same f64 logprobs, bit for bit."""
+    reqs = [
+        req(SYSTEM + "Tell me about caches.", SAMPLED, seed=3, max_tokens=24),
+        req("Hi", PENALISED, seed=4, max_tokens=30),
+        req("x" * 70, GREEDY, seed=0, max_tokens=12),  # a long prefill (its own product, LONG_ROWS)
+        req("The quick brown fox", SAMPLED, seed=5, max_tokens=8),
+    ]
+    shared = engine(prefix_cache=False, **kw)
+    together = shared.generate(reqs)
+    assert shared.stats["steps"] < sum(len(r.output_ids) for r in together)  # they did share steps
+    for i, r in enumerate(reqs):
+        alone = engine(prefix_cache=False, runner=shared.runner, **kw).generate([r])[0]
+        assert same(alone, together[i]), i
+    mixed = engine(prefix_cache=False, runner=shared.runner, **kw).generate(reqs[::-1])[::-1]
+    assert all(same(a, b) for a, b in zip(mixed, together))
+
+
+def test_seeded_sampling_repeats_and_seeds_differ():
+    e = engine()
+    p = SamplingParams(temperature=1.0)
+    a, b, c = e.generate([req("Once upon", p, seed=11, max_tokens=24), req("Once upon", p, seed=11, max_tokens=24),
+                          req("Once upon", p, seed=12, max_tokens=24)])
+    assert same(a, b)
+    assert a.output_ids != c.output_ids
+    again = engine(runner=e.runner).generate([req("Once upon", p, seed=11, max_tokens=24)])[0]
+    assert same(again, a)
+
+
+# ------------------------------------------------------------------ stops
+
+
+def test_length_stop():
+    e = engine()
+    (r,) = e.generate([req("abc", SAMPLED, max_tokens=7)])
+    assert r.finish == "length" and len(r.output_ids) == 7 == len(r.logprobs)
+    # the context: a 510-token prompt on a 512-position model yields 3 tokens; the last is never fed
+    (r,) = e.generate([Request([65] * 510, GREEDY, 0, 100)])
+    assert r.finish == "length" and len(r.output_ids) == 3
+    assert_pool_idle(e.pool)
+
+
+def test_stop_at_a_request_stop_id():
+    e = engine()
+    (free,) = e.generate([req("Hello", GREEDY, max_tokens=20)])
+    k = 4
+    t = free.output_ids[k]
+    first = free.output_ids.index(t)
+    (r,) = e.generate([req("Hello", GREEDY, max_tokens=20, stop_ids=[t])])
+    assert r.finish == "stop" and r.output_ids == free.output_ids[: first + 1]
+    assert r.text == e.tokenizer.decode(r.output_ids[:-1])  # the stop token is not in the text
+
+
+def test_stop_at_the_config_eos(tmp_path):
+    """stop_ids None: the model's eos_token_ids. A copy of the tiny Llama whose EOS is the token the
+    greedy stream produces at step 5."""
+    e = engine()
+    (free,) = e.generate([req("Hello", GREEDY, max_tokens=20)])
+    eos = free.output_ids[5]
+    d = tmp_path / "tiny"
+    shutil.copytree(TINY, d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["eos_token_id"] = [eos, 3]
+    (d / "config.json").write_text(json.dumps(cfg))
+    e2 = Engine.load(d, EngineConfig(kv=KvConfig(n_blocks=64, block_tokens=B)))
+    (r,) = e2.generate([req("Hello", GREEDY, max_tokens=20)])
+    assert r.finish == "stop" and r.output_ids == free.output_ids[: free.output_ids.index(eos) + 1]
+    (r,) = e2.generate([req("Hello", GREEDY, max_tokens=20, stop_ids=[])])  # no stop ids at all
+    assert r.finish == "length" and r.output_ids == free.output_ids
+
+
+# ------------------------------------------------------------------ streaming
+
+
+def test_events_stream_every_token_with_its_logprob():
+    e = engine()
+    reqs = [req("Hello", SAMPLED, seed=1, max_tokens=12), req(SYSTEM, PENALISED, seed=2, max_tokens=9)]
+    events = list(e.stream(reqs))
+    for i, r in enumerate(e.results):
+        mine = [ev for ev in events if ev.request == i]
+        assert [ev.token for ev in mine] == r.output_ids
+        assert [ev.logprob for ev in mine] == r.logprobs
+        assert [ev.position for ev in mine] == list(range(len(reqs[i].prompt_ids), len(reqs[i].prompt_ids) + len(mine)))
+        assert [ev.finish for ev in mine] == [None] * (len(mine) - 1) + ["length"]
+        # text deltas hold back an incomplete UTF-8 character, and add up to the decoded output
+        assert "".join(ev.text for ev in mine) == r.text == e.tokenizer.decode(r.output_ids)
+        assert [ev.piece for ev in mine] == [e.tokenizer.token_str(t) for t in r.output_ids]
+        assert all(lp <= 0 for lp in r.logprobs)
+    # the two requests were interleaved: one step yields a token of each
+    assert [ev.request for ev in events[:4]] == [0, 1, 0, 1]
+
+
+def test_utf8_characters_are_printed_whole():
+    """A token that ends inside a UTF-8 character prints nothing until the character is complete."""
+    from tl_lab.generate import _Seq
+
+    e = engine()
+    seq = _Seq(0, Request([65], GREEDY, 0, 8), [])
+    texts = []
+    for b in "añ€".encode():
+        row = np.full(256, -10.0, dtype=np.float32)
+        row[b] = 10.0
+        texts.append(e._sample(seq, row).text)
+    assert texts == ["a", "", "ñ", "", "", "€"]
+
+
+def test_bigram_generation():
+    e = Engine.load(DATA_DIR / "bigram")
+    (r,) = e.generate([req("a", GREEDY, max_tokens=8)])
+    assert r.text.startswith("bcd") and r.finish == "length"
+    assert_pool_idle(e.pool)
+
+
+# ------------------------------------------------------------------ refusals
+
+
+def test_pool_exhaustion_is_a_clear_error_and_a_full_pool_waits():
+    e = engine(n_blocks=4)
+    with pytest.raises(KvError, match=r"needs up to 5 KV blocks .* only 4 available.*n_blocks"):
+        e.generate([req("y" * 40, max_tokens=40)])  # 79 positions: 5 blocks of 16
+    assert e.pool.stats()["free"] == 4
+    # two requests of 3 blocks each in a 4-block pool: the second waits for the first, nothing fails
+    reqs = [req("y" * 30, SAMPLED, seed=1, max_tokens=12), req("z" * 30, SAMPLED, seed=2, max_tokens=12)]
+    out = e.generate(reqs)
+    assert all(len(r.output_ids) == 12 for r in out)
+    assert e.stats["steps"] == 24  # one after the other
+    big = engine(runner=e.runner)
+    assert all(same(a, b) for a, b in zip(out, big.generate(reqs)))
+    assert_pool_idle(e.pool)
+
+
+def test_bad_requests_are_refused():
+    e = engine()
+    for make, match in [
+        (lambda: Request([], GREEDY, 0, 4), "empty"),
+        (lambda: Request([65], GREEDY, 0, 0), "max_tokens"),
+        (lambda: Request([65], GREEDY, -1, 4), "seed"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            make()
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        e.generate([Request([65, 256], GREEDY, 0, 4)])
+    with pytest.raises(ValueError, match="longer than the context"):
+        e.generate([Request([65] * 513, GREEDY, 0, 4)])
+    assert_pool_idle(e.pool)
+
+
+# ------------------------------------------------------------------ SmolLM2
+
+
+@pytest.mark.smollm2
+def test_smollm2_shared_system_prompt_and_batching():
+    """On the real model: a chat with the same system prompt hits its blocks, and the answer equals
+    the cache-off run's; a request batched with another is bit for bit the request alone."""
+    from tl_lab.fetch import smollm2_dir
+    from tl_lab.tokenizer import load_tokenizer
+
+    path = smollm2_dir(quiet=True)
+    if path is None:
+        pytest.fail("SmolLM2 is not in the cache; run: python -m tl_lab fetch smollm2", pytrace=False)
+    cfg = EngineConfig(kv=KvConfig(n_blocks=64, block_tokens=B))
+    e = Engine(ModelRunner.load(path, cfg), load_tokenizer(path))
+    tok = e.tokenizer
+    system = {"role": "system", "content": "You are a concise assistant for a course on inference engines. "
+              "You answer every question with one short, friendly sentence and never use lists."}
+
+    def chat(q):
+        return tok.encode(tok.apply_chat_template([system, {"role": "user", "content": q}]))
+
+    a, b = chat("What is the capital of France?"), chat("What colour is the sky?")
+    e.generate([Request(a, GREEDY, 0, 4)])
+    (second,) = e.generate([Request(b, GREEDY, 0, 10)])
+    assert second.cached_blocks == 2 and second.cached_tokens == 32  # the system turn's full blocks
+    off = Engine(ModelRunner(e.runner.weights, EngineConfig(kv=KvConfig(64, B), prefix_cache=False)), tok)
+    (plain,) = off.generate([Request(b, GREEDY, 0, 10)])
+    assert second.output_ids == plain.output_ids and second.text.strip()
+    (other, batched) = off.generate([Request(a, SAMPLED, 7, 6), Request(b, GREEDY, 0, 10)])
+    assert same(batched, plain)
+    assert_pool_idle(e.pool)
+    assert_pool_idle(off.pool)
