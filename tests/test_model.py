@@ -814,3 +814,13 @@ def test_load_weights_refuses_tensors_that_do_not_fit(tmp_path):
         load_weights(ok, quant="int4")
     with pytest.raises(ValueError, match="positive even"):
         Int4(3)
+
+
+def test_load_weights_refuses_a_directory_without_model_safetensors(tmp_path):
+    import shutil
+
+    from tl_lab.paths import DATA_DIR
+
+    shutil.copy(DATA_DIR / "tiny-llama" / "config.json", tmp_path / "config.json")
+    with pytest.raises(FormatError, match="no such safetensors file"):
+        load_weights(tmp_path)

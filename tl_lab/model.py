@@ -535,7 +535,11 @@ class SafeTensors:
     @classmethod
     def open(cls, path: str | os.PathLike) -> SafeTensors:
         path = Path(path)
-        with open(path, "rb") as f:
+        try:
+            f = open(path, "rb")
+        except FileNotFoundError:
+            raise FormatError(f"{path}: no such safetensors file") from None
+        with f:
             size = os.fstat(f.fileno()).st_size
             if size < 8:  # mmap refuses empty files; parse_layout says what is wrong
                 mm: mmap.mmap | bytes = f.read()
