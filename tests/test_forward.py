@@ -100,6 +100,29 @@ def test_matmul_rows_is_row_invariant_for_the_lm_head():
         assert np.array_equal(matmul_rows(X, W.T)[M // 2], alone), f"batch {M}"
 
 
+def test_matmul_rows_is_row_invariant_with_one_blas_thread():
+    """The tiles hold for another thread count too (the bits differ between thread counts, which
+    is why EngineConfig.threads is fixed for a run)."""
+    from tl_lab.runner import blas_threads, set_blas_threads
+
+    before = blas_threads()
+    assert before is not None, "numpy's OpenBLAS was not found"
+    rng = np.random.default_rng(13)
+    W_T = weight(rng, 576, 1536).T
+    p = rng.standard_normal(576).astype(np.float32)
+    try:
+        set_blas_threads(1)
+        assert blas_threads() == 1
+        alone = matmul_rows(p[None], W_T)[0]
+        for M in (2, 8, 9, 33):
+            X = rng.standard_normal((M, 576)).astype(np.float32)
+            X[M - 1] = p
+            assert np.array_equal(matmul_rows(X, W_T)[M - 1], alone), f"batch {M}, one thread"
+    finally:
+        set_blas_threads(before)
+    assert blas_threads() == before
+
+
 def test_matmul_rows_equals_the_product_within_float_tolerance():
     rng = np.random.default_rng(6)
     W = weight(rng, 64, 96)

@@ -51,6 +51,7 @@ __all__ = [
     "Logits",
     "ModelRunner",
     "set_blas_threads",
+    "blas_threads",
 ]
 
 
@@ -113,21 +114,42 @@ class Logits:
         return self.rows()
 
 
-def set_blas_threads(n: int) -> bool:
-    """Set OpenBLAS's thread count for this process; False when numpy's OpenBLAS is not found."""
+def _openblas():
+    """numpy's bundled OpenBLAS (ctypes handle) or None."""
     import numpy
 
     pattern = os.path.join(os.path.dirname(numpy.__file__), "..", "numpy.libs", "*openblas*")
     for path in glob.glob(pattern):
-        lib = ctypes.CDLL(path)
-        for name in ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_",
-                     "openblas_set_num_threads"):
-            fn = getattr(lib, name, None)
-            if fn is not None:
-                fn.argtypes = [ctypes.c_int]
-                fn(int(n))
-                return True
-    return False
+        return ctypes.CDLL(path)
+    return None
+
+
+def _blas_fn(*names):
+    lib = _openblas()
+    for name in names:
+        fn = getattr(lib, name, None) if lib is not None else None
+        if fn is not None:
+            return fn
+    return None
+
+
+def set_blas_threads(n: int) -> bool:
+    """Set OpenBLAS's thread count for this process; False when numpy's OpenBLAS is not found."""
+    fn = _blas_fn("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_", "openblas_set_num_threads")
+    if fn is None:
+        return False
+    fn.argtypes = [ctypes.c_int]
+    fn(int(n))
+    return True
+
+
+def blas_threads() -> int | None:
+    """OpenBLAS's current thread count, or None when numpy's OpenBLAS is not found."""
+    fn = _blas_fn("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_", "openblas_get_num_threads")
+    if fn is None:
+        return None
+    fn.restype = ctypes.c_int
+    return int(fn())
 
 
 class ModelRunner:
@@ -185,7 +207,7 @@ class ModelRunner:
                 raise BatchError(f"seq {i}: no tokens (a sequence brings at least one new token)")
             if toks.dtype.kind not in "iu":
                 raise BatchError(f"seq {i}: token ids must be integers, got dtype {toks.dtype}")
-            bad = np.flatnonzero(toks < 0)
+            bad = np.flatnonzero((toks < 0) | (toks >= c.vocab_size))
             if bad.size:
                 raise BatchError(f"seq {i}: token {int(toks[bad[0]])} at index {int(bad[0])} "
                                  f"is outside the vocabulary [0, {c.vocab_size})")
