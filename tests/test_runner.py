@@ -123,7 +123,8 @@ def test_tiny_llama_greedy_matches_hf():
 
 # ------------------------------------------------------------------ chunk invariance
 
-CHUNK_TOL = 1e-3  # of the largest logit: a key that rounds to the neighbouring f16 moves ~2e-3
+CHUNK_TOL = 2.5e-4  # of the largest logit (~5e-3 here); measured 2.3e-4 absolute; a key that rounds
+# to the neighbouring f16 moves the logits by ~2e-3 (section 2.4)
 
 
 def test_incremental_decode_equals_full_prefill():
