@@ -123,6 +123,34 @@ def test_matmul_rows_is_row_invariant_with_one_blas_thread():
     assert blas_threads() == before
 
 
+def test_matmul_rows_is_row_invariant_while_another_thread_uses_blas():
+    """OpenBLAS's thread count is fixed for the process: a concurrent BLAS user (another Python
+    thread here; other processes on the machine likewise) does not change a tile's bits."""
+    import threading
+
+    rng = np.random.default_rng(14)
+    W_T = weight(rng, 576, 1536).T
+    p = rng.standard_normal(576).astype(np.float32)
+    alone = matmul_rows(p[None], W_T)[0]
+    stop = threading.Event()
+
+    def hammer():
+        a = np.ones((500, 500), np.float32)
+        while not stop.is_set():
+            a @ a
+
+    t = threading.Thread(target=hammer)
+    t.start()
+    try:
+        for M in (1, 3, 8, 9, 20):
+            X = rng.standard_normal((M, 576)).astype(np.float32)
+            X[M // 2] = p
+            assert np.array_equal(matmul_rows(X, W_T)[M // 2], alone), f"batch {M} under load"
+    finally:
+        stop.set()
+        t.join()
+
+
 def test_matmul_rows_equals_the_product_within_float_tolerance():
     rng = np.random.default_rng(6)
     W = weight(rng, 64, 96)
