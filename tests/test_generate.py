@@ -10,7 +10,7 @@ import pytest
 
 from tl_lab.errors import KvError
 from tl_lab.generate import Engine, Request, Result
-from tl_lab.kv import BlockState
+from tl_lab.kv import BlockState, prefix_hashes
 from tl_lab.paths import DATA_DIR
 from tl_lab.runner import EngineConfig, KvConfig, ModelRunner
 from tl_lab.sample import SamplingParams
@@ -85,6 +85,22 @@ def test_a_request_admitted_later_hits_blocks_of_a_running_one():
     e = engine(max_seqs=2)
     out = e.generate([req(SYSTEM + "one"), req(SYSTEM + "two")])
     assert [r.cached_blocks for r in out] == [0, 0]
+
+
+def test_tables_show_the_running_requests_blocks():
+    """engine.tables() / lengths(): what the block map draws while a stream runs."""
+    e = engine()
+    e.generate([req(SYSTEM + "one")])
+    it = e.stream([req(SYSTEM + "two", max_tokens=4)])
+    next(it)  # the prompt is in the pool, the first token sampled
+    ((name, table),) = e.tables().items()
+    P = len(SYSTEM + "two")
+    assert name == "req 0" and e.lengths() == {"req 0": P} and len(table) == -(-P // B)
+    want = prefix_hashes(list((SYSTEM + "two").encode()), B)
+    assert [e.pool.hash_of(b) for b in table[:3]] == want[:3]  # the three blocks found by hash
+    assert all(e.pool.state(b) == BlockState.IN_USE for b in table)
+    list(it)
+    assert e.tables() == {} and e.lengths() == {}
 
 
 @pytest.mark.parametrize("n", [47, 48, 49])

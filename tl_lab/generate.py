@@ -143,6 +143,7 @@ class Engine:
             tokenizer = ByteTokenizer(eos_ids=c.eos_token_ids, bos_id=c.bos_token_id)
         self.runner, self.tokenizer = runner, tokenizer
         self.results: list[Result] = []  # of the last stream(), filled as requests finish
+        self._running: list[_Seq] = []
         self.stats = {"steps": 0, "prefill_tokens": 0, "decode_tokens": 0, "cached_tokens": 0,
                       "forward_s": 0.0, "sample_s": 0.0}
 
@@ -158,6 +159,15 @@ class Engine:
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)
+
+    def tables(self) -> dict[str, list[int]]:
+        """The running requests' block tables ("req i" -> pool block ids), e.g. for the block map
+        (tl_lab.widgets.blockmap.show(engine.pool, engine.tables(), lengths=engine.lengths()))."""
+        return {f"req {s.index}": list(s.table) for s in self._running}
+
+    def lengths(self) -> dict[str, int]:
+        """The running requests' positions held in the pool ("req i" -> count)."""
+        return {f"req {s.index}": s.computed for s in self._running}
 
     # ------------------------------------------------------------ the loop
 
@@ -187,6 +197,7 @@ class Engine:
                    for i, r in enumerate(requests)]
         waiting.reverse()  # pop() takes the first request
         running: list[_Seq] = []
+        self._running = running
         try:
             while waiting or running:
                 self._admit(waiting, running, max(1, eng.max_seqs))
