@@ -147,3 +147,161 @@ def test_greedy_trace_matches_the_library():
     tr = sample_trace(x, SamplingParams(temperature=0.0), [], [], None)
     Z = math.exp(0.0 - 2.0) + 1.0 + 1.0  # in id order, left to right
     assert (w.trace.token, w.trace.logprob) == (tr.token, tr.logprob) == (1, (2.0 - 2.0) - math.log(Z))
+
+
+# ------------------------------------------------------------------ the playground on a model
+
+from tl_lab.fetch import smollm2_dir  # noqa: E402
+from tl_lab.generate import Engine, Request  # noqa: E402
+from tl_lab.paths import DATA_DIR  # noqa: E402
+from tl_lab.runner import ModelRunner  # noqa: E402
+from tl_lab.tokenizer import load_tokenizer  # noqa: E402
+from tl_lab.widgets.sampler import ModelPlayground, playground_model_dir  # noqa: E402
+
+TINY = DATA_DIR / "tiny-llama"
+
+
+@pytest.fixture(scope="module")
+def tiny_runner():
+    return ModelRunner.load(TINY)
+
+
+def tiny_playground(tiny_runner, prompt="Hello", **kw) -> ModelPlayground:
+    return ModelPlayground(TINY, prompt, runner=tiny_runner, **kw)
+
+
+def skipped(seed: int, n: int):
+    rng = stream(seed, 4)
+    for _ in range(n):
+        rng.uniform_f64()
+    return rng
+
+
+def test_model_playground_shows_the_models_row_with_token_strings(tiny_runner):
+    w = tiny_playground(tiny_runner, "Hello")
+    assert w.prompt_ids == list(b"Hello") and w.chat.disabled and not w.chat.value
+    _, want = tiny_runner.run_once(list(b"Hello"))
+    assert np.array_equal(w.logits, want)
+    assert w.sampler.trace.penalised.tolist() == want.astype(np.float64).tolist()
+    assert w.sampler.labels[72] == "H" and w.sampler.labels[10] == "\\x0a" and len(w.sampler.labels) == 256
+    assert w.sampler.prompt_text.value == "72, 101, 108, 108, 111" and w.sampler.output_text.value == ""
+    assert f"token {w.sampler.trace.token} {w.labels[w.sampler.trace.token]!r}" in plain(w.sampler.result.value)
+    assert "tiny-llama" in plain(w.info.value) and "5 prompt tokens + 0 appended" in plain(w.context_html.value)
+    w.prompt.value = "Hi"
+    assert w.prompt_ids == [72, 105] and np.array_equal(w.logits, tiny_runner.run_once([72, 105])[1])
+
+
+def test_model_playground_button_samples_appends_and_recomputes(tiny_runner):
+    w = tiny_playground(tiny_runner, "Hello", seed=5)
+    w.sampler.temperature.value, w.sampler.top_k.value = 0.9, 20
+    before = w.logits.copy()
+    charts_before, data_before = w.sampler.charts.value, w.sampler.chart_data
+    params = w.sampler.params()
+    want = sample(before, params, list(b"Hello"), [], stream(5, 4))
+    shown = w.sampler.trace.token
+    w.sample_button.click()
+    assert w.output_ids == [want[0]] == [shown] and w.output_logprobs == [want[1]]
+    assert w.sampler.draw.value == 1  # one uniform taken
+    assert "appended" in plain(w.status.value) and f"id {want[0]}" in plain(w.status.value)
+    # the row is the model's after prompt + token, and the charts follow it
+    context = list(b"Hello") + [want[0]]
+    assert np.array_equal(w.logits, tiny_runner.run_once(context)[1]) and not np.array_equal(w.logits, before)
+    assert w.sampler.output_text.value == str(want[0]) and w.sampler.prompt_text.value == "72, 101, 108, 108, 111"
+    assert w.sampler.charts.value != charts_before
+    assert w.sampler.chart_data["penalised logits"] != data_before["penalised logits"]
+    assert "class='tl-out'" in w.context_html.value and "5 prompt tokens + 1 appended" in plain(w.context_html.value)
+    # the second token: uniform 1 of the stream, the first token now in the output history
+    want2 = sample(w.logits, params, list(b"Hello"), [want[0]], skipped(5, 1))
+    w.sample_button.click()
+    assert w.output_ids == [want[0], want2[0]] and w.sampler.draw.value == 2
+    # greedy takes no draw
+    w.sampler.temperature.value = 0.0
+    g = int(np.argmax(w.logits))
+    w.sample_button.click()
+    assert w.output_ids[-1] == g and w.sampler.draw.value == 2 and "greedy, no draw" in plain(w.status.value)
+    # clearing, or editing the prompt, starts a new request
+    w.reset_button.click()
+    assert w.output_ids == [] and w.sampler.draw.value == 0 and np.array_equal(w.logits, before)
+
+
+def test_model_playground_presses_equal_the_engine_loop(tiny_runner):
+    """Eight presses give the tokens Engine.generate gives for the same request and seed. The logprobs
+    agree within float tolerance: the playground recomputes the whole context each time (run_once),
+    the engine decodes one token per step on its KV cache (chunk invariance, section 2.4)."""
+    w = tiny_playground(tiny_runner, "Once upon", seed=11)
+    w.sampler.temperature.value, w.sampler.top_p.value, w.sampler.frequency_penalty.value = 0.8, 0.95, 0.5
+    for _ in range(8):
+        w.sample_button.click()
+    engine = Engine(tiny_runner, load_tokenizer(TINY))
+    (res,) = engine.generate([Request(list(b"Once upon"), w.sampler.params(), 11, 8, stop_ids=[])])
+    assert w.output_ids == res.output_ids
+    assert w.output_logprobs == pytest.approx(res.logprobs, rel=1e-5, abs=1e-5)
+    assert w.sampler.draw.value == 8
+
+
+def test_model_playground_bad_input_gives_a_message(tiny_runner):
+    w = tiny_playground(tiny_runner, "Hello")
+    w.prompt.value = "   "
+    assert "type a prompt first" in plain(w.status.value) and w.logits is None and w.sampler.trace is None
+    w.sample_button.click()
+    assert "Nothing to sample: type a prompt first" in plain(w.status.value) and w.output_ids == []
+    w.prompt.value = "x" * 600
+    assert "the context is 600 tokens, more than this model and pool take (512)" in plain(w.status.value)
+    w.prompt.value = "ok"
+    assert w.message == "" and w.logits is not None and "tl-message" not in w.status.value
+    w.chat.value = True  # disabled in the UI; set from Python anyway
+    assert "no chat template" in plain(w.status.value) and w.logits is None
+    w.chat.value = False
+    w.sampler.seed.value = -1  # the sampler refuses: nothing to append
+    w.sample_button.click()
+    assert "Nothing to sample: seed must be an integer" in plain(w.status.value) and w.output_ids == []
+    w.sampler.seed.value = 0
+    w.sampler.preset.value = "peaked"  # the sampler now shows a preset, not the model
+    w.sample_button.click()
+    assert "shows a preset" in plain(w.status.value) and w.output_ids == []
+    w.sampler.preset.value = "given logits"
+    w.sample_button.click()
+    assert len(w.output_ids) == 1
+
+
+def test_model_playground_full_context_is_refused(tiny_runner):
+    w = tiny_playground(tiny_runner, "y" * 512)
+    assert w.logits is not None  # exactly the context
+    w.sample_button.click()
+    assert "The context is full (512 tokens)" in plain(w.status.value) and w.output_ids == []
+
+
+def test_model_playground_on_the_bigram():
+    w = ModelPlayground(DATA_DIR / "bigram", "ab")
+    assert "bigram" in plain(w.info.value) and w.logits.shape == (256,)
+    w.sampler.temperature.value = 0.0
+    w.sample_button.click()
+    assert w.output_ids == [int(np.argmax(ModelRunner.load(DATA_DIR / "bigram").run_once(b"ab")[1]))]
+
+
+def test_playground_model_dir_falls_back_to_the_tiny_llama(tmp_path, monkeypatch):
+    monkeypatch.setenv("TL_LAB_CACHE", str(tmp_path))  # an empty cache: no SmolLM2
+    path, note = playground_model_dir()
+    assert path == TINY and "python -m tl_lab fetch smollm2" in note
+    w = ModelPlayground()
+    assert w.model_dir == TINY and "python -m tl_lab fetch smollm2" in plain(w.info.value)
+    assert w.prompt_ids == list(b"Hello, world")
+
+
+@pytest.mark.smollm2
+def test_model_playground_on_smollm2():
+    path = smollm2_dir(quiet=True)
+    if path is None:
+        pytest.fail("SmolLM2 is not in the cache; run: python -m tl_lab fetch smollm2", pytrace=False)
+    assert playground_model_dir() == (path, "")
+    w = ModelPlayground(path, "The capital of France is", chat=False)
+    assert "SmolLM2" in plain(w.info.value) and "fetch" not in plain(w.info.value)
+    w.sampler.temperature.value = 0.0
+    assert "token 7042 ' Paris'" in plain(w.sampler.result.value)
+    assert " Paris" in [w.labels[i] for i in w.sampler.shown_ids] and len(w.sampler.labels) == 49152
+    w.sample_button.click()
+    assert w.output_ids == [7042] and w.tokenizer.decode(w.prompt_ids + w.output_ids).endswith("France is Paris")
+    w.chat.value = True  # a user turn in the chat template: a new request
+    chat = w.tokenizer.apply_chat_template([{"role": "user", "content": "The capital of France is"}])
+    assert w.output_ids == [] and w.prompt_ids == w.tokenizer.encode(chat) and w.prompt_ids[0] == 1  # <|im_start|>
+    assert "<|im_start|>" in plain(w.context_html.value)
