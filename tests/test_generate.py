@@ -145,8 +145,11 @@ def test_blocks_come_back_when_the_stream_stops_early_or_fails(monkeypatch):
     for _ in range(5):
         next(it)
     assert e.pool.stats()["in_use"] > 0
+    with pytest.raises(RuntimeError, match="already streaming"):
+        e.generate([req("x")])  # one stream at a time: admission reserves blocks per stream
     it.close()  # the consumer stops listening: the generator's finally releases everything
     assert_pool_idle(e.pool)
+    assert e.tables() == {}
 
     def broken_sampler(*args):
         raise RuntimeError("boom")

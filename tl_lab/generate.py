@@ -19,7 +19,7 @@ One step of `Engine.stream`:
    config's eos_token_ids unless the request names its own) or at max_tokens, and its blocks are
    released (registered ones stay in the pool's cache for later requests).
 
-Decisions (also in docs/generate.md):
+Decisions:
 - The last prompt token is always computed, because its logits pick the first new token. So the
   lookup covers at most the blocks that end before it: (P - 1) // B of a P-token prompt. When a
   whole prompt is cached and ends exactly on a block boundary, its final block is prefilled again
@@ -144,6 +144,7 @@ class Engine:
         self.runner, self.tokenizer = runner, tokenizer
         self.results: list[Result] = []  # of the last stream(), filled as requests finish
         self._running: list[_Seq] = []
+        self._streaming = False  # one stream at a time: the admission reserves blocks per stream
         self.stats = {"steps": 0, "prefill_tokens": 0, "decode_tokens": 0, "cached_tokens": 0,
                       "forward_s": 0.0, "sample_s": 0.0}
 
@@ -180,7 +181,10 @@ class Engine:
         return self.results
 
     def stream(self, requests: list[Request]) -> Iterator[TokenEvent]:
-        """Generate for every request, several in one batch per step; yield each token as it comes."""
+        """Generate for every request, several in one batch per step; yield each token as it comes.
+        One stream at a time per engine (RuntimeError otherwise): its pool reservations assume it."""
+        if self._streaming:
+            raise RuntimeError("this Engine is already streaming; finish or close that stream first")
         requests = list(requests)
         c, eng = self.runner.config, self.runner.engine
         for i, r in enumerate(requests):
@@ -197,7 +201,7 @@ class Engine:
                    for i, r in enumerate(requests)]
         waiting.reverse()  # pop() takes the first request
         running: list[_Seq] = []
-        self._running = running
+        self._running, self._streaming = running, True
         try:
             while waiting or running:
                 self._admit(waiting, running, max(1, eng.max_seqs))
@@ -207,6 +211,8 @@ class Engine:
         finally:  # the last request, an error, or the consumer closing the generator early
             for s in running:
                 self._release(s)
+            running.clear()
+            self._streaming = False
 
     def _admit(self, waiting: list[_Seq], running: list[_Seq], max_seqs: int) -> None:
         """Admit waiting requests in order while they fit (module docstring: pool exhaustion)."""
