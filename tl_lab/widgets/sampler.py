@@ -452,6 +452,9 @@ class ModelPlayground(widgets.VBox):
     Shown: `info` (the model; how to fetch SmolLM2 when it is missing), `context_html` (the tokens of
     the prompt and, highlighted, the appended ones), `status` (what the last press did, or a message).
 
+    model_dir None: `playground_model_dir()`. cfg: the EngineConfig to load it with (e.g. threads=1);
+    runner (+ tokenizer): an already loaded model instead.
+
     State: `prompt_ids` (the encoded prompt), `output_ids` and `output_logprobs` (the appended tokens,
     the sampler's `output` history for the penalties), `logits` (the context's next-token row, or None
     after a refusal), `message` ("" when fine), `labels` (the token string of every id).
@@ -462,7 +465,7 @@ class ModelPlayground(widgets.VBox):
     and advances `draw` by one unless it was greedy. Editing the prompt starts over (no output, draw 0).
     """
 
-    def __init__(self, model_dir=None, prompt: str | None = None, *, runner=None, tokenizer=None,
+    def __init__(self, model_dir=None, prompt: str | None = None, *, cfg=None, runner=None, tokenizer=None,
                  chat: bool | None = None, params: SamplingParams | None = None, seed: int = 0,
                  show_top: int = 20):
         from tl_lab.runner import ModelRunner
@@ -472,7 +475,7 @@ class ModelPlayground(widgets.VBox):
         if model_dir is None and runner is None:
             model_dir, note = playground_model_dir()
         if runner is None:
-            runner = ModelRunner.load(model_dir)
+            runner = ModelRunner.load(model_dir, cfg)
         self.model_dir = None if model_dir is None else Path(model_dir)
         self.runner = runner
         if tokenizer is None:
