@@ -42,7 +42,8 @@ def test_generate_tiny_llama_by_path_is_seeded():
 
 @pytest.mark.parametrize("model, extra", [("tiny-llama", ["--int4", "32"]), ("tiny-llama-int4", [])])
 def test_generate_int4(model, extra):
-    p = tl_lab("generate", "--model", model, "--prompt", "Hi", "--temperature", "0", "--max-tokens", "5", "--stats", *extra)
+    p = tl_lab("generate", "--model", model, "--prompt", "Hi", "--temperature", "0", "--max-tokens", "5", "--stats",
+               *extra)
     assert p.returncode == 0, p.stderr
     assert stats(p.stderr)[0][:2] == (5, "length")
 
@@ -60,6 +61,7 @@ def test_generate_int4(model, extra):
     (["--int4", "3"], "error: Int4.group must be a positive even integer"),
     (["--kv-blocks", "0"], "error: --kv-blocks"),
     (["--prompt", ""], "error: the prompt is empty"),
+    (["--prompt", "y" * 600], "error: request 0: a 600-token prompt is longer than the context"),
 ])
 def test_bad_parameters_exit_2_with_one_line(bad, message):
     p = tl_lab("generate", "--model", "tiny-llama", "--prompt", "x", *bad)

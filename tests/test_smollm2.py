@@ -374,7 +374,8 @@ def test_smollm2_logits_match_hf(hf_bf16, runner, ours, record_property):
         _, got = runner.run_once(ids)
         err, scale = float(np.abs(got - want).max()), float(np.abs(want).max())
         errors.append((len(ids), err, err / scale))
-        assert err <= REL_BOUND * scale, f"{len(ids)}-token prompt: max |z - z_hf| = {err:.4g} > {REL_BOUND * scale:.4g}"
+        assert err <= REL_BOUND * scale, (
+            f"{len(ids)}-token prompt: max |z - z_hf| = {err:.4g} > {REL_BOUND * scale:.4g}")
         assert int(np.argmax(got)) == int(np.argmax(want)) or np.sort(want)[-1] - np.sort(want)[-2] < REL_BOUND * scale
     record_property("logit_errors", errors)
     print("(tokens, max |z - z_hf|, relative):", [(n, f"{e:.2e}", f"{r:.1e}") for n, e, r in errors])

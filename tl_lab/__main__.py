@@ -47,11 +47,13 @@ def _parser() -> argparse.ArgumentParser:
         "chat template."))  # fmt: skip
     _model_options(g)
     g.add_argument("--prompt", required=True, help="the text to continue")
-    g.add_argument("--template", action="store_true", help="send the prompt as a user message through the chat template")
+    g.add_argument("--template", action="store_true",
+                   help="send the prompt as a user message through the chat template")
     _sampling_options(g, max_tokens=64)
     g.set_defaults(run=_generate)
 
-    c = sub.add_parser("chat", help="a conversation on stdin/stdout (the chat template of instruct models)", description=(
+    c = sub.add_parser("chat", help="a conversation on stdin/stdout (the chat template of instruct models)",
+                       description=(
         "Read one user message per line from stdin and stream the model's reply, keeping the whole "
         "conversation (earlier turns come back from the prefix cache). /reset starts over, /quit or "
         "end of input ends. A model without a chat template (the bundled byte models) gets the "
@@ -66,15 +68,18 @@ def _parser() -> argparse.ArgumentParser:
 def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, metavar="DIR|NAME",
                    help=f"a model directory, or smollm2 (fetched), {', '.join(BUNDLED)} (bundled)")
-    p.add_argument("--int4", type=int, metavar="GROUP", help="quantize the layer linears to int4 at load, groups of GROUP")
-    p.add_argument("--kv-blocks", type=int, default=256, metavar="N", help="KV pool blocks of 16 positions (default 256)")
+    p.add_argument("--int4", type=int, metavar="GROUP",
+                   help="quantize the layer linears to int4 at load, groups of GROUP")
+    p.add_argument("--kv-blocks", type=int, default=256, metavar="N",
+                   help="KV pool blocks of 16 positions (default 256)")
     p.add_argument("--threads", type=int, metavar="N", help="BLAS threads (default: leave as is)")
     p.add_argument("--stats", action="store_true", help="print prefix-cache hits and tokens/s to stderr")
 
 
 def _sampling_options(p: argparse.ArgumentParser, max_tokens: int) -> None:
     s = p.add_argument_group("sampling (docs/spec/sampling.md; the defaults are 'off', temperature 0 is greedy)")
-    s.add_argument("--max-tokens", type=int, default=max_tokens, metavar="N", help=f"new tokens at most (default {max_tokens})")
+    s.add_argument("--max-tokens", type=int, default=max_tokens, metavar="N",
+                   help=f"new tokens at most (default {max_tokens})")
     s.add_argument("--temperature", type=float, default=1.0, metavar="T")
     s.add_argument("--top-k", type=int, default=0, metavar="K")
     s.add_argument("--top-p", type=float, default=1.0, metavar="P")
@@ -168,7 +173,7 @@ def _generate(args) -> int:
     if not ids:
         raise UsageError("the prompt is empty: give --prompt some text")
     t0 = time.perf_counter()
-    (result,) = engine.generate([Request(ids, params, args.seed, args.max_tokens)], _print_token)
+    (result,) = _run(engine, Request(ids, params, args.seed, args.max_tokens))
     print()
     if args.stats:
         _report(engine, result, time.perf_counter() - t0)
@@ -210,14 +215,22 @@ def _chat(args) -> int:
         if interactive:
             print("bot> ", end="", flush=True)
         t0 = time.perf_counter()
-        (result,) = engine.generate([Request(tok.encode(text), params, args.seed + turn, args.max_tokens, stop)],
-                                    _print_token)
+        (result,) = _run(engine, Request(tok.encode(text), params, args.seed + turn, args.max_tokens, stop))
         print(flush=True)
         if args.stats:
             _report(engine, result, time.perf_counter() - t0)
         messages.append({"role": "assistant", "content": result.text.strip() if not templated else result.text})
         turn += 1
     return 0
+
+
+def _run(engine, request):
+    """Generate one request, printing as it comes; a request the engine refuses (a prompt longer than
+    the context, say) is a usage error."""
+    try:
+        return engine.generate([request], _print_token)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _transcript(messages) -> str:
