@@ -318,17 +318,15 @@ def one_thread():
     On two shared cores, two threads per library wait on each other whenever the machine is busy
     (measured: transformers' 40-token forward 4.2 s with 2 threads, 0.3 s with 1)."""
     torch = need("torch")
-    from tl_lab import runner as runner_module
+    from tl_lab.runner import blas_threads, set_blas_threads
 
-    get = getattr(runner_module, "blas_threads", None)
-    blas, torch_threads = (get() if get else None), torch.get_num_threads()
+    blas, torch_threads = blas_threads(), torch.get_num_threads()
     torch.set_num_threads(1)
-    if blas is not None:
-        runner_module.set_blas_threads(1)
+    set_blas_threads(1)
     yield
     torch.set_num_threads(torch_threads)
     if blas is not None:
-        runner_module.set_blas_threads(blas)
+        set_blas_threads(blas)
 
 
 @pytest.fixture(scope="module")
