@@ -1,0 +1,332 @@
+"""The real SmolLM2-135M-Instruct: tl_lab's runner (f32 and int4) against Hugging Face transformers.
+
+    python benchmarks/bench_smollm2.py [--threads N] [--quick] [--no-hf]
+
+Needs the fetched model (python -m tl_lab fetch smollm2) and, for the transformers rows, the hf extra.
+
+Three configurations, each in a subprocess of its own so its peak resident memory is its alone:
+
+- tl_lab f32:   ModelRunner.load(dir, EngineConfig(threads=N)), the BF16 file widened to f32;
+- tl_lab int4:  the same with quant=Int4(32): every layer linear quantized while loading (section 2.5);
+- transformers: LlamaForCausalLM.from_pretrained(dir, dtype=torch.float32) on the SAME directory (its
+                config.json is Hugging Face's Llama config; the tl_ keys are ignored), torch.set_num_threads(N)
+                with N the OpenBLAS thread count of the tl_lab rows.
+
+Measured in each: load time (to a model ready to run); prefill tokens/s of one 512-token prompt (the
+last token's logits only on both sides: the runner computes no others, and transformers is asked for
+logits_to_keep=1); decode tokens/s at batch 1 and the aggregate at batch 8, every sequence with a 128-token
+prompt prefilled first (not timed), then greedy steps (argmax fed back; transformers with its KV cache,
+DynamicCache); resident memory after load and at the peak (VmHWM: /proc's high-water mark, which starts
+afresh in a new process, unlike getrusage's ru_maxrss, which survives exec). Times are the best of several
+rounds (the machine is shared; the best round is the least disturbed one). The ratio rows divide tl_lab's
+speed by transformers'.
+
+And, in the same run, the int4 agreement figures (a fourth subprocess holding both runners): six chat
+prompts, 32 greedy tokens each (the engine loop, a path ends at EOS): where the int4 path parts from
+f32's, the fraction of f32's tokens before that point, int4's argmax along f32's own path (teacher
+forcing), and the last-prompt-token logit error: max |l4 - l32|, relative to max |l32|, its shift
+(mean of l4 - l32, which softmax ignores), its spread (standard deviation) and KL(f32 || int4).
+tests/test_smollm2_int4.py pins these with a floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RESULTS, current_rss_mb, report  # noqa: E402
+
+PREFILL = 512
+PROMPT = 128  # context of each decoding sequence before the timed steps
+BATCH = 8
+N_AGREE = 32
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain what a KV cache is in one paragraph.",
+    "List three prime numbers and say why they are prime.",
+    "Translate 'good morning' into Spanish and German.",
+    "Write a Python function that reverses a string.",
+]
+
+
+def peak_rss_mb() -> float:
+    """This process's peak RSS in MiB: VmHWM from /proc/self/status (reset by exec, unlike ru_maxrss)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def best_of(fn, rounds: int) -> float:
+    """Seconds of the fastest of `rounds` calls of fn(), after one warm-up call."""
+    fn()
+    best = math.inf
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def model_dir() -> Path:
+    from tl_lab.fetch import smollm2_dir
+
+    return smollm2_dir(required=True)
+
+
+# ------------------------------------------------------------------ tl_lab's runner
+
+
+def measure_tl(weights: str, threads: int, quick: bool) -> dict:
+    from tl_lab.runner import EngineConfig, ForwardBatch, ForwardSeq, Int4, KvConfig, ModelRunner
+
+    d = model_dir()
+    quant = Int4(32) if weights == "int4" else None
+    t0 = time.perf_counter()
+    runner = ModelRunner.load(d, EngineConfig(kv=KvConfig(n_blocks=160), threads=threads, quant=quant))
+    load_s = time.perf_counter() - t0
+    rss_loaded = current_rss_mb()
+    w = runner.weights
+    weight_bytes = w.embed.nbytes + w.norm.nbytes + sum(
+        l.input_layernorm.nbytes + l.post_attention_layernorm.nbytes + sum(x.nbytes for x in l.linears().values())
+        for l in w.layers)
+    pool, B, V = runner.pool, runner.block_tokens, runner.config.vocab_size
+    rng = np.random.default_rng(0)
+    slow = quant is not None or quick
+    rounds, steps = (2, 4) if slow else (4, 8)
+
+    blocks = pool.alloc(PREFILL // B)
+    toks = rng.integers(0, V, PREFILL).tolist()
+    prefill_s = best_of(lambda: runner.forward(ForwardBatch([ForwardSeq(toks, 0, blocks)])), rounds)
+    for b in blocks:
+        pool.release(b)
+
+    def decode(batch: int) -> float:
+        total = PROMPT + steps * (rounds + 1) + 1
+        seqs = []
+        for _ in range(batch):
+            table = pool.alloc(-(-total // B))
+            z = runner.forward(ForwardBatch([ForwardSeq(rng.integers(0, V, PROMPT).tolist(), 0, table)])).row(0)
+            seqs.append([table, PROMPT, int(np.argmax(z))])
+
+        def run_steps():
+            for _ in range(steps):
+                out = runner.forward(ForwardBatch([ForwardSeq([t], pos, table) for table, pos, t in seqs]))
+                for i, s in enumerate(seqs):
+                    s[1], s[2] = s[1] + 1, int(np.argmax(out.row(i)))
+
+        best = best_of(run_steps, rounds)
+        for table, _, _ in seqs:
+            for b in table:
+                pool.release(b)
+        return batch * steps / best
+
+    b1, b8 = decode(1), decode(BATCH)
+    return {"load_s": load_s, "prefill_tok_s": PREFILL / prefill_s, "decode_b1_tok_s": b1, "decode_b8_tok_s": b8,
+            "weights_MB": weight_bytes / 2**20, "rss_loaded_MB": rss_loaded, "peak_rss_MB": peak_rss_mb()}
+
+
+# ------------------------------------------------------------------ transformers
+
+
+def measure_hf(threads: int, quick: bool) -> dict:
+    import torch
+    import transformers
+    from transformers import DynamicCache, LlamaForCausalLM
+
+    torch.set_num_threads(threads)
+    transformers.utils.logging.disable_progress_bar()
+    d = model_dir()
+    t0 = time.perf_counter()
+    model = LlamaForCausalLM.from_pretrained(str(d), dtype=torch.float32).eval()
+    load_s = time.perf_counter() - t0
+    rss_loaded = current_rss_mb()
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # tied: counted once
+    V = model.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    rounds, steps = (2, 4) if quick else (4, 8)
+
+    with torch.inference_mode():
+        ids = torch.randint(0, V, (1, PREFILL), generator=g)
+        prefill_s = best_of(lambda: model(ids, use_cache=True, logits_to_keep=1), rounds)
+
+        def decode(batch: int) -> float:
+            cache = DynamicCache()
+            out = model(torch.randint(0, V, (batch, PROMPT), generator=g), cache=cache, use_cache=True,
+                        logits_to_keep=1)
+            state = {"next": out.logits[:, -1].argmax(-1, keepdim=True)}
+
+            def run_steps():
+                for _ in range(steps):
+                    o = model(state["next"], cache=cache, use_cache=True, logits_to_keep=1)
+                    state["next"] = o.logits[:, -1].argmax(-1, keepdim=True)
+
+            return batch * steps / best_of(run_steps, rounds)
+
+        b1, b8 = decode(1), decode(BATCH)
+    return {"load_s": load_s, "prefill_tok_s": PREFILL / prefill_s, "decode_b1_tok_s": b1, "decode_b8_tok_s": b8,
+            "weights_MB": weight_bytes / 2**20, "rss_loaded_MB": rss_loaded, "peak_rss_MB": peak_rss_mb(),
+            "torch": torch.__version__, "transformers": transformers.__version__}
+
+
+# ------------------------------------------------------------------ int4 against f32
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    for i in range(max(len(a), len(b))):
+        if i >= len(a) or i >= len(b) or a[i] != b[i]:
+            return i
+    return None
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    return x - x.max() - np.log(np.exp(x - x.max()).sum())
+
+
+def measure_agreement(threads: int) -> dict:
+    from tl_lab.generate import Engine, Request
+    from tl_lab.runner import EngineConfig, ForwardBatch, ForwardSeq, Int4, ModelRunner
+    from tl_lab.sample import SamplingParams
+    from tl_lab.tokenizer import load_tokenizer
+
+    d = model_dir()
+    tok = load_tokenizer(d)
+    r32 = ModelRunner.load(d, EngineConfig(threads=threads))
+    r4 = ModelRunner.load(d, EngineConfig(threads=threads, quant=Int4(32)))
+    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}])) for q in QUESTIONS]
+
+    def last_logits(runner):
+        tables = [runner.pool.alloc(-(-len(p) // runner.block_tokens)) for p in prompts]
+        try:
+            return runner.forward(ForwardBatch([ForwardSeq(p, 0, t) for p, t in zip(prompts, tables)])).data
+        finally:
+            for t in tables:
+                for b in t:
+                    runner.pool.release(b)
+
+    def greedy(runner):
+        reqs = [Request(p, SamplingParams(temperature=0.0), 0, N_AGREE) for p in prompts]
+        return [r.output_ids for r in Engine(runner, tok).generate(reqs)]
+
+    l32, l4 = last_logits(r32), last_logits(r4)
+    a, b = greedy(r32), greedy(r4)
+    rows, agree, total = [], 0, 0
+    for q, p, x, y, pa, pb in zip(QUESTIONS, prompts, l32, l4, a, b):
+        hidden, _ = r4.run_once(p + pa[:-1])  # teacher forcing: int4 along f32's own path
+        pred = (hidden[len(p) - 1:] @ r4.weights.head_weight.T).argmax(axis=1)
+        tf = int((pred == np.array(pa)).sum())
+        agree, total = agree + tf, total + len(pa)
+        diff = (y - x).astype(np.float64)
+        dv = first_divergence(pa, pb)
+        lp32, lp4 = log_softmax(x), log_softmax(y)
+        rows.append({
+            "prompt": q, "prompt_tokens": len(p), "f32_tokens": len(pa),
+            "parts_at": "never" if dv is None else dv,
+            "agree_before": (len(pa) if dv is None else dv) / len(pa),
+            "teacher_forced": tf / len(pa),
+            "max_abs_err": float(np.abs(diff).max()), "rel_err": float(np.abs(diff).max() / np.abs(x).max()),
+            "shift": float(diff.mean()), "spread": float(diff.std()),
+            "kl_f32_int4": float((np.exp(lp32) * (lp32 - lp4)).sum()),
+            "f32_text": tok.decode(pa), "int4_text": tok.decode(pb),
+        })
+    divs = [r["parts_at"] for r in rows]
+    summary = {
+        "prompt": f"all {len(rows)}",
+        "f32_tokens": total,
+        "parts_at": ", ".join(map(str, divs)),
+        "agree_before": sum(len(pa) if d == "never" else d for d, pa in zip(divs, a)) / total,
+        "teacher_forced": agree / total,
+        "first_token_agrees": sum(d == "never" or d >= 1 for d in divs),
+        "first_4_agree": sum(d == "never" or d >= 4 for d in divs),
+        "max_abs_err": max(r["max_abs_err"] for r in rows), "rel_err": max(r["rel_err"] for r in rows),
+        "spread": float(np.mean([r["spread"] for r in rows])),
+        "kl_f32_int4": float(np.mean([r["kl_f32_int4"] for r in rows])),
+    }
+    return {"rows": rows, "summary": summary}
+
+
+# ------------------------------------------------------------------ the driver
+
+
+def run_child(args: list[str]) -> dict:
+    cmd = [sys.executable, __file__, "--one", *args]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{p.stderr[-3000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def print_table(title: str, rows: list[dict], cols: list[str]) -> None:
+    cells = [[f"{r.get(c, ''):.4g}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    print(f"\n## {title}")
+    print(" | ".join(c.ljust(w) for c, w in zip(cols, widths)))
+    print("-+-".join("-" * w for w in widths))
+    for row in cells:
+        print(" | ".join(v.ljust(w) for v, w in zip(row, widths)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=1,
+                    help="OpenBLAS threads for tl_lab and torch.set_num_threads for transformers (default 1)")
+    ap.add_argument("--quick", action="store_true", help="fewer rounds")
+    ap.add_argument("--no-hf", action="store_true", help="skip the transformers rows")
+    ap.add_argument("--one", nargs="+", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.one:
+        kind = args.one[0]
+        if kind == "tl":
+            res = measure_tl(args.one[1], args.threads, args.quick)
+        elif kind == "hf":
+            res = measure_hf(args.threads, args.quick)
+        else:
+            res = measure_agreement(args.threads)
+        print(json.dumps(res))
+        return
+
+    common = ["--threads", str(args.threads)] + (["--quick"] if args.quick else [])
+    rows = []
+    configs = [("tl_lab", "f32", ["tl", "f32"]), ("tl_lab", "int4 g32", ["tl", "int4"])]
+    if not args.no_hf:
+        configs.append(("transformers", "f32", ["hf"]))
+    for engine, weights, child in configs:
+        res = run_child(child + common)
+        print(f"{engine} {weights}: {res}", file=sys.stderr, flush=True)
+        rows.append({"engine": engine, "weights": weights, "threads": args.threads, **res})
+    speed = ("prefill_tok_s", "decode_b1_tok_s", "decode_b8_tok_s")
+    if not args.no_hf:
+        hf = rows[-1]
+        for r in rows[:2]:
+            rows.append({"engine": f"tl_lab {r['weights']} / transformers", "weights": "ratio", "threads": args.threads,
+                         **{k: r[k] / hf[k] for k in speed + ("load_s", "peak_rss_MB")}})
+    agreement = run_child(["agree"] + common)
+    notes = (f"SmolLM2-135M-Instruct (tl_lab.fetch's BF16 conversion); prefill: one {PREFILL}-token prompt, last-token "
+             f"logits only; decode: {PROMPT}-token prompts, greedy, batch 1 and the aggregate of batch {BATCH}; "
+             f"threads: OpenBLAS for tl_lab, torch.set_num_threads for transformers, both {args.threads}; best of "
+             "several rounds; ratio rows: tl_lab / transformers (above 1: tl_lab faster, or for load_s and "
+             "peak_rss_MB: slower, larger). Int4 agreement: 'agreement' (six chat prompts, 32 greedy tokens).")
+    out = report("smollm2", rows, notes)
+    data = json.loads(out.read_text())
+    data["agreement"] = agreement
+    out.write_text(json.dumps(data, indent=2))
+    cols = ["prompt", "prompt_tokens", "f32_tokens", "parts_at", "agree_before", "teacher_forced", "max_abs_err",
+            "rel_err", "shift", "spread", "kl_f32_int4"]
+    print_table("smollm2: int4 g32 against f32", agreement["rows"] + [agreement["summary"]], cols)
+    print(f"first greedy token agrees on {agreement['summary']['first_token_agrees']} of {len(QUESTIONS)} prompts, "
+          f"the first 4 on {agreement['summary']['first_4_agree']}; written to {RESULTS / 'smollm2.json'}")
+
+
+if __name__ == "__main__":
+    main()
