@@ -15,6 +15,7 @@ from tl_lab.forward import (
     gather_kv,
     kv_location,
     matmul_rows,
+    matvec_rows,
     plan_rows,
     product_rows,
     rms_norm,
@@ -149,6 +150,39 @@ def test_matmul_rows_is_row_invariant_while_another_thread_uses_blas():
     finally:
         stop.set()
         t.join()
+
+
+def _misaligned(a: np.ndarray) -> np.ndarray:
+    """A copy of float32 `a` whose data starts 4 bytes past a 64-byte boundary."""
+    buf = np.empty(a.nbytes + 128, dtype=np.uint8)
+    start = (-buf.ctypes.data) % 64 + 4
+    out = buf[start : start + a.nbytes].view(np.float32).reshape(a.shape)
+    out[...] = a
+    return out
+
+
+@pytest.mark.parametrize("K,N", [(64, 256), SMOL_HEAD])
+def test_matvec_rows_is_row_invariant(K, N):
+    """The LM head's product: each row alone through gemv, so a row's bits never depend on the
+    others, nor on where its row sits in memory."""
+    rng = np.random.default_rng(K + N)
+    W = weight(rng, K, N)
+    p = rng.standard_normal(K).astype(np.float32)
+    alone = matvec_rows(p[None], W.T)[0]
+    np.testing.assert_allclose(alone, W @ p, rtol=1e-4, atol=1e-4)
+    for M in (2, 5, 8, 9, 16):
+        X = rng.standard_normal((M, K)).astype(np.float32)
+        r = int(rng.integers(M))
+        X[r] = p
+        assert np.array_equal(matvec_rows(X, W.T)[r], alone), f"batch {M}, row {r}"
+        assert np.array_equal(matvec_rows(_misaligned(X), W.T)[r], alone), f"batch {M}, misaligned"
+
+
+def test_matmul_rows_does_not_care_where_a_row_sits_in_memory():
+    rng = np.random.default_rng(15)
+    W_T = weight(rng, 576, 576).T
+    X = rng.standard_normal((11, 576)).astype(np.float32)
+    assert np.array_equal(matmul_rows(_misaligned(X), W_T), matmul_rows(X, W_T))
 
 
 def test_matmul_rows_equals_the_product_within_float_tolerance():

@@ -158,6 +158,8 @@ class ModelRunner:
     def __init__(self, weights, cfg: EngineConfig):
         if cfg.product not in PRODUCTS:
             raise ValueError(f"EngineConfig.product must be one of {PRODUCTS}, got {cfg.product!r}")
+        if cfg.threads is not None:
+            set_blas_threads(cfg.threads)
         self.weights = weights
         self.engine = cfg
         self.product = cfg.product
@@ -174,8 +176,6 @@ class ModelRunner:
         """Load `directory` (config.json + model.safetensors): f32, an int4 file, or f32 quantized
         at load when cfg.quant = Int4(group)."""
         cfg = EngineConfig() if cfg is None else cfg
-        if cfg.threads is not None:
-            set_blas_threads(cfg.threads)
         return cls(load_weights(Path(directory), quant=cfg.quant), cfg)
 
     @property
