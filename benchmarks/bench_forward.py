@@ -1,6 +1,6 @@
 """The forward's speed and memory, and what batch invariance costs (chapter L10.1, sections 2.4, 2.5).
 
-    python benchmarks/bench_forward.py [--threads N] [--models tiny,smollm2]
+    python benchmarks/bench_forward.py [--threads 1,2] [--models tiny,smollm2] [--quick]
 
 Models: the tiny Llama (data/tiny-llama, data/tiny-llama-int4) and a model with SmolLM2-135M's
 shapes (hidden 576, 30 layers, 9 heads, 3 KV heads, head_dim 64, intermediate 1536, vocabulary
@@ -199,11 +199,13 @@ def run_child(model_dir: Path, threads: int | None, quick: bool) -> dict:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="tiny,smollm2")
-    ap.add_argument("--threads", type=int, default=None, help="BLAS threads (default: OpenBLAS's own)")
+    ap.add_argument("--threads", default="1,2",
+                    help="BLAS thread counts to run, comma-separated (0: OpenBLAS's own default)")
     ap.add_argument("--quick", action="store_true", help="fewer rounds")
     ap.add_argument("--one", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.one:
+        args.threads = int(args.threads)
         if args.threads:
             from tl_lab.runner import set_blas_threads
 
@@ -218,20 +220,22 @@ def main(argv: list[str] | None = None) -> None:
             dirs["tiny"] = (DATA_DIR / "tiny-llama", DATA_DIR / "tiny-llama-int4")
         if "smollm2" in args.models:
             dirs["smollm2-shape"] = build_smollm2_shaped(Path(tmp))
-        for model, (f32_dir, q_dir) in dirs.items():
-            for weights, d in (("f32", f32_dir), ("int4", q_dir)):
-                res = run_child(d, args.threads, args.quick)
-                print(f"{model} {weights}: {res}", file=sys.stderr, flush=True)
-                for product in PRODUCTS:
-                    rows.append({"model": model, "weights": weights, "product": product, **res[product]})
-                inv, plain = res["invariant"], res["plain"]
-                rows.append({
-                    "model": model, "weights": weights, "product": "plain/invariant",
-                    **{k: plain[k] / inv[k] for k in ("prefill_tok_s", "decode_b1_tok_s", "decode_b8_tok_s")},
-                    "b8_vs_b1": inv["decode_b8_tok_s"] / inv["decode_b1_tok_s"],
-                })
+        for threads in [int(t) for t in args.threads.split(",")]:
+            for model, (f32_dir, q_dir) in dirs.items():
+                for weights, d in (("f32", f32_dir), ("int4", q_dir)):
+                    res = run_child(d, threads, args.quick)
+                    print(f"{model} {weights} threads {threads}: {res}", file=sys.stderr, flush=True)
+                    tag = {"threads": threads or "default", "model": model, "weights": weights}
+                    for product in PRODUCTS:
+                        rows.append({**tag, "product": product, **res[product]})
+                    inv, plain = res["invariant"], res["plain"]
+                    rows.append({
+                        **tag, "product": "plain/invariant",
+                        **{k: plain[k] / inv[k] for k in ("prefill_tok_s", "decode_b1_tok_s", "decode_b8_tok_s")},
+                        "b8_vs_b1": inv["decode_b8_tok_s"] / inv["decode_b1_tok_s"],
+                    })
     notes = (f"prefill: one {PREFILL}-token prompt; decode: {PROMPT}-token prompts, batch 1 and "
-             f"{BATCH}; BLAS threads: {args.threads or 'default'}; plain/invariant rows: speed of the "
+             f"{BATCH}; BLAS threads per row (2 = all cores of the machine, shared with other work); plain/invariant rows: speed of the "
              f"plain x @ W.T forward over the invariant one (1.0 = invariance is free); b8_vs_b1: "
              f"aggregate batch-8 decode over batch-1 decode, invariant product")
     report("forward", rows, notes)
