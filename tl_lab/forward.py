@@ -65,10 +65,13 @@ __all__ = [
 # ---------------------------------------------------------------------------------------------
 
 TILE = 8
-"""Rows per tile of `matmul_rows`. Measured on this machine's OpenBLAS (Haswell kernels, 1 or 2
-threads): with 8-row tiles a row's result is the same at every position of the tile, for every
-shape we tried; with 12, 16, 24, 32 or 64 rows it depends on the position (the kernel handles the
-rows past 8 differently); 4 also works but costs twice as many weight passes."""
+"""Rows per tile of `matmul_rows`, chosen by measurement on numpy's OpenBLAS 0.3.31 (Haswell
+kernels on this x86-64, 1 or 2 threads). A tile always has 8 rows, so numpy never takes the
+gemv path for it. With 8-row tiles a row's bits are the same at every place in the tile for every
+shape tried (the tiny model's and SmolLM2's, LM head included); with 12, 16, 24, 32, 48 or 64 rows
+they depend on the place (rows past the eighth take another code path); 2 and 4 also hold but a
+batch of 8 then pays for 4 or 2 weight passes (4: 1.43x the plain product at batch 8, 8: 1.03x).
+The price of 8 is batch 1: a lone row costs a full 8-row gemm, 2.3x a gemv per weight (1 thread)."""
 
 LONG_ROWS = 32
 """A sequence with at least this many new tokens in a step gets a product of its own (see
