@@ -11,7 +11,8 @@ records
 * greedy: 32 greedy tokens, each step a full forward of prompt + tokens so far, argmax with ties to
   the lowest id (the sampler's rule);
 * gap: at each greedy step, HF's top logit minus its second (the tests' near-tie rule: the runner
-  may pick another token only where this gap is below the f16 bound).
+  may pick another token only where this gap is below the f16 bound). The text was picked (among
+  a few tried) so that no gap on these prompts comes below 0.09: every greedy token is compared.
 
 Deterministic: one torch thread, no sampling, no dates or versions in the file, so running it again
 gives the same bytes (tests/test_tools_goldens.py re-derives the data and compares).
@@ -33,8 +34,8 @@ OUT = GOLDEN_DIR / "tiny_llama_hf.json"
 GREEDY_STEPS = 32
 LENGTHS = (1, 5, 17, 40, 70, 100)
 _TEXT = (
-    b"Once upon a time, a tiny Llama learned to read bytes. It kept its keys in blocks of sixteen, "
-    b"wrote them as f16, and never forgot a position. "
+    b"Once upon a time, a tiny Llama learned to read bytes. It kept its keys in blocks of sixteen "
+    b"and wrote them as f16, and never forgot a position. "
 )
 
 
