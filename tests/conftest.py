@@ -18,3 +18,20 @@ def need(module: str):
     except ImportError as exc:
         hint = INSTALL_HINT.get(module, f"pip install {module}")
         pytest.fail(f"this test needs `{module}` ({exc}); install {hint}", pytrace=False)
+
+
+def tool(name: str):
+    """Import tools/<name>.py as a module (tools/ is a folder of scripts, not a package).
+
+    Registered in sys.modules under its own name so dataclasses and pickling inside it work.
+    """
+    import importlib.util
+    import sys
+
+    from tl_lab.paths import REPO_ROOT
+
+    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -4,7 +4,6 @@ equal to the committed files, and each checkpoint has the properties the chapter
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -12,18 +11,9 @@ import numpy as np
 import pytest
 
 from tl_lab.model import BigramWeights, LlamaWeights, ModelConfig, SafeTensors, load_weights
-from tl_lab.paths import DATA_DIR, REPO_ROOT
+from tl_lab.paths import DATA_DIR
 
-from conftest import need
-
-
-def tool(name: str):
-    """Import tools/<name>.py as a module (tools/ is not a package)."""
-    path = REPO_ROOT / "tools" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"tools_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from conftest import need, tool
 
 
 def assert_same_files(made: Path, committed: Path) -> None:

@@ -4,28 +4,17 @@ Needs the hf extra (torch, transformers); without it the test fails with the ins
 """
 
 import base64
-import importlib.util
 import json
-import sys
 
 import numpy as np
 import pytest
 
-from conftest import need
-from tl_lab.paths import DATA_DIR, GOLDEN_DIR, REPO_ROOT
+from conftest import need, tool
+from tl_lab.paths import DATA_DIR, GOLDEN_DIR
 
 pytestmark = pytest.mark.hf
 
 TINY = DATA_DIR / "tiny-llama"
-
-
-def _tool():
-    path = REPO_ROOT / "tools" / "make_goldens.py"
-    spec = importlib.util.spec_from_file_location("make_goldens", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _f32(s):
@@ -35,13 +24,13 @@ def _f32(s):
 def test_goldens_rederive_from_transformers(tmp_path, capsys):
     need("torch")
     need("transformers")
-    tool = _tool()
+    make = tool("make_goldens")
     out = tmp_path / "tiny_llama_hf.json"
-    tool.main(["--model", str(TINY), "--out", str(out)])
+    make.main(["--model", str(TINY), "--out", str(out)])
     assert "wrote" in capsys.readouterr().out
     made = json.loads(out.read_text())
     committed = json.loads((GOLDEN_DIR / "tiny_llama_hf.json").read_text())
-    assert len(made["cases"]) == len(committed["cases"]) == len(tool.LENGTHS)
+    assert len(made["cases"]) == len(committed["cases"]) == len(make.LENGTHS)
     for m, c in zip(made["cases"], committed["cases"]):
         n = len(c["tokens"])
         assert m["tokens"] == c["tokens"] and m["prompt"] == c["prompt"]

@@ -40,7 +40,7 @@ import numpy as np
 from tl_lab.errors import BatchError
 from tl_lab.forward import PRODUCTS, Scratch, Step, bigram_forward, llama_forward
 from tl_lab.kv import BlockState, KvCfg, KvPool
-from tl_lab.model import BigramWeights, Int4, LlamaWeights, ModelConfig, load_weights
+from tl_lab.model import Int4, ModelConfig, load_weights
 
 __all__ = [
     "Int4",

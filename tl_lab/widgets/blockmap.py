@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import ipywidgets as widgets
-import numpy as np
 
 from tl_lab.errors import KvError
 from tl_lab.kv import KvCfg, KvPool, key_location, prefix_hashes, slab_offset
