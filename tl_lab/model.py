@@ -29,7 +29,7 @@ import numpy as np
 
 from tl_lab.errors import ConfigError, FormatError
 from tl_lab.paths import REPO_ROOT
-from tl_lab.quant import QLinear, bf16_to_f32, f16_to_f32
+from tl_lab.quant import QLinear, bf16_to_f32, f16_to_f32, linear_product
 
 __all__ = [
     "CONFIG_SCHEMA_PATH",
@@ -670,22 +670,8 @@ class Linear:
         return self.w.nbytes
 
     def forward(self, x, rowwise: bool = False) -> np.ndarray:
-        """y = x W^T. x: float32 (m, inp) -> y: float32 (m, out).
-
-        rowwise=True sends each row through its own (1, inp) x (inp, out) product (section 2.4,
-        matmul_rows), so a row's result does not depend on the other rows (batch invariance).
-        """
-        x = np.asarray(x)
-        if x.ndim != 2 or x.shape[1] != self.inp:
-            raise ValueError(f"x must be (m, {self.inp}), got shape {x.shape}")
-        x = x.astype(np.float32, copy=False)
-        W_T = self.w.T
-        if not rowwise:
-            return x @ W_T
-        y = np.empty((x.shape[0], self.out), dtype=np.float32)
-        for i in range(x.shape[0]):
-            np.matmul(x[i : i + 1], W_T, out=y[i : i + 1])
-        return y
+        """y = x W^T. x: float32 (m, inp) -> y: float32 (m, out); see `quant.linear_product`."""
+        return linear_product(x, self.w.T, rowwise)
 
 
 AnyLinear = Union[Linear, QLinear]

@@ -49,6 +49,7 @@ __all__ = [
     "pack_int4",
     "unpack_int4",
     "QLinear",
+    "linear_product",
 ]
 
 
@@ -451,21 +452,34 @@ class QLinear:
     def forward(self, x, rowwise: bool = False) -> np.ndarray:
         """y = x W_hat^T. x: float32 (m, inp) -> y: float32 (m, out).
 
-        W_hat is widened into a temporary for this call only. With rowwise=True each row goes
-        through its own (1, inp) x (inp, out) product (section 2.4's matmul_rows), so a row's
-        result does not depend on which rows share the call.
+        W_hat is widened into a temporary for this call only (no f32 copy is kept); see
+        `linear_product` for rowwise.
         """
-        x = np.asarray(x)
-        if x.ndim != 2 or x.shape[1] != self.inp:
-            raise ValueError(f"x must be (m, {self.inp}), got shape {x.shape}")
-        x = x.astype(np.float32, copy=False)
-        W_hat_T = self.dequantize().T
-        if not rowwise:
-            return x @ W_hat_T
-        y = np.empty((x.shape[0], self.out), dtype=np.float32)
-        for i in range(x.shape[0]):
-            np.matmul(x[i : i + 1], W_hat_T, out=y[i : i + 1])
-        return y
+        _check_rows(x, self.inp)
+        return linear_product(x, self.dequantize().T, rowwise)
+
+
+def _check_rows(x, inp: int) -> None:
+    shape = np.shape(x)
+    if len(shape) != 2 or shape[1] != inp:
+        raise ValueError(f"x must be (m, {inp}), got shape {shape}")
+
+
+def linear_product(x, W_T: np.ndarray, rowwise: bool = False) -> np.ndarray:
+    """y = x W_T, the product of every linear layer. x: float32 (m, inp), W_T: (inp, out) -> (m, out).
+
+    rowwise=True sends each row through its own (1, inp) x (inp, out) product (the chapter's
+    matmul_rows, section 2.4), so a row's result does not depend on which rows share the call.
+    The runner's faster invariant product is `tl_lab.forward.matmul_rows`.
+    """
+    _check_rows(x, W_T.shape[0])
+    x = np.asarray(x).astype(np.float32, copy=False)
+    if not rowwise:
+        return x @ W_T
+    y = np.empty((x.shape[0], W_T.shape[1]), dtype=np.float32)
+    for i in range(x.shape[0]):
+        np.matmul(x[i : i + 1], W_T, out=y[i : i + 1])
+    return y
 
 
 def _group_scales(Wg: np.ndarray) -> np.ndarray:
