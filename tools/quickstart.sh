@@ -25,8 +25,9 @@ if [ "$mode" = lab ]; then
     python -m pip install -q -e '.[dev]'
     step "fetching SmolLM2-135M-Instruct into the user cache (once)"
     python -m tl_lab fetch smollm2
-    step "opening the walkthrough"
-    exec jupyter lab notebooks/00_start_here.ipynb
+    step "opening the walkthrough (Ctrl-C stops JupyterLab)"
+    ROOT_FLAG=(); [ "$(id -u)" = 0 ] && ROOT_FLAG=(--allow-root)  # JupyterLab refuses root without it
+    exec jupyter lab "${ROOT_FLAG[@]}" "${@:2}" notebooks/00_start_here.ipynb
 fi
 
 step "installing tl_lab with the dev and hf extras (hf: transformers, torch==2.13.0 for golden checks)"
