@@ -448,8 +448,8 @@ def llama_forward(weights: LlamaWeights, step: Step, data: np.ndarray | None, *,
     cos, sin = rope_cos_sin(step.pos, D, c.rope_theta)
     if kv == "pool":
         B = data.shape[4]
-        blk = np.concatenate([step.tables[s][step.pos[step.rows(s)] // B] for s in range(step.n_seqs)])
-        slot = step.pos % B
+        locs = [kv_location(step.tables[s], step.pos[step.rows(s)], B) for s in range(step.n_seqs)]
+        blk, slot = (np.concatenate(part) for part in zip(*locs, strict=True))
     x = weights.embed[step.tokens]  # (N, d), a gather: a copy, row by row
     if trace is not None:
         trace.update(x=[x.copy()], q=[], k=[], v=[], attn=[])
