@@ -1,5 +1,6 @@
 """Shared test helpers. A test that needs something missing fails and says what to install."""
 
+import contextlib
 import importlib
 
 import pytest
@@ -35,3 +36,27 @@ def tool(name: str):
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+@contextlib.contextmanager
+def blas_threads_set(n: int):
+    """OpenBLAS at n threads inside the block, then the previous count again.
+
+    The SmolLM2 tests run with one: on two shared cores, OpenBLAS's two threads wait on each other
+    whenever the machine is busy (a step several times slower)."""
+    from tl_lab.runner import blas_threads, set_blas_threads
+
+    before = blas_threads()
+    set_blas_threads(n)
+    try:
+        yield
+    finally:
+        if before is not None:
+            set_blas_threads(before)
+
+
+@pytest.fixture
+def one_blas_thread():
+    """One BLAS thread for the test, then the previous count (`blas_threads_set`)."""
+    with blas_threads_set(1):
+        yield

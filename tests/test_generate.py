@@ -315,19 +315,6 @@ def test_bad_requests_are_refused():
 # ------------------------------------------------------------------ SmolLM2
 
 
-@pytest.fixture
-def one_blas_thread():
-    """One BLAS thread for a SmolLM2 test, then the previous count: on two shared cores, OpenBLAS's two
-    threads wait on each other whenever the machine is busy (a step several times slower)."""
-    from tl_lab.runner import blas_threads, set_blas_threads
-
-    before = blas_threads()
-    set_blas_threads(1)
-    yield
-    if before is not None:
-        set_blas_threads(before)
-
-
 @pytest.mark.smollm2
 def test_smollm2_shared_system_prompt_and_batching(one_blas_thread):
     """On the real model: a chat with the same system prompt hits its blocks, and the answer equals

@@ -26,7 +26,7 @@ import unicodedata
 import numpy as np
 import pytest
 
-from conftest import need
+from conftest import blas_threads_set, need
 from tl_lab.fetch import SMOLLM2, FetchError, downloads_dir, extract_gguf, smollm2_dir
 from tl_lab.tokenizer import load_tokenizer
 
@@ -318,15 +318,11 @@ def one_thread():
     On two shared cores, two threads per library wait on each other whenever the machine is busy
     (measured: transformers' 40-token forward 4.2 s with 2 threads, 0.3 s with 1)."""
     torch = need("torch")
-    from tl_lab.runner import blas_threads, set_blas_threads
-
-    blas, torch_threads = blas_threads(), torch.get_num_threads()
+    torch_threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    set_blas_threads(1)
-    yield
+    with blas_threads_set(1):
+        yield
     torch.set_num_threads(torch_threads)
-    if blas is not None:
-        set_blas_threads(blas)
 
 
 @pytest.fixture(scope="module")
