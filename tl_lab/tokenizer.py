@@ -31,6 +31,13 @@ class Tokenizer:
     bos_id: int | None
     chat_template: str | None
 
+    def __init__(self, eos_ids: Iterable[int] = (), bos_id: int | None = None, chat_template: str | None = None):
+        """The special ids (checked against vocab_size, which a subclass sets first) and the template."""
+        self.eos_ids = [int(i) for i in eos_ids]
+        self.bos_id = bos_id
+        self.chat_template = chat_template
+        self._check_ids(self.eos_ids + ([] if bos_id is None else [bos_id]))
+
     def encode(self, text: str) -> list[int]:
         raise NotImplementedError
 
@@ -67,12 +74,6 @@ class ByteTokenizer(Tokenizer):
     """Token id = byte value: UTF-8 in, 256 ids; decode replaces invalid UTF-8 with U+FFFD."""
 
     vocab_size = 256
-
-    def __init__(self, eos_ids: Iterable[int] = (), bos_id: int | None = None, chat_template: str | None = None):
-        self.eos_ids = [int(i) for i in eos_ids]
-        self.bos_id = bos_id
-        self.chat_template = chat_template
-        self._check_ids(self.eos_ids + ([] if bos_id is None else [bos_id]))
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
@@ -112,10 +113,7 @@ class BpeTokenizer(Tokenizer):
         if vocab_size is not None and n > vocab_size:
             raise ConfigError(f"{path.name} has {n} tokens but config.json vocab_size is {vocab_size}")
         self.vocab_size = vocab_size if vocab_size is not None else n
-        self.eos_ids = [int(i) for i in eos_ids]
-        self.bos_id = bos_id
-        self.chat_template = chat_template
-        self._check_ids(self.eos_ids + ([] if bos_id is None else [bos_id]))
+        super().__init__(eos_ids, bos_id, chat_template)
         self._special = {t.content for t in self._tok.get_added_tokens_decoder().values() if t.special}
         self._byte_of = {c: b for b, c in _bytes_to_unicode().items()}
 
