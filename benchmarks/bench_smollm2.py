@@ -16,10 +16,10 @@ Measured in each: load time (to a model ready to run); prefill tokens/s of one 5
 last token's logits only on both sides: the runner computes no others, and transformers is asked for
 logits_to_keep=1); decode tokens/s at batch 1 and the aggregate at batch 8, every sequence with a 128-token
 prompt prefilled first (not timed), then greedy steps (argmax fed back; transformers with its KV cache,
-DynamicCache); resident memory after load and at the peak (VmHWM: /proc's high-water mark, which starts
-afresh in a new process, unlike getrusage's ru_maxrss, which survives exec). Times are the best of several
-rounds (the machine is shared; the best round is the least disturbed one). The ratio rows divide tl_lab's
-speed by transformers'.
+DynamicCache); resident memory after load, the peak while loading and the peak of the whole run (VmHWM: /proc's
+high-water mark, which starts afresh in a new process, unlike getrusage's ru_maxrss, which survives exec). Times are the best of several
+rounds, and of --repeat runs of every configuration, interleaved (the machine is shared; the best round is
+the least disturbed one). The ratio rows divide tl_lab's speed by transformers'.
 
 And, in the same run, the int4 agreement figures (a fourth subprocess holding both runners): six chat
 prompts, 32 greedy tokens each (the engine loop, a path ends at EOS): where the int4 path parts from
@@ -95,7 +95,7 @@ def measure_tl(weights: str, threads: int, quick: bool) -> dict:
     t0 = time.perf_counter()
     runner = ModelRunner.load(d, EngineConfig(kv=KvConfig(n_blocks=160), threads=threads, quant=quant))
     load_s = time.perf_counter() - t0
-    rss_loaded = current_rss_mb()
+    rss_loaded, peak_load = current_rss_mb(), peak_rss_mb()
     w = runner.weights
     weight_bytes = w.embed.nbytes + w.norm.nbytes + sum(
         l.input_layernorm.nbytes + l.post_attention_layernorm.nbytes + sum(x.nbytes for x in l.linears().values())
@@ -133,7 +133,8 @@ def measure_tl(weights: str, threads: int, quick: bool) -> dict:
 
     b1, b8 = decode(1), decode(BATCH)
     return {"load_s": load_s, "prefill_tok_s": PREFILL / prefill_s, "decode_b1_tok_s": b1, "decode_b8_tok_s": b8,
-            "weights_MB": weight_bytes / 2**20, "rss_loaded_MB": rss_loaded, "peak_rss_MB": peak_rss_mb()}
+            "weights_MB": weight_bytes / 2**20, "rss_loaded_MB": rss_loaded, "peak_load_MB": peak_load,
+            "peak_rss_MB": peak_rss_mb()}
 
 
 # ------------------------------------------------------------------ transformers
@@ -150,7 +151,7 @@ def measure_hf(threads: int, quick: bool) -> dict:
     t0 = time.perf_counter()
     model = LlamaForCausalLM.from_pretrained(str(d), dtype=torch.float32).eval()
     load_s = time.perf_counter() - t0
-    rss_loaded = current_rss_mb()
+    rss_loaded, peak_load = current_rss_mb(), peak_rss_mb()
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # tied: counted once
     V = model.config.vocab_size
     g = torch.Generator().manual_seed(0)
@@ -175,8 +176,8 @@ def measure_hf(threads: int, quick: bool) -> dict:
 
         b1, b8 = decode(1), decode(BATCH)
     return {"load_s": load_s, "prefill_tok_s": PREFILL / prefill_s, "decode_b1_tok_s": b1, "decode_b8_tok_s": b8,
-            "weights_MB": weight_bytes / 2**20, "rss_loaded_MB": rss_loaded, "peak_rss_MB": peak_rss_mb(),
-            "torch": torch.__version__, "transformers": transformers.__version__}
+            "weights_MB": weight_bytes / 2**20, "rss_loaded_MB": rss_loaded, "peak_load_MB": peak_load,
+            "peak_rss_MB": peak_rss_mb(), "torch": torch.__version__, "transformers": transformers.__version__}
 
 
 # ------------------------------------------------------------------ int4 against f32
@@ -267,6 +268,15 @@ def run_child(args: list[str]) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def best_run(results: list[dict]) -> dict:
+    """Each speed's best and the shortest load over repeated runs; memory and versions from the first."""
+    out = dict(results[0])
+    for key in ("prefill_tok_s", "decode_b1_tok_s", "decode_b8_tok_s"):
+        out[key] = max(r[key] for r in results)
+    out["load_s"] = min(r["load_s"] for r in results)
+    return out
+
+
 def print_table(title: str, rows: list[dict], cols: list[str]) -> None:
     cells = [[f"{r.get(c, ''):.4g}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
@@ -279,44 +289,52 @@ def print_table(title: str, rows: list[dict], cols: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=1,
-                    help="OpenBLAS threads for tl_lab and torch.set_num_threads for transformers (default 1)")
+    ap.add_argument("--threads", default="1",
+                    help="OpenBLAS threads for tl_lab and torch.set_num_threads for transformers; a comma list "
+                         "runs every configuration at each count (default 1; the agreement uses the first)")
     ap.add_argument("--quick", action="store_true", help="fewer rounds")
+    ap.add_argument("--repeat", type=int, default=2, help="runs of each configuration, interleaved; the best counts")
     ap.add_argument("--no-hf", action="store_true", help="skip the transformers rows")
     ap.add_argument("--one", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    thread_counts = [int(t) for t in str(args.threads).split(",")]
     if args.one:
-        kind = args.one[0]
+        kind, threads = args.one[0], thread_counts[0]
         if kind == "tl":
-            res = measure_tl(args.one[1], args.threads, args.quick)
+            res = measure_tl(args.one[1], threads, args.quick)
         elif kind == "hf":
-            res = measure_hf(args.threads, args.quick)
+            res = measure_hf(threads, args.quick)
         else:
-            res = measure_agreement(args.threads)
+            res = measure_agreement(threads)
         print(json.dumps(res))
         return
 
-    common = ["--threads", str(args.threads)] + (["--quick"] if args.quick else [])
+    quick = ["--quick"] if args.quick else []
     rows = []
     configs = [("tl_lab", "f32", ["tl", "f32"]), ("tl_lab", "int4 g32", ["tl", "int4"])]
     if not args.no_hf:
         configs.append(("transformers", "f32", ["hf"]))
-    for engine, weights, child in configs:
-        res = run_child(child + common)
-        print(f"{engine} {weights}: {res}", file=sys.stderr, flush=True)
-        rows.append({"engine": engine, "weights": weights, "threads": args.threads, **res})
     speed = ("prefill_tok_s", "decode_b1_tok_s", "decode_b8_tok_s")
-    if not args.no_hf:
-        hf = rows[-1]
-        for r in rows[:2]:
-            rows.append({"engine": f"tl_lab {r['weights']} / transformers", "weights": "ratio", "threads": args.threads,
-                         **{k: r[k] / hf[k] for k in speed + ("load_s", "peak_rss_MB")}})
-    agreement = run_child(["agree"] + common)
+    for threads in thread_counts:
+        runs = {}
+        for k in range(args.repeat):  # interleaved, so a burst of load on the shared machine hits one run
+            for engine, weights, child in configs:
+                res = run_child(child + ["--threads", str(threads)] + quick)
+                print(f"{engine} {weights}, {threads} threads, run {k + 1}: {res}", file=sys.stderr, flush=True)
+                runs.setdefault((engine, weights), []).append(res)
+        done = [{"engine": e, "weights": w, "threads": threads, **best_run(runs[e, w])} for e, w, _ in configs]
+        if not args.no_hf:
+            hf = done[-1]
+            done += [{"engine": f"tl_lab {r['weights']} / transformers", "weights": "ratio", "threads": threads,
+                      **{k: r[k] / hf[k] for k in speed + ("load_s", "peak_rss_MB")}} for r in done[:2]]
+        rows += done
+    agreement = run_child(["agree", "--threads", str(thread_counts[0])] + quick)
     notes = (f"SmolLM2-135M-Instruct (tl_lab.fetch's BF16 conversion); prefill: one {PREFILL}-token prompt, last-token "
              f"logits only; decode: {PROMPT}-token prompts, greedy, batch 1 and the aggregate of batch {BATCH}; "
-             f"threads: OpenBLAS for tl_lab, torch.set_num_threads for transformers, both {args.threads}; best of "
-             "several rounds; ratio rows: tl_lab / transformers (above 1: tl_lab faster, or for load_s and "
-             "peak_rss_MB: slower, larger). Int4 agreement: 'agreement' (six chat prompts, 32 greedy tokens).")
+             f"threads: OpenBLAS for tl_lab, torch.set_num_threads for transformers, the same count; best of "
+             f"several rounds and {args.repeat} interleaved runs; ratio rows: tl_lab / transformers (above 1: "
+             "tl_lab faster, or for load_s and peak_rss_MB: slower, larger). Int4 agreement: 'agreement' (six chat "
+             "prompts, 32 greedy tokens).")
     out = report("smollm2", rows, notes)
     data = json.loads(out.read_text())
     data["agreement"] = agreement
