@@ -7,8 +7,13 @@ import re
 import numpy as np
 import pytest
 
+from tl_lab.fetch import smollm2_dir
+from tl_lab.generate import Engine, Request
+from tl_lab.paths import DATA_DIR
+from tl_lab.runner import ModelRunner
 from tl_lab.sample import SamplingParams, sample, sample_trace, stream
-from tl_lab.widgets.sampler import PRESETS, STAGES, SamplerPlayground
+from tl_lab.tokenizer import load_tokenizer
+from tl_lab.widgets.sampler import PRESETS, STAGES, ModelPlayground, SamplerPlayground, playground_model_dir
 
 
 def plain(html: str) -> str:
@@ -150,13 +155,6 @@ def test_greedy_trace_matches_the_library():
 
 
 # ------------------------------------------------------------------ the playground on a model
-
-from tl_lab.fetch import smollm2_dir  # noqa: E402
-from tl_lab.generate import Engine, Request  # noqa: E402
-from tl_lab.paths import DATA_DIR  # noqa: E402
-from tl_lab.runner import ModelRunner  # noqa: E402
-from tl_lab.tokenizer import load_tokenizer  # noqa: E402
-from tl_lab.widgets.sampler import ModelPlayground, playground_model_dir  # noqa: E402
 
 TINY = DATA_DIR / "tiny-llama"
 
