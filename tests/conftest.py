@@ -60,3 +60,13 @@ def one_blas_thread():
     """One BLAS thread for the test, then the previous count (`blas_threads_set`)."""
     with blas_threads_set(1):
         yield
+
+
+def smollm2_path():
+    """The fetched SmolLM2-135M-Instruct directory, or fail saying how to fetch it (never skip)."""
+    from tl_lab.fetch import smollm2_dir
+
+    path = smollm2_dir(quiet=True)
+    if path is None:
+        pytest.fail("SmolLM2 is not in the cache; run: python -m tl_lab fetch smollm2", pytrace=False)
+    return path

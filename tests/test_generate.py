@@ -8,6 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
+from conftest import smollm2_path
 from tl_lab.errors import KvError
 from tl_lab.generate import Engine, Request, Result
 from tl_lab.kv import BlockState, prefix_hashes
@@ -319,12 +320,9 @@ def test_bad_requests_are_refused():
 def test_smollm2_shared_system_prompt_and_batching(one_blas_thread):
     """On the real model: a chat with the same system prompt hits its blocks, and the answer equals
     the cache-off run's; a request batched with another is bit for bit the request alone."""
-    from tl_lab.fetch import smollm2_dir
     from tl_lab.tokenizer import load_tokenizer
 
-    path = smollm2_dir(quiet=True)
-    if path is None:
-        pytest.fail("SmolLM2 is not in the cache; run: python -m tl_lab fetch smollm2", pytrace=False)
+    path = smollm2_path()
     cfg = EngineConfig(kv=KvConfig(n_blocks=64, block_tokens=B))
     e = Engine(ModelRunner.load(path, cfg), load_tokenizer(path))
     tok = e.tokenizer

@@ -26,8 +26,8 @@ import unicodedata
 import numpy as np
 import pytest
 
-from conftest import blas_threads_set, need
-from tl_lab.fetch import SMOLLM2, FetchError, downloads_dir, extract_gguf, smollm2_dir
+from conftest import blas_threads_set, need, smollm2_path
+from tl_lab.fetch import SMOLLM2, FetchError, downloads_dir, extract_gguf
 from tl_lab.tokenizer import load_tokenizer
 
 pytestmark = [pytest.mark.hf, pytest.mark.smollm2]
@@ -81,10 +81,7 @@ def may_differ(text: str) -> bool:
 
 @pytest.fixture(scope="module")
 def model_dir():
-    path = smollm2_dir(quiet=True)
-    if path is None:
-        pytest.fail("SmolLM2 is not in the cache; run: python -m tl_lab fetch smollm2", pytrace=False)
-    return path
+    return smollm2_path()
 
 
 @pytest.fixture(scope="module")

@@ -26,12 +26,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import need
-from tl_lab.fetch import smollm2_dir
+from conftest import blas_threads_set, need, smollm2_path
 from tl_lab.generate import Engine, Request
 from tl_lab.model import LAYER_LINEARS, Linear
 from tl_lab.quant import QLinear, f16_to_f32
-from tl_lab.runner import EngineConfig, ForwardBatch, ForwardSeq, Int4, ModelRunner, blas_threads, set_blas_threads
+from tl_lab.runner import EngineConfig, ForwardBatch, ForwardSeq, Int4, ModelRunner
 from tl_lab.sample import SamplingParams
 from tl_lab.tokenizer import load_tokenizer
 
@@ -58,21 +57,15 @@ MAX_MEAN_KL = 1.0  # nats, KL(f32 || int4) at the last prompt token; measured me
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
-    """One OpenBLAS thread while these run, then the previous count: on two shared cores, two
-    threads wait on each other whenever the machine is busy (the greedy test took 8 s or 110 s)."""
-    before = blas_threads()
-    set_blas_threads(1)
-    yield
-    if before is not None:
-        set_blas_threads(before)
+    """One OpenBLAS thread while these run (the greedy test took 8 s with one, 110 s with two on a
+    busy machine), then the previous count."""
+    with blas_threads_set(1):
+        yield
 
 
 @pytest.fixture(scope="module")
 def model_dir():
-    path = smollm2_dir(quiet=True)
-    if path is None:
-        pytest.fail("SmolLM2 is not in the cache; run: python -m tl_lab fetch smollm2", pytrace=False)
-    return path
+    return smollm2_path()
 
 
 @pytest.fixture(scope="module")

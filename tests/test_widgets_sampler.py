@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from tl_lab.fetch import smollm2_dir
+from conftest import smollm2_path
 from tl_lab.generate import Engine, Request
 from tl_lab.paths import DATA_DIR
 from tl_lab.runner import ModelRunner
@@ -288,9 +288,7 @@ def test_playground_model_dir_falls_back_to_the_tiny_llama(tmp_path, monkeypatch
 
 @pytest.mark.smollm2
 def test_model_playground_on_smollm2():
-    path = smollm2_dir(quiet=True)
-    if path is None:
-        pytest.fail("SmolLM2 is not in the cache; run: python -m tl_lab fetch smollm2", pytrace=False)
+    path = smollm2_path()
     assert playground_model_dir() == (path, "")
     w = ModelPlayground(path, "The capital of France is", chat=False)
     assert "SmolLM2" in plain(w.info.value) and "fetch" not in plain(w.info.value)
