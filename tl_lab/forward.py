@@ -309,8 +309,8 @@ def gather_kv(data: np.ndarray, layer: int, table: np.ndarray, L: int) -> tuple[
     B = data.shape[4]
     blocks = data[np.asarray(table)[: -(-L // B)], layer]  # (nb, 2, H_kv, B, D)
     H_kv, D = blocks.shape[2], blocks.shape[4]
-    kv = blocks.transpose(1, 2, 0, 3, 4).reshape(2, H_kv, -1, D)[:, :, :L]
-    kv = f16_to_f32(np.ascontiguousarray(kv))
+    kv = f16_to_f32(blocks.transpose(1, 2, 0, 3, 4))  # widened straight into (2, H_kv, nb, B, D) order
+    kv = kv.reshape(2, H_kv, -1, D)[:, :, :L]
     return kv[0], kv[1]
 
 
