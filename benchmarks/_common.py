@@ -53,20 +53,25 @@ def machine() -> dict:
 
 def report(name: str, rows: list[dict], notes: str = "") -> Path:
     """Print `rows` as a table and write benchmarks/results/<name>.json."""
-    cols = list(dict.fromkeys(k for r in rows for k in r))
-    cells = [[_fmt(r.get(c, "")) for c in cols] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    print(f"\n## {name}")
-    print(" | ".join(c.ljust(w) for c, w in zip(cols, widths)))
-    print("-+-".join("-" * w for w in widths))
-    for row in cells:
-        print(" | ".join(v.ljust(w) for v, w in zip(row, widths)))
+    print_table(name, rows)
     if notes:
         print(notes)
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"{name}.json"
     out.write_text(json.dumps({"name": name, "machine": machine(), "rows": rows, "notes": notes}, indent=2))
     return out
+
+
+def print_table(title: str, rows: list[dict], cols: list[str] | None = None) -> None:
+    """Print `rows` (dicts) as a text table under `## title`; `cols` picks and orders the columns."""
+    cols = cols or list(dict.fromkeys(k for r in rows for k in r))
+    cells = [[_fmt(r.get(c, "")) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    print(f"\n## {title}")
+    print(" | ".join(c.ljust(w) for c, w in zip(cols, widths)))
+    print("-+-".join("-" * w for w in widths))
+    for row in cells:
+        print(" | ".join(v.ljust(w) for v, w in zip(row, widths)))
 
 
 def _fmt(v) -> str:

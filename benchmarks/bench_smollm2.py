@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, current_rss_mb, report  # noqa: E402
+from _common import RESULTS, current_rss_mb, print_table, report  # noqa: E402
 
 PREFILL = 512
 PROMPT = 128  # context of each decoding sequence before the timed steps
@@ -183,19 +183,8 @@ def measure_hf(threads: int, quick: bool) -> dict:
 # ------------------------------------------------------------------ int4 against f32
 
 
-def first_divergence(a: list[int], b: list[int]) -> int | None:
-    for i in range(max(len(a), len(b))):
-        if i >= len(a) or i >= len(b) or a[i] != b[i]:
-            return i
-    return None
-
-
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    return x - x.max() - np.log(np.exp(x - x.max()).sum())
-
-
 def measure_agreement(threads: int) -> dict:
+    from tl_lab.compare import first_divergence, kl_divergence
     from tl_lab.generate import Engine, Request
     from tl_lab.runner import EngineConfig, ForwardBatch, ForwardSeq, Int4, ModelRunner
     from tl_lab.sample import SamplingParams
@@ -230,7 +219,6 @@ def measure_agreement(threads: int) -> dict:
         agree, total = agree + tf, total + len(pa)
         diff = (y - x).astype(np.float64)
         dv = first_divergence(pa, pb)
-        lp32, lp4 = log_softmax(x), log_softmax(y)
         rows.append({
             "prompt": q, "prompt_tokens": len(p), "f32_tokens": len(pa),
             "parts_at": "never" if dv is None else dv,
@@ -238,7 +226,7 @@ def measure_agreement(threads: int) -> dict:
             "teacher_forced": tf / len(pa),
             "max_abs_err": float(np.abs(diff).max()), "rel_err": float(np.abs(diff).max() / np.abs(x).max()),
             "shift": float(diff.mean()), "spread": float(diff.std()),
-            "kl_f32_int4": float((np.exp(lp32) * (lp32 - lp4)).sum()),
+            "kl_f32_int4": kl_divergence(x, y),
             "f32_text": tok.decode(pa), "int4_text": tok.decode(pb),
         })
     divs = [r["parts_at"] for r in rows]
@@ -275,16 +263,6 @@ def best_run(results: list[dict]) -> dict:
         out[key] = max(r[key] for r in results)
     out["load_s"] = min(r["load_s"] for r in results)
     return out
-
-
-def print_table(title: str, rows: list[dict], cols: list[str]) -> None:
-    cells = [[f"{r.get(c, ''):.4g}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    print(f"\n## {title}")
-    print(" | ".join(c.ljust(w) for c, w in zip(cols, widths)))
-    print("-+-".join("-" * w for w in widths))
-    for row in cells:
-        print(" | ".join(v.ljust(w) for v, w in zip(row, widths)))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 
 from conftest import blas_threads_set, need, smollm2_path
+from tl_lab.compare import first_divergence, kl_divergence
 from tl_lab.generate import Engine, Request
 from tl_lab.model import LAYER_LINEARS, Linear
 from tl_lab.quant import QLinear, f16_to_f32
@@ -91,20 +92,6 @@ def greedy_paths(runner: ModelRunner, tok, prompts: list[list[int]], n: int) -> 
     return [r.output_ids for r in engine.generate(reqs)]
 
 
-def first_divergence(a: list[int], b: list[int]) -> int | None:
-    """The first index where the paths differ (a shorter path differs where it ends), None if equal."""
-    for i in range(max(len(a), len(b))):
-        if i >= len(a) or i >= len(b) or a[i] != b[i]:
-            return i
-    return None
-
-
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    m = x.max()
-    return x - m - np.log(np.exp(x - m).sum())
-
-
 def last_logits_of(runner: ModelRunner, prompts: list[list[int]]) -> np.ndarray:
     """Every prompt's last-token logits from one batched prefill (one pass over the int4 weights):
     (len(prompts), V) float32, bit for bit each prompt's logits alone (batch invariance)."""
@@ -153,7 +140,7 @@ def test_int4_smollm2_logit_error_at_the_last_prompt_token(last_logits):
     l32, l4 = last_logits
     err = np.abs(l4.astype(np.float64) - l32).max(axis=1)
     rel = err / np.abs(l32).max(axis=1)
-    kl = [float((np.exp(log_softmax(a)) * (log_softmax(a) - log_softmax(b))).sum()) for a, b in zip(l32, l4)]
+    kl = [kl_divergence(a, b) for a, b in zip(l32, l4)]
     print("max |l4 - l32|", np.round(err, 3), "relative", np.round(rel, 3), "KL", np.round(kl, 3))
     assert err.max() < MAX_ABS_ERROR and rel.max() < MAX_REL_ERROR
     assert err.min() > 0.5  # int4 really moves the logits (a run that silently used f32 fails here)

@@ -1,0 +1,35 @@
+"""Comparing two runs of a model: where greedy paths part, and how far two logit rows are apart.
+
+Used wherever tl_lab holds one model against another (int4 against f32 in chapter L10.1,
+section 2.5; tl_lab against Hugging Face): the tests, the benchmarks and notebook 09.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["first_divergence", "log_softmax", "kl_divergence"]
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """The first index where two token paths differ, None when they are equal.
+
+    A path that ends earlier differs where it ends (a stop at EOS is a choice too).
+    """
+    for i in range(max(len(a), len(b))):
+        if i >= len(a) or i >= len(b) or a[i] != b[i]:
+            return i
+    return None
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    """x: (V,) logits -> (V,) float64 log-probabilities (the maximum subtracted first)."""
+    x = np.asarray(x, dtype=np.float64)
+    m = x.max()
+    return x - m - np.log(np.exp(x - m).sum())
+
+
+def kl_divergence(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
+    """KL(p || q) in nats between the next-token distributions of two logit rows (V,)."""
+    lp, lq = log_softmax(p_logits), log_softmax(q_logits)
+    return float((np.exp(lp) * (lp - lq)).sum())
