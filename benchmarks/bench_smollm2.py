@@ -44,18 +44,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, current_rss_mb, print_table, report  # noqa: E402
 
+from tl_lab.compare import INT4_QUESTIONS as QUESTIONS  # noqa: E402
+
 PREFILL = 512
 PROMPT = 128  # context of each decoding sequence before the timed steps
 BATCH = 8
 N_AGREE = 32
-QUESTIONS = [
-    "What is the capital of France?",
-    "Write a haiku about the sea.",
-    "Explain what a KV cache is in one paragraph.",
-    "List three prime numbers and say why they are prime.",
-    "Translate 'good morning' into Spanish and German.",
-    "Write a Python function that reverses a string.",
-]
 
 
 def peak_rss_mb() -> float:
@@ -186,7 +180,7 @@ def measure_hf(threads: int, quick: bool) -> dict:
 def measure_agreement(threads: int) -> dict:
     from tl_lab.compare import first_divergence, kl_divergence
     from tl_lab.generate import Engine, Request
-    from tl_lab.runner import EngineConfig, ForwardBatch, ForwardSeq, Int4, ModelRunner
+    from tl_lab.runner import EngineConfig, Int4, ModelRunner
     from tl_lab.sample import SamplingParams
     from tl_lab.tokenizer import load_tokenizer
 
@@ -196,20 +190,11 @@ def measure_agreement(threads: int) -> dict:
     r4 = ModelRunner.load(d, EngineConfig(threads=threads, quant=Int4(32)))
     prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}])) for q in QUESTIONS]
 
-    def last_logits(runner):
-        tables = [runner.pool.alloc(-(-len(p) // runner.block_tokens)) for p in prompts]
-        try:
-            return runner.forward(ForwardBatch([ForwardSeq(p, 0, t) for p, t in zip(prompts, tables)])).data
-        finally:
-            for t in tables:
-                for b in t:
-                    runner.pool.release(b)
-
     def greedy(runner):
         reqs = [Request(p, SamplingParams(temperature=0.0), 0, N_AGREE) for p in prompts]
         return [r.output_ids for r in Engine(runner, tok).generate(reqs)]
 
-    l32, l4 = last_logits(r32), last_logits(r4)
+    l32, l4 = r32.last_logits(prompts), r4.last_logits(prompts)
     a, b = greedy(r32), greedy(r4)
     rows, agree, total = [], 0, 0
     for q, p, x, y, pa, pb in zip(QUESTIONS, prompts, l32, l4, a, b):

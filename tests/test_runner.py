@@ -366,3 +366,14 @@ def test_bigram_checkpoint_still_serves():
     assert [int(np.argmax(two.row(i))) for i in range(2)] == [ord("b"), ord("c")]
     with pytest.raises(BatchError, match="seq 0"):
         runner.forward(ForwardBatch([ForwardSeq([256], 0, [])]))
+
+
+def test_last_logits_is_each_prompt_alone_and_returns_its_blocks():
+    runner = ModelRunner.load(TINY)
+    prompts = [list(b"Hello"), list(b"a longer prompt that spans two KV blocks of sixteen"), [7]]
+    free = runner.pool.stats()["free"]
+    rows = runner.last_logits(prompts)
+    assert rows.shape == (3, runner.config.vocab_size)
+    for p, row in zip(prompts, rows):
+        assert np.array_equal(runner.run_once(p)[1], row)  # bit for bit: batch invariance
+    assert runner.pool.stats()["free"] == free

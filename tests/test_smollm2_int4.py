@@ -27,24 +27,16 @@ import numpy as np
 import pytest
 
 from conftest import blas_threads_set, need, smollm2_path
-from tl_lab.compare import first_divergence, kl_divergence
+from tl_lab.compare import INT4_QUESTIONS, first_divergence, kl_divergence
 from tl_lab.generate import Engine, Request
 from tl_lab.model import LAYER_LINEARS, Linear
 from tl_lab.quant import QLinear, f16_to_f32
-from tl_lab.runner import EngineConfig, ForwardBatch, ForwardSeq, Int4, ModelRunner
+from tl_lab.runner import EngineConfig, Int4, ModelRunner
 from tl_lab.sample import SamplingParams
 from tl_lab.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.smollm2
 
-QUESTIONS = [
-    "What is the capital of France?",
-    "Write a haiku about the sea.",
-    "Explain what a KV cache is in one paragraph.",
-    "List three prime numbers and say why they are prime.",
-    "Translate 'good morning' into Spanish and German.",
-    "Write a Python function that reverses a string.",
-]
 N_TOKENS = 32
 GROUP = 32
 
@@ -82,7 +74,7 @@ def runners(model_dir):
 
 @pytest.fixture(scope="module")
 def prompts(tok):
-    return [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}])) for q in QUESTIONS]
+    return [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}])) for q in INT4_QUESTIONS]
 
 
 def greedy_paths(runner: ModelRunner, tok, prompts: list[list[int]], n: int) -> list[list[int]]:
@@ -92,22 +84,10 @@ def greedy_paths(runner: ModelRunner, tok, prompts: list[list[int]], n: int) -> 
     return [r.output_ids for r in engine.generate(reqs)]
 
 
-def last_logits_of(runner: ModelRunner, prompts: list[list[int]]) -> np.ndarray:
-    """Every prompt's last-token logits from one batched prefill (one pass over the int4 weights):
-    (len(prompts), V) float32, bit for bit each prompt's logits alone (batch invariance)."""
-    tables = [runner.pool.alloc(-(-len(p) // runner.block_tokens)) for p in prompts]
-    try:
-        return runner.forward(ForwardBatch([ForwardSeq(p, 0, t) for p, t in zip(prompts, tables)])).data
-    finally:
-        for t in tables:
-            for b in t:
-                runner.pool.release(b)
-
-
 @pytest.fixture(scope="module")
 def last_logits(runners, prompts):
     """(f32, int4) last-token logits of every prompt: (6, V) float32 each."""
-    return tuple(last_logits_of(r, prompts) for r in runners)
+    return tuple(r.last_logits(prompts) for r in runners)
 
 
 # ------------------------------------------------------------------ the weights

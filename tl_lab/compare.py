@@ -8,7 +8,18 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["first_divergence", "log_softmax", "kl_divergence"]
+__all__ = ["INT4_QUESTIONS", "first_divergence", "log_softmax", "kl_divergence"]
+
+INT4_QUESTIONS = (
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain what a KV cache is in one paragraph.",
+    "List three prime numbers and say why they are prime.",
+    "Translate 'good morning' into Spanish and German.",
+    "Write a Python function that reverses a string.",
+)
+"""The chat questions int4 is held against f32 on (tests/test_smollm2_int4.py's floors, bench_smollm2
+and notebook 09 all measure these six)."""
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:

@@ -276,6 +276,22 @@ class ModelRunner:
                 if self.pool.hash_of(blk) is None and self.pool.fill(blk) < want:
                     self.pool.set_fill(blk, want)
 
+    def last_logits(self, prompts) -> np.ndarray:
+        """Every prompt's last-token logits from ONE step on temporary blocks, all given back.
+
+        prompts: S token lists -> (S, V) float32. One pass over the weights for all of them, and by
+        batch invariance each row is bit for bit that prompt run alone.
+        """
+        tables = []
+        try:
+            for p in prompts:
+                tables.append(self.pool.alloc(max(1, -(-len(p) // self.block_tokens))))
+            return self.forward(ForwardBatch([ForwardSeq(p, 0, t) for p, t in zip(prompts, tables)])).data
+        finally:
+            for t in tables:
+                for b in t:
+                    self.pool.release(b)
+
     def run_once(self, tokens) -> tuple[np.ndarray, np.ndarray]:
         """One forward of `tokens` from position 0 on temporary blocks, all given back (even on error).
 
