@@ -27,8 +27,8 @@ SYSTEM = "You are a careful assistant. Answer in one short sentence.\n"  # 59 by
 
 def engine(n_blocks=64, prefix_cache=True, runner=None, **kw) -> Engine:
     cfg = EngineConfig(kv=KvConfig(n_blocks=n_blocks, block_tokens=B), prefix_cache=prefix_cache, **kw)
-    if runner is not None:  # share the weights, a fresh pool
-        return Engine(ModelRunner(runner.weights, cfg))
+    if runner is not None:  # share the weights, a fresh pool; the scheduler's settings from cfg
+        return Engine(ModelRunner(runner.weights, cfg), cfg=cfg)
     return Engine.load(TINY, cfg)
 
 

@@ -372,7 +372,7 @@ def test_kv_pool_slabs_are_views_where_a_key_lands():
     for bad in (-1, 48, 100):
         with pytest.raises(KvError, match=str(bad)):
             key_location(table, bad, 16)
-    assert np.shares_memory(pool.slab(9, 1, 1), pool.data[9, 1, 1]) and pool.n_free_or_cached == 2
+    assert np.shares_memory(pool.slab(9, 1, 1), pool.data[9, 1, 1]) and pool.available() == 2
     for bad_v in (2, -1, 0.0, "K", None):
         with pytest.raises(KvError, match="is_v"):
             pool.slab(9, 0, bad_v)

@@ -9,11 +9,11 @@ One step of `Engine.stream`:
 
 1. admit waiting requests (first come, first served) while fewer than EngineConfig.max_seqs run
    and the pool can hold them (below); an admitted request first looks up its prompt's full blocks
-   by chained `prefix_hash` (`pool.lookup`): those positions are not prefilled again;
+   by chained `prefix_hash` (`BlockManager.admit`): those positions are not prefilled again;
 2. build ONE ForwardBatch: a decode row (the last sampled token) for every sequence past its
    prompt, then the next prompt chunk of every sequence still prefilling, while the step has room
-   (max_batch_tokens); allocate the blocks those positions need (`pool.alloc`);
-3. `runner.forward`; every block that became full gets `set_fill` and `register` under its hash;
+   (max_batch_tokens); allocate the blocks those positions need (`BlockManager.reserve`);
+3. `runner.forward`; every block that became full is registered under its hash (`written`);
 4. each sequence whose prompt is done samples with its own `stream(seed, PURPOSE_SAMPLE)`
    (`tl_lab.sample.sample`, prompt and output ids for the penalties), stops at a stop id (the
    config's eos_token_ids unless the request names its own) or at max_tokens, and its blocks are
@@ -33,8 +33,15 @@ Decisions:
 - Pool exhaustion: no preemption. A request is admitted only if the pool can hold its worst case
   (prompt + max_tokens - 1 positions) on top of the worst case of every running sequence, so a
   running sequence never finds the pool empty. A request that does not fit waits for running ones
-  to finish; one that cannot fit even in an idle pool raises KvError at admission. Whatever ends
-  the stream (the last request, an error, the consumer stopping early), every block is released.
+  to finish. Every request is checked when `stream` is called, before anything runs: one that can
+  never fit the pool is a KvError, a bad one a RequestError, each naming the request's index, and
+  no request has run. Whatever ends the stream (the last request, an error, the consumer stopping
+  early), every block is released.
+- Settings: the scheduler's max_batch_tokens, max_seqs and prefill_chunk come from the EngineConfig
+  given to `Engine` (or `Engine.load`), never from the runner's.
+- `on_step`: an optional callback given one `StepRecord` per step, what the engine really did
+  (who ran with how many tokens, prefix-cache hits, blocks allocated, evicted and released). With
+  no callback nothing is recorded.
 """
 
 from __future__ import annotations
@@ -46,19 +53,40 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from tl_lab.errors import KvError
-from tl_lab.kv import prefix_hash, prefix_hashes
+from tl_lab.blocks import SeqBlocks, blocks_for, cacheable
+from tl_lab.checks import as_int, is_int
+from tl_lab.errors import BatchError, KvError
 from tl_lab.runner import EngineConfig, ForwardBatch, ForwardSeq, ModelRunner
 from tl_lab.sample import PURPOSE_SAMPLE, SamplingParams, sample, stream
 from tl_lab.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 
-__all__ = ["Request", "TokenEvent", "Result", "Engine"]
+__all__ = ["Request", "RequestError", "TokenEvent", "Result", "StepRow", "StepRecord", "Engine"]
+
+
+class RequestError(BatchError, ValueError):
+    """A request refused before anything runs (a bad field, an id outside the vocabulary, a prompt
+    longer than the context). A TlError and a ValueError; the message names the request."""
+
+
+def _token_ids(ids, what: str) -> list[int]:
+    """ids as a list of Python ints, or RequestError naming `what` (text and floats are refused)."""
+    if isinstance(ids, str):
+        raise RequestError(f"{what} must be token ids, got the text {ids[:20]!r} (encode it first)")
+    try:
+        ids = list(ids)
+    except TypeError:
+        raise RequestError(f"{what} must be a sequence of token ids, got {type(ids).__name__}") from None
+    bad = next((j for j, t in enumerate(ids) if not is_int(t)), None)
+    if bad is not None:
+        raise RequestError(f"{what}[{bad}] = {ids[bad]!r} is not an integer token id")
+    return [int(t) for t in ids]
 
 
 @dataclass
 class Request:
     """What to generate: prompt token ids, how to sample, the seed of its own generator, at most
-    max_tokens new tokens; stop_ids None means the model's eos_token_ids."""
+    max_tokens new tokens; stop_ids None means the model's eos_token_ids. Checked when built
+    (RequestError, also a ValueError)."""
 
     prompt_ids: list[int]
     params: SamplingParams = field(default_factory=SamplingParams)
@@ -67,19 +95,15 @@ class Request:
     stop_ids: Iterable[int] | None = None
 
     def __post_init__(self):
-        self.prompt_ids = [int(t) for t in self.prompt_ids]
+        self.prompt_ids = _token_ids(self.prompt_ids, "Request.prompt_ids")
         if not self.prompt_ids:
-            raise ValueError("Request.prompt_ids is empty: a prompt needs at least one token")
+            raise RequestError("Request.prompt_ids is empty: a prompt needs at least one token")
         if not isinstance(self.params, SamplingParams):
             raise TypeError(f"Request.params must be a SamplingParams, got {type(self.params).__name__}")
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, (int, np.integer)) \
-                or self.max_tokens < 1:
-            raise ValueError(f"Request.max_tokens must be a positive integer, got {self.max_tokens!r}")
-        if not isinstance(self.seed, (int, np.integer)) or isinstance(self.seed, bool) \
-                or not 0 <= self.seed < 2**64:
-            raise ValueError(f"Request.seed must be an integer in [0, 2**64), got {self.seed!r}")
+        self.max_tokens = as_int(self.max_tokens, "Request.max_tokens", lo=1, error=RequestError)
+        self.seed = as_int(self.seed, "Request.seed", lo=0, hi=2**64 - 1, error=RequestError)
         if self.stop_ids is not None:
-            self.stop_ids = [int(t) for t in self.stop_ids]
+            self.stop_ids = _token_ids(self.stop_ids, "Request.stop_ids")
 
 
 @dataclass(frozen=True)
@@ -116,32 +140,79 @@ class Result:
     prefilled_tokens: int = 0
 
 
+@dataclass(frozen=True)
+class StepRow:
+    """One sequence's part of a step: request index, first position, new tokens, how many of them
+    are prompt tokens (a prefill chunk) and the token sampled after them (None mid-prompt)."""
+
+    request: int
+    start: int
+    n: int
+    prompt: int
+    token: int | None
+
+
+@dataclass
+class StepRecord:
+    """What one step of `Engine.stream` did (given to `on_step`; costs nothing when absent).
+
+    index: the step, from 0; admitted: (request, blocks found by prefix hash) of each request
+    admitted before the forward; rows: the ForwardBatch, one StepRow per sequence, in batch order;
+    allocated / released: request -> block ids (released tail first, at the step's end); evicted:
+    cached blocks taken back by those allocations; finished: (request, "stop" | "length");
+    tables: request -> block table after the forward; waiting: requests not admitted yet;
+    pool: `pool.stats()` at the step's end.
+    """
+
+    index: int
+    admitted: list[tuple[int, int]] = field(default_factory=list)
+    rows: list[StepRow] = field(default_factory=list)
+    allocated: dict[int, list[int]] = field(default_factory=dict)
+    evicted: list[int] = field(default_factory=list)
+    released: dict[int, list[int]] = field(default_factory=dict)
+    finished: list[tuple[int, str]] = field(default_factory=list)
+    tables: dict[int, list[int]] = field(default_factory=dict)
+    waiting: int = 0
+    pool: dict = field(default_factory=dict)
+
+
 class _Seq:
-    """A running request: its tokens, block table and how many positions are in the pool."""
+    """A running request: its tokens, its blocks (tl_lab.blocks.SeqBlocks) and its generator."""
 
     def __init__(self, index: int, req: Request, stop_ids: list[int]):
         self.index, self.req, self.stop = index, req, set(stop_ids)
         self.tokens = list(req.prompt_ids)  # prompt + output
         self.rng = stream(req.seed, PURPOSE_SAMPLE)
-        self.table: list[int] = []
-        self.hashes: list[int] = []  # chained hashes of the full blocks so far
-        self.computed = 0  # positions 0 .. computed-1 hold K and V
+        self.blocks = SeqBlocks()
         self.unprinted: list[int] = []  # ids whose text is not out yet (an incomplete character)
         self.result = Result(index, list(req.prompt_ids))
 
+    @property
+    def computed(self) -> int:
+        """Positions 0 .. computed-1 hold K and V."""
+        return self.blocks.written
+
     def worst_blocks(self, B: int, max_pos: int) -> int:
         """Blocks this sequence can ever need: every prompt position and each new token but the last."""
-        return -(-min(len(self.req.prompt_ids) + self.req.max_tokens - 1, max_pos) // B)
+        return blocks_for(min(len(self.req.prompt_ids) + self.req.max_tokens - 1, max_pos), B)
 
 
 class Engine:
-    """The engine loop over one ModelRunner (and its pool). See the module docstring."""
+    """The engine loop over one ModelRunner (and its pool). See the module docstring.
 
-    def __init__(self, runner: ModelRunner, tokenizer: Tokenizer | None = None):
+    cfg: where the scheduler's settings come from (max_batch_tokens, max_seqs, prefill_chunk);
+    default EngineConfig(). `Engine.load` passes the same config to the runner and the engine.
+    """
+
+    def __init__(self, runner: ModelRunner, tokenizer: Tokenizer | None = None, cfg: EngineConfig | None = None):
         c = runner.config
         if tokenizer is None and c.tokenizer == "byte":
             tokenizer = ByteTokenizer(eos_ids=c.eos_token_ids, bos_id=c.bos_token_id)
+        if cfg is not None and not isinstance(cfg, EngineConfig):
+            raise ValueError(f"Engine cfg must be an EngineConfig, got {type(cfg).__name__}")
         self.runner, self.tokenizer = runner, tokenizer
+        self.cfg = EngineConfig() if cfg is None else cfg
+        self.blocks = runner.blocks
         self.results: list[Result] = []  # of the last stream(), filled as requests finish
         self._running: list[_Seq] = []
         self._streaming = False  # one stream at a time: the admission reserves blocks per stream
@@ -150,9 +221,10 @@ class Engine:
 
     @classmethod
     def load(cls, directory, cfg: EngineConfig | None = None) -> Engine:
-        """A runner for `directory` and the tokenizer its config.json names."""
+        """A runner for `directory` and the tokenizer its config.json names; cfg serves both."""
+        cfg = EngineConfig() if cfg is None else cfg
         runner = ModelRunner.load(directory, cfg)
-        return cls(runner, load_tokenizer(Path(directory), runner.config))
+        return cls(runner, load_tokenizer(Path(directory), runner.config), cfg)
 
     @property
     def pool(self):
@@ -164,7 +236,7 @@ class Engine:
     def tables(self) -> dict[str, list[int]]:
         """The running requests' block tables ("req i" -> pool block ids), e.g. for the block map
         (tl_lab.widgets.blockmap.show(engine.pool, engine.tables(), lengths=engine.lengths()))."""
-        return {f"req {s.index}": list(s.table) for s in self._running}
+        return {f"req {s.index}": list(s.blocks.table) for s in self._running}
 
     def lengths(self) -> dict[str, int]:
         """The running requests' positions held in the pool ("req i" -> count)."""
@@ -172,30 +244,52 @@ class Engine:
 
     # ------------------------------------------------------------ the loop
 
-    def generate(self, requests: list[Request], on_token: Callable[[TokenEvent], None] | None = None
-                 ) -> list[Result]:
-        """Run `requests` to the end; on_token(event) for each token as it comes. -> their Results."""
-        for ev in self.stream(requests):
+    def generate(self, requests: list[Request], on_token: Callable[[TokenEvent], None] | None = None,
+                 on_step: Callable[[StepRecord], None] | None = None) -> list[Result]:
+        """Run `requests` to the end; on_token(event) for each token as it comes, on_step(record)
+        after each step. -> their Results."""
+        for ev in self.stream(requests, on_step):
             if on_token is not None:
                 on_token(ev)
         return self.results
 
-    def stream(self, requests: list[Request]) -> Iterator[TokenEvent]:
+    def stream(self, requests: list[Request], on_step: Callable[[StepRecord], None] | None = None
+               ) -> Iterator[TokenEvent]:
         """Generate for every request, several in one batch per step; yield each token as it comes.
-        One stream at a time per engine (RuntimeError otherwise): its pool reservations assume it."""
+        One stream at a time per engine (RuntimeError otherwise): its pool reservations assume it.
+        Every request is checked first (`check`): a refusal raises before anything runs."""
         if self._streaming:
             raise RuntimeError("this Engine is already streaming; finish or close that stream first")
         requests = list(requests)
-        c, eng = self.runner.config, self.runner.engine
+        self.check(requests)
+        return self._loop(requests, on_step)
+
+    def check(self, requests: list[Request]) -> None:
+        """Refuse, before anything runs, a request that is not a Request (RequestError), holds an id
+        outside the vocabulary or a prompt longer than the context (RequestError), or can never fit
+        the pool (KvError). Each message names the request's index; nothing changes."""
+        c, B = self.runner.config, self.runner.block_tokens
         for i, r in enumerate(requests):
             if not isinstance(r, Request):
-                raise TypeError(f"request {i} is a {type(r).__name__}, not a Request")
+                raise RequestError(f"request {i} is a {type(r).__name__}, not a Request")
             bad = [t for t in r.prompt_ids if not 0 <= t < c.vocab_size]
             if bad:
-                raise ValueError(f"request {i}: token id {bad[0]} is outside the vocabulary [0, {c.vocab_size})")
+                raise RequestError(f"request {i}: token id {bad[0]} is outside the vocabulary [0, {c.vocab_size})")
             if len(r.prompt_ids) > c.max_position_embeddings:
-                raise ValueError(f"request {i}: a {len(r.prompt_ids)}-token prompt is longer than the "
-                                 f"context (max_position_embeddings {c.max_position_embeddings})")
+                raise RequestError(f"request {i}: a {len(r.prompt_ids)}-token prompt is longer than the "
+                                   f"context (max_position_embeddings {c.max_position_embeddings})")
+            worst = _Seq(i, r, []).worst_blocks(B, c.max_position_embeddings)
+            if worst > self.pool.available():
+                raise KvError(self._never_fits(i, r, worst))
+
+    def _never_fits(self, i: int, r: Request, worst: int) -> str:
+        return (f"request {i} needs up to {worst} KV blocks ({len(r.prompt_ids)} prompt tokens "
+                f"+ max_tokens {r.max_tokens}, B = {self.runner.block_tokens}) but the pool has only "
+                f"{self.pool.available()} available of {self.pool.n_blocks}; raise KvConfig.n_blocks or "
+                "lower max_tokens (this engine does not preempt)")
+
+    def _loop(self, requests: list[Request], on_step) -> Iterator[TokenEvent]:
+        c = self.runner.config
         self.results = [Result(i, list(r.prompt_ids)) for i, r in enumerate(requests)]
         waiting = [_Seq(i, r, c.eos_token_ids if r.stop_ids is None else r.stop_ids)
                    for i, r in enumerate(requests)]
@@ -204,90 +298,85 @@ class Engine:
         self._running, self._streaming = running, True
         try:
             while waiting or running:
-                self._admit(waiting, running, max(1, eng.max_seqs))
-                yield from self._step(running, min(eng.prefill_chunk, eng.max_batch_tokens))  # a list
+                rec = None if on_step is None else StepRecord(self.stats["steps"])
+                self._admit(waiting, running, rec)
+                yield from self._step(running, rec)  # a list
                 for s in [s for s in running if s.result.finish]:
-                    self._finish(s, running)
+                    self._finish(s, running, rec)
+                if rec is not None:
+                    rec.waiting, rec.pool = len(waiting), self.pool.stats()
+                    on_step(rec)
         finally:  # the last request, an error, or the consumer closing the generator early
             for s in running:
-                self._release(s)
+                self.blocks.release(s.blocks)
             running.clear()
             self._streaming = False
 
-    def _admit(self, waiting: list[_Seq], running: list[_Seq], max_seqs: int) -> None:
+    def _admit(self, waiting: list[_Seq], running: list[_Seq], rec: StepRecord | None) -> None:
         """Admit waiting requests in order while they fit (module docstring: pool exhaustion)."""
         pool, B, max_pos = self.pool, self.runner.block_tokens, self.runner.config.max_position_embeddings
-        while waiting and len(running) < max_seqs:
+        while waiting and len(running) < self.cfg.max_seqs:
             s = waiting[-1]
-            outstanding = sum(r.worst_blocks(B, max_pos) - len(r.table) for r in running)
+            outstanding = sum(r.worst_blocks(B, max_pos) - len(r.blocks.table) for r in running)
             worst = s.worst_blocks(B, max_pos)
             if worst > pool.available() - outstanding:  # counted as if nothing were cached
                 if running:
                     return  # wait for a running request to finish and give its blocks back
-                raise KvError(
-                    f"request {s.index} needs up to {worst} KV blocks ({len(s.req.prompt_ids)} prompt tokens "
-                    f"+ max_tokens {s.req.max_tokens}, B = {B}) but the pool has only {pool.available()} "
-                    f"available of {pool.n_blocks}; raise KvConfig.n_blocks or lower max_tokens "
-                    "(this engine does not preempt)")
+                raise KvError(self._never_fits(s.index, s.req, worst))  # the pool shrank under us
             waiting.pop()
-            # Prefix cache: reuse full prompt blocks, never the one holding the last prompt token.
-            P = len(s.tokens)
-            for h in prefix_hashes(s.tokens[: (P - 1) // B * B], B):
-                b = pool.lookup(h)
-                if b is None:
-                    break  # a chain: the first miss ends the shared prefix
-                s.table.append(b)
-                s.hashes.append(h)
-            s.computed = len(s.table) * B
-            s.result.cached_blocks, s.result.cached_tokens = len(s.table), s.computed
+            s.blocks = self.blocks.admit(s.tokens, cacheable(len(s.tokens), B))
+            s.result.cached_blocks, s.result.cached_tokens = s.blocks.hits, s.computed
             self.stats["cached_tokens"] += s.computed
             running.append(s)
+            if rec is not None:
+                rec.admitted.append((s.index, s.blocks.hits))
 
-    def _step(self, running: list[_Seq], chunk: int) -> list[TokenEvent]:
-        """One ForwardBatch over the running sequences, then sampling; -> the new tokens."""
-        eng, B = self.runner.engine, self.runner.block_tokens
+    def _rows(self, running: list[_Seq]) -> list[tuple[_Seq, list[int]]]:
+        """The step's batch: a decode row for each sequence past its prompt, then prompt chunks
+        while max_batch_tokens has room (a chunk that does not fit waits, it is never cut)."""
+        cfg = self.cfg
+        chunk = min(cfg.prefill_chunk, cfg.max_batch_tokens)
         decode = [s for s in running if s.computed >= len(s.req.prompt_ids)]
         prefill = [s for s in running if s.computed < len(s.req.prompt_ids)]
-        rows, budget = [], max(eng.max_batch_tokens, len(decode))
+        rows, budget = [], max(cfg.max_batch_tokens, len(decode))
         for s in decode + prefill:
             n = 1 if s in decode else min(chunk, len(s.tokens) - s.computed)
             if rows and n > budget:
                 continue  # this chunk waits for a later step; it is never cut to fit
             rows.append((s, s.tokens[s.computed:s.computed + n]))
             budget -= n
+        return rows
+
+    def _step(self, running: list[_Seq], rec: StepRecord | None) -> list[TokenEvent]:
+        """One ForwardBatch over the running sequences, then sampling; -> the new tokens."""
+        rows = self._rows(running)
+        cached = set(self.pool.lru()) if rec is not None else None
         for s, toks in rows:  # the blocks the new positions land in (admission reserved them)
-            need = -(-(s.computed + len(toks)) // B) - len(s.table)
-            if need > 0:
-                s.table.extend(self.pool.alloc(need))
+            new = self.blocks.reserve(s.blocks, s.computed + len(toks))
+            if rec is not None and new:
+                rec.allocated[s.index] = new
+                rec.evicted += [b for b in new if b in cached]
         t0 = time.perf_counter()
-        logits = self.runner.forward(ForwardBatch([ForwardSeq(t, s.computed, s.table) for s, t in rows]))
+        logits = self.runner.forward(ForwardBatch([ForwardSeq(t, s.computed, s.blocks.table) for s, t in rows]))
         t1 = time.perf_counter()
         self.stats["forward_s"] += t1 - t0
         self.stats["steps"] += 1
         events = []
         for i, (s, toks) in enumerate(rows):
-            prompt_part = max(0, min(len(toks), len(s.req.prompt_ids) - s.computed))
+            start = s.computed
+            prompt_part = max(0, min(len(toks), len(s.req.prompt_ids) - start))
             self.stats["prefill_tokens"] += prompt_part
             self.stats["decode_tokens"] += len(toks) - prompt_part
             s.result.prefilled_tokens += prompt_part
-            s.computed += len(toks)
-            self._fill_and_register(s)
+            self.blocks.written(s.blocks, s.tokens, start + len(toks))
             if s.computed == len(s.tokens):  # its last token's logits: sample the next one
                 events.append(self._sample(s, logits.row(i)))
+            if rec is not None:
+                sampled = events[-1].token if s.computed < len(s.tokens) else None
+                rec.rows.append(StepRow(s.index, start, len(toks), prompt_part, sampled))
+                rec.tables[s.index] = list(s.blocks.table)
         self.stats["sample_s"] += time.perf_counter() - t1
         return events
-
-    def _fill_and_register(self, s: _Seq) -> None:
-        """Mark the written blocks' fill; register each block that just became full under its hash."""
-        pool, B = self.pool, self.runner.block_tokens
-        for j in range(len(s.hashes), -(-s.computed // B)):
-            n = min(B, s.computed - j * B)
-            pool.set_fill(s.table[j], n)  # the runner does it for a Llama; the bigram writes no KV
-            if n == B:
-                parent = s.hashes[-1] if s.hashes else None
-                s.hashes.append(prefix_hash(parent, s.tokens[j * B:(j + 1) * B]))
-                pool.register(s.table[j], s.hashes[-1])  # False: another block holds it; ours stays private
-
     def _sample(self, s: _Seq, row: np.ndarray) -> TokenEvent:
         req, r = s.req, s.result
         tok, lp = sample(row, req.params, req.prompt_ids, r.output_ids, s.rng)
@@ -311,13 +400,12 @@ class Engine:
         piece = self.tokenizer.token_str(tok) if self.tokenizer is not None else ""
         return TokenEvent(s.index, tok, text, lp, piece, len(s.tokens) - 1, r.finish)
 
-    def _finish(self, s: _Seq, running: list[_Seq]) -> None:
+    def _finish(self, s: _Seq, running: list[_Seq], rec: StepRecord | None) -> None:
+        """A finished request leaves; its blocks go back tail first, so the LRU evicts a prompt's
+        tail before its head."""
         running.remove(s)
-        self._release(s)
+        released = self.blocks.release(s.blocks)
         self.results[s.index] = s.result
-
-    def _release(self, s: _Seq) -> None:
-        """Give the blocks back, tail first: the LRU then evicts a prompt's tail before its head."""
-        for b in reversed(s.table):
-            self.pool.release(b)
-        s.table = []
+        if rec is not None:
+            rec.released[s.index] = released
+            rec.finished.append((s.index, s.result.finish))

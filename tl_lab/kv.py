@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import os
 import struct
 import zlib
 from collections import OrderedDict, deque
@@ -45,6 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tl_lab.checks import as_int, is_int
 from tl_lab.errors import FormatError, KvError
 
 __all__ = [
@@ -54,6 +56,7 @@ __all__ = [
     "prefix_hash",
     "prefix_hashes",
     "key_location",
+    "memory_bytes",
     "slab_offset",
     "MAGIC",
     "VERSION",
@@ -64,6 +67,7 @@ VERSION = 1
 DTYPE_CODES = {"f16": 1}  # the envelope's dtype field
 FORMATS = (1,)  # format 1: f16 K and V slabs, (H_kv, B, D) per layer
 HASH_BITS = 64
+BOOKKEEPING_BYTES = 64  # per block: ref, fill and hash list slots, the free-list entry and its int
 _HEADER = struct.Struct("<8sIIIIIIII")  # magic, version, B, n_layers, H_kv, D, dtype, format, n
 _BLOCK = struct.Struct("<IIQ")  # fill, has_hash, hash
 _CRC = struct.Struct("<I")
@@ -99,17 +103,20 @@ class KvCfg:
     format: int = 1
 
     def validate(self) -> None:
-        """Raise KvError naming the first dimension that is not a positive int, or a bad dtype/format."""
-        for name in ("n_blocks", "block_tokens", "n_layers", "n_kv_heads", "head_dim"):
-            v = getattr(self, name)
-            if not _is_int(v):
-                raise KvError(f"KvCfg.{name} must be an int, got {v!r}")
-            if v <= 0:
-                raise KvError(f"KvCfg.{name} must be positive, got {v}")
+        """Raise KvError naming the first dimension that is not a positive int, a bad dtype/format,
+        or a pool larger than this machine's memory."""
+        as_int(self.n_blocks, "KvCfg.n_blocks", lo=1, error=KvError)  # a pool of no blocks is refused here
+        for name in ("block_tokens", "n_layers", "n_kv_heads", "head_dim"):
+            as_int(getattr(self, name), f"KvCfg.{name}", lo=1, error=KvError)
         if self.dtype not in DTYPE_CODES:
             raise KvError(f"KvCfg.dtype must be 'f16', got {self.dtype!r}")
-        if not _is_int(self.format) or self.format not in FORMATS:
+        if not is_int(self.format) or self.format not in FORMATS:
             raise KvError(f"KvCfg.format {self.format!r} is unknown (known: {list(FORMATS)})")
+        need, have = self.pool_bytes, memory_bytes()
+        if have is not None and need > have:
+            raise KvError(f"KvCfg asks for {self.n_blocks} blocks of {self.block_bytes} bytes: about "
+                          f"{need / 2**30:.1f} GiB with the bookkeeping, more than this machine's "
+                          f"{have / 2**30:.1f} GiB of memory; lower n_blocks")
 
     @property
     def block_shape(self) -> tuple[int, int, int, int, int]:
@@ -121,9 +128,18 @@ class KvCfg:
         """Bytes of one block (every layer's K and V slab), 2 bytes per f16."""
         return 2 * int(np.prod(self.block_shape))
 
+    @property
+    def pool_bytes(self) -> int:
+        """What a KvPool of this shape holds in memory: the buffer plus the per-block bookkeeping."""
+        return int(self.n_blocks) * (self.block_bytes + BOOKKEEPING_BYTES)
 
-def _is_int(v) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+def memory_bytes() -> int | None:
+    """This machine's physical memory in bytes (None where the OS does not say): the pool's bound."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 # ---------------------------------------------------------------- hashing and addressing
@@ -141,7 +157,7 @@ def prefix_hash(parent: int | None, tokens) -> int:
     if parent is None:
         h.update(_ROOT)
     else:
-        if not _is_int(parent) or not 0 <= parent < 2**HASH_BITS:
+        if not is_int(parent) or not 0 <= parent < 2**HASH_BITS:
             raise ValueError(f"prefix_hash: parent must be None or a u64, got {parent!r}")
         h.update(_CHILD + int(parent).to_bytes(8, "little"))
     if isinstance(tokens, np.ndarray):
@@ -168,18 +184,25 @@ def prefix_hashes(tokens, block_tokens: int) -> list[int]:
     return out
 
 
-def key_location(table, position: int, block_tokens: int) -> tuple[int, int, int]:
+def key_location(table, position, block_tokens: int):
     """Where position j of a sequence lands: (block table index j // B, pool block, slot j % B).
 
-    Chapter section 3: table [7, 2, 9], B = 16, position 37 -> (2, 9, 5). KvError when the
-    position is negative or past the table's last block.
+    Chapter section 3: table [7, 2, 9], B = 16, position 37 -> (2, 9, 5). One rule for a single
+    position (Python ints out) and for an array of positions (N,) (three (N,) int arrays out, what
+    the forward writes through). KvError when a position is not an integer, negative, or past the
+    table's last block.
     """
-    if not _is_int(position) or position < 0 or position >= len(table) * block_tokens:
-        raise KvError(
-            f"position {position!r} is outside the block table's {len(table) * block_tokens} positions"
-        )
-    index, slot = divmod(int(position), block_tokens)
-    return index, int(table[index]), slot
+    n = len(table) * block_tokens
+    if is_int(position):
+        if not 0 <= position < n:
+            raise KvError(f"position {position!r} is outside the block table's {n} positions")
+        index, slot = divmod(int(position), block_tokens)
+        return index, int(table[index]), slot
+    pos = np.asarray(position)
+    if pos.dtype.kind not in "iu" or (pos.size and not (0 <= pos.min() and pos.max() < n)):
+        raise KvError(f"positions {position!r} are not all integers inside the block table's {n} positions")
+    index = pos // block_tokens
+    return index, np.asarray(table)[index], pos % block_tokens
 
 
 def slab_offset(h: int, slot: int, block_tokens: int, head_dim: int) -> int:
@@ -242,9 +265,9 @@ class KvPool:
     def slab(self, id: int, layer: int, is_v: bool) -> np.ndarray:
         """A view (H_kv, B, D) uint16 of block `id`'s K (is_v False) or V slab of `layer`; no copy."""
         b = self._check_id(id)
-        if not _is_int(layer) or not 0 <= layer < self.n_layers:
+        if not is_int(layer) or not 0 <= layer < self.n_layers:
             raise KvError(f"layer {layer!r} is out of range (n_layers {self.n_layers})")
-        if not (isinstance(is_v, (bool, np.bool_)) or _is_int(is_v)) or is_v not in (0, 1):
+        if not (isinstance(is_v, (bool, np.bool_)) or is_int(is_v)) or is_v not in (0, 1):
             raise KvError(f"is_v must be a bool (or 0 for K, 1 for V), got {is_v!r}")
         return self._data[b, int(layer), int(is_v)]
 
@@ -275,11 +298,6 @@ class KvPool:
         """Blocks alloc can hand out now: free plus cached."""
         return len(self._free) + len(self._lru)
 
-    @property
-    def n_free_or_cached(self) -> int:
-        """The same as available()."""
-        return self.available()
-
     def stats(self) -> dict:
         free, cached = len(self._free), len(self._lru)
         return {
@@ -304,7 +322,7 @@ class KvPool:
     # ------------------------------------------------------------ checks (raise before any change)
 
     def _check_id(self, id) -> int:
-        if not _is_int(id):
+        if not is_int(id):
             raise KvError(f"block id must be an int, got {id!r}")
         if not 0 <= id < len(self._ref):
             raise KvError(f"block id {id} is out of range (n_blocks {len(self._ref)})")
@@ -324,7 +342,7 @@ class KvPool:
 
         All or nothing: KvError when fewer than n blocks are free or cached.
         """
-        if not _is_int(n) or n < 0:
+        if not is_int(n) or n < 0:
             raise KvError(f"alloc: n must be a non-negative int, got {n!r}")
         n = int(n)
         if n > self.available():
@@ -364,7 +382,7 @@ class KvPool:
     def set_fill(self, id: int, n: int) -> None:
         """How many of the block's B slots hold keys (0 <= n <= B); in-use blocks only."""
         b = self._check_in_use(id, "set_fill")
-        if not _is_int(n) or not 0 <= n <= self.B:
+        if not is_int(n) or not 0 <= n <= self.B:
             raise KvError(f"set_fill({b}, {n!r}): fill must be an int in 0..{self.B}")
         if self._hash[b] is not None and n != self.B:
             raise KvError(f"set_fill({b}, {n}): block {b} is registered, its fill stays {self.B}")
@@ -380,7 +398,7 @@ class KvPool:
         b = self._check_in_use(id, "register")
         if self._fill[b] != self.B:
             raise KvError(f"register({b}): block {b} holds {self._fill[b]} of {self.B} tokens, not full")
-        if not _is_int(h) or not 0 <= h < 2**HASH_BITS:
+        if not is_int(h) or not 0 <= h < 2**HASH_BITS:
             raise KvError(f"register({b}, {h!r}): the hash must be a u64")
         h = int(h)
         if self._hash[b] is not None:
@@ -396,7 +414,7 @@ class KvPool:
     def lookup(self, h: int) -> int | None:
         """Reacquire the block registered under h: a cached one leaves the LRU with ref 1, an in-use
         one gets ref + 1. None (a miss) when no live block holds h."""
-        if not _is_int(h) or not 0 <= h < 2**HASH_BITS:
+        if not is_int(h) or not 0 <= h < 2**HASH_BITS:
             raise KvError(f"lookup({h!r}): the hash must be a u64")
         self._lookups += 1
         b = self._index.get(int(h))

@@ -19,10 +19,19 @@ Decisions where the chapter is silent:
 - After the write, `forward` raises each written block's fill to cover the slots written (a
   registered block is full already and keeps its fill).
 - The bigram has no KV: its forward checks the tokens and positions as for a Llama, and accepts and
-  ignores block tables (they may be empty). Its pool is a token one (one layer, one head, D = 1) so
-  an engine loop can allocate blocks the same way for both architectures.
-- EngineConfig.max_batch_tokens, max_seqs and prefill_chunk are the scheduler's (tl_lab.generate):
-  forward runs whatever batch it is given.
+  ignores block tables (they may be empty). Its pool is a token one so an engine loop can allocate
+  blocks the same way for both architectures.
+- EngineConfig is the chapter's one config for the whole engine, checked when it is built. The
+  runner reads kv, prefix_cache, quant, threads and product; max_batch_tokens, max_seqs and
+  prefill_chunk are the scheduler's, read by tl_lab.generate.Engine from the config it is given
+  (never through the runner): forward runs whatever batch it is given.
+- KvConfig (the user's choice: how many blocks of how many positions) and KvCfg (tl_lab.kv: the
+  pool's whole shape) are the chapter's two names: KvConfig.pool_cfg completes the first into the
+  second with the model's KV shape. KvCfg knows nothing of KvConfig.
+- Each kind of weights brings its KV shape and its forward (`ARCHS`, looked up once at load). The
+  bigram has no KV: its pool is a token one (one layer, one head, D = 1).
+- The blocks a sequence holds are `tl_lab.blocks`' business: the runner only raises the fill of
+  the blocks it wrote, and run_once / last_logits borrow temporary blocks from it.
 - EngineConfig.threads sets the BLAS thread count for the whole process (OpenBLAS has one pool).
   The bits of a product depend on it, so batch invariance holds for one thread count, not across.
 """
@@ -34,9 +43,12 @@ import glob
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
+from tl_lab.blocks import BlockManager, blocks_for
+from tl_lab.checks import as_int, is_int
 from tl_lab.errors import BatchError
 from tl_lab.forward import PRODUCTS, Scratch, Step, bigram_forward, llama_forward
 from tl_lab.kv import BlockState, KvCfg, KvPool
@@ -55,12 +67,20 @@ __all__ = [
 ]
 
 
+MAX_THREADS = 1024  # a BLAS thread count beyond this is a typo, not a machine
+
+
 @dataclass(frozen=True)
 class KvConfig:
-    """The runner's KV pool size: n_blocks blocks of block_tokens positions (B) each."""
+    """The runner's KV pool size, as the user picks it: n_blocks blocks of block_tokens positions
+    (B) each. `pool_cfg` completes it into the pool's KvCfg with the model's KV shape."""
 
     n_blocks: int = 256
     block_tokens: int = 16
+
+    def pool_cfg(self, n_layers: int, n_kv_heads: int, head_dim: int) -> KvCfg:
+        """The KvCfg of a pool of this size for a model with this KV shape (checked by KvPool)."""
+        return KvCfg(self.n_blocks, self.block_tokens, n_layers, n_kv_heads, head_dim)
 
 
 @dataclass(frozen=True)
@@ -70,7 +90,9 @@ class EngineConfig:
     kv: the pool; prefix_cache: the pool keeps released registered blocks; quant: None (as
     stored) or Int4(group) to quantize a float checkpoint's layer linears at load; threads: the
     BLAS thread count (None: leave it); product: "invariant" (the engine) or "plain" (``x @ W.T``,
-    to measure what invariance costs). max_batch_tokens, max_seqs, prefill_chunk: the scheduler's.
+    to measure what invariance costs). max_batch_tokens, max_seqs, prefill_chunk: the scheduler's
+    (tl_lab.generate.Engine reads them; the runner never does). A bad value is a ValueError here,
+    naming the field, not a failure at the first step.
     """
 
     kv: KvConfig = field(default_factory=KvConfig)
@@ -81,6 +103,18 @@ class EngineConfig:
     max_seqs: int = 16
     prefill_chunk: int = 512
     product: str = "invariant"
+
+    def __post_init__(self):
+        if not isinstance(self.kv, KvConfig):
+            raise ValueError(f"EngineConfig.kv must be a KvConfig, got {type(self.kv).__name__}")
+        if self.quant is not None and not isinstance(self.quant, Int4):
+            raise ValueError(f"EngineConfig.quant must be None or Int4(group), got {self.quant!r}")
+        if self.threads is not None:
+            as_int(self.threads, "EngineConfig.threads", lo=1, hi=MAX_THREADS)
+        for name in ("max_batch_tokens", "max_seqs", "prefill_chunk"):
+            as_int(getattr(self, name), f"EngineConfig.{name}", lo=1)
+        if self.product not in PRODUCTS:
+            raise ValueError(f"EngineConfig.product must be one of {PRODUCTS}, got {self.product!r}")
 
 
 @dataclass
@@ -152,23 +186,57 @@ def blas_threads() -> int | None:
     return int(fn())
 
 
+@dataclass(frozen=True)
+class Arch:
+    """What one kind of weights brings to the runner (chapter section 2.1).
+
+    kv_shape(config) -> (n_layers, n_kv_heads, head_dim) of its pool; has_kv: the forward writes and
+    reads the pool (block tables are checked); run(runner, step, hidden) -> logits (S, V) float32, or
+    (logits, hidden (N, d) float32) when hidden is True.
+    """
+
+    kv_shape: Callable[[ModelConfig], tuple[int, int, int]]
+    has_kv: bool
+    run: Callable
+
+
+def _run_llama(runner: ModelRunner, step: Step, hidden: bool = False):
+    """The one call of the Llama forward (section 2.4): the step's K and V go into the pool."""
+    return llama_forward(runner.weights, step, runner.pool.data, product=runner.product,
+                         scratch=runner._scratch, return_hidden=hidden)
+
+
+def _run_bigram(runner: ModelRunner, step: Step, hidden: bool = False):
+    """The byte bigram of L10.0: no KV, no hidden state (hidden is (N, 0))."""
+    logits = bigram_forward(runner.weights.logits, step.tokens[step.last])
+    return (logits, np.zeros((len(step.tokens), 0), dtype=np.float32)) if hidden else logits
+
+
+ARCHS = {
+    "llama": Arch(lambda c: (c.num_hidden_layers, c.num_key_value_heads, c.head_dim), True, _run_llama),
+    "bigram": Arch(lambda c: (1, 1, 1), False, _run_bigram),
+}
+
+
 class ModelRunner:
-    """Weights, the KV pool and the forward of one model (chapter section 2.1)."""
+    """Weights, the KV pool and the forward of one model (chapter section 2.1).
+
+    cfg: the EngineConfig it was built with; arch: what its kind of weights brings (`ARCHS`);
+    pool: the KvPool; blocks: the BlockManager over that pool (tl_lab.blocks).
+    """
 
     def __init__(self, weights, cfg: EngineConfig):
-        if cfg.product not in PRODUCTS:
-            raise ValueError(f"EngineConfig.product must be one of {PRODUCTS}, got {cfg.product!r}")
+        if not isinstance(cfg, EngineConfig):
+            raise ValueError(f"ModelRunner needs an EngineConfig, got {type(cfg).__name__}")
         if cfg.threads is not None:
             set_blas_threads(cfg.threads)
         self.weights = weights
-        self.engine = cfg
+        self.cfg = cfg
         self.product = cfg.product
-        c = weights.config
-        if c.arch == "llama":
-            shape = dict(n_layers=c.num_hidden_layers, n_kv_heads=c.num_key_value_heads, head_dim=c.head_dim)
-        else:
-            shape = dict(n_layers=1, n_kv_heads=1, head_dim=1)
-        self.pool = KvPool(KvCfg(cfg.kv.n_blocks, cfg.kv.block_tokens, **shape), prefix_cache=cfg.prefix_cache)
+        self.arch = ARCHS[weights.config.arch]
+        kv = cfg.kv.pool_cfg(*self.arch.kv_shape(weights.config))
+        self.pool = KvPool(kv, prefix_cache=cfg.prefix_cache)
+        self.blocks = BlockManager(self.pool)
         self._scratch = Scratch()
 
     @classmethod
@@ -192,36 +260,19 @@ class ModelRunner:
 
     # ------------------------------------------------------------ checks
 
-    def _check(self, batch) -> Step:
-        """Refuse a batch the forward cannot run (BatchError naming the sequence and the value)."""
+    def _check(self, batch, tables: bool = True) -> Step:
+        """Refuse a batch the forward cannot run (BatchError naming the sequence and the value).
+        tables=False checks everything but the block tables (before temporary blocks are taken)."""
         seqs = getattr(batch, "seqs", None)
         if seqs is None or len(seqs) == 0:
             raise BatchError("empty batch: a ForwardBatch needs at least one sequence")
-        c = self.config
-        llama = c.arch == "llama"
         triples, writes, reads = [], {}, {}
         for i, seq in enumerate(seqs):
-            toks = np.asarray(seq.tokens if not isinstance(seq.tokens, (bytes, bytearray))
-                              else list(seq.tokens))
-            if toks.ndim != 1 or toks.size == 0:
-                raise BatchError(f"seq {i}: no tokens (a sequence brings at least one new token)")
-            if toks.dtype.kind not in "iu":
-                raise BatchError(f"seq {i}: token ids must be integers, got dtype {toks.dtype}")
-            bad = np.flatnonzero((toks < 0) | (toks >= c.vocab_size))
-            if bad.size:
-                raise BatchError(f"seq {i}: token {int(toks[bad[0]])} at index {int(bad[0])} "
-                                 f"is outside the vocabulary [0, {c.vocab_size})")
-            start = seq.start
-            if isinstance(start, bool) or not isinstance(start, (int, np.integer)) or start < 0:
-                raise BatchError(f"seq {i}: start {start!r} must be a non-negative integer")
-            end = int(start) + toks.size  # positions start .. end - 1
-            if end > c.max_position_embeddings:
-                raise BatchError(f"seq {i}: position {end - 1} is past the context "
-                                 f"(max_position_embeddings {c.max_position_embeddings})")
+            toks, start, end = self._check_tokens(i, seq)
             table = list(seq.blocks)
-            if llama:
-                self._check_table(i, table, int(start), end, writes, reads)
-            triples.append((toks, int(start), table))
+            if tables and self.arch.has_kv:
+                self._check_table(i, table, start, end, writes, reads)
+            triples.append((toks, start, table))
         for blk, writers in writes.items():
             others = (writers | reads.get(blk, set())) - {min(writers)}
             if others:
@@ -229,15 +280,38 @@ class ModelRunner:
                                  f"seq {min(others)} in this batch (one writer, no readers, per step)")
         return Step.of(triples)
 
+    def _check_tokens(self, i: int, seq) -> tuple[np.ndarray, int, int]:
+        """seq i's tokens as a 1-D int array, its start, and its end position + 1; or BatchError."""
+        c, raw = self.config, seq.tokens
+        if isinstance(raw, str):
+            raise BatchError(f"seq {i}: tokens must be token ids, got the text {raw[:20]!r} "
+                             "(encode it with the tokenizer first)")
+        toks = np.asarray(list(raw) if isinstance(raw, (bytes, bytearray)) else raw)
+        if toks.ndim != 1:
+            raise BatchError(f"seq {i}: tokens must be a 1-D sequence of ids, got shape {toks.shape}")
+        if toks.size == 0:
+            raise BatchError(f"seq {i}: no tokens (a sequence brings at least one new token)")
+        if toks.dtype.kind not in "iu":
+            raise BatchError(f"seq {i}: token ids must be integers, got dtype {toks.dtype}")
+        bad = np.flatnonzero((toks < 0) | (toks >= c.vocab_size))  # every id inside the vocabulary
+        if bad.size:
+            raise BatchError(f"seq {i}: token {int(toks[bad[0]])} at index {int(bad[0])} "
+                             f"is outside the vocabulary [0, {c.vocab_size})")
+        start = as_int(seq.start, f"seq {i}: start", lo=0, error=BatchError)
+        end = start + toks.size  # positions start .. end - 1
+        if end > c.max_position_embeddings:
+            raise BatchError(f"seq {i}: position {end - 1} is past the context "
+                             f"(max_position_embeddings {c.max_position_embeddings})")
+        return toks, start, end
+
     def _check_table(self, i, table, start, end, writes, reads) -> None:
         B = self.block_tokens
-        need = -(-end // B)
+        need = blocks_for(end, B)
         if len(table) < need:
             raise BatchError(f"seq {i}: block table has {len(table)} blocks, positions up to "
                              f"{end - 1} need {need} (B = {B})")
         for j, blk in enumerate(table):
-            if isinstance(blk, bool) or not isinstance(blk, (int, np.integer)) \
-                    or not 0 <= blk < self.pool.n_blocks:
+            if not is_int(blk) or not 0 <= blk < self.pool.n_blocks:
                 raise BatchError(f"seq {i}: block table entry {j} = {blk!r} is not a block id "
                                  f"(n_blocks {self.pool.n_blocks})")
             if self.pool.state(int(blk)) != BlockState.IN_USE:
@@ -256,25 +330,26 @@ class ModelRunner:
     # ------------------------------------------------------------ forward
 
     def forward(self, batch: ForwardBatch) -> Logits:
-        """Logits (one row per sequence, its last new token). Writes K and V of the new tokens."""
+        """Logits (one row per sequence, its last new token). Writes K and V of the new tokens and
+        raises the fill of the blocks written."""
         step = self._check(batch)
-        c = self.config
-        if c.arch == "bigram":
-            return Logits(c.vocab_size, bigram_forward(self.weights.logits, step.tokens[step.last]))
-        logits = llama_forward(self.weights, step, self.pool.data, product=self.product,
-                               scratch=self._scratch)
-        self._update_fill(step)
-        return Logits(c.vocab_size, logits)
+        logits = self.arch.run(self, step)
+        if self.arch.has_kv:
+            for s in range(step.n_seqs):
+                end = int(step.starts[s]) + (step.rows(s).stop - step.rows(s).start)
+                self.blocks.fill(step.tables[s], int(step.starts[s]), end)
+        return Logits(self.config.vocab_size, logits)
 
-    def _update_fill(self, step: Step) -> None:
-        B = self.block_tokens
-        for s in range(step.n_seqs):
-            end = int(step.pos[step.rows(s)][-1]) + 1
-            for j in range(int(step.starts[s]) // B, -(-end // B)):
-                blk = int(step.tables[s][j])
-                want = min(B, end - j * B)
-                if self.pool.hash_of(blk) is None and self.pool.fill(blk) < want:
-                    self.pool.set_fill(blk, want)
+    def _run_temporary(self, prompts, hidden: bool):
+        """Each prompt from position 0 in ONE step on temporary blocks, all given back (even on an
+        error). The batch is checked before any block moves, so a refusal changes nothing."""
+        seqs = [ForwardSeq(p, 0) for p in prompts]
+        step = self._check(ForwardBatch(seqs), tables=False)
+        lengths = np.diff(step.offsets).tolist() if self.arch.has_kv else []
+        with self.blocks.temporary(lengths) as tables:
+            for seq, table in zip(seqs, tables):
+                seq.blocks = table
+            return self.arch.run(self, self._check(ForwardBatch(seqs)), hidden)
 
     def last_logits(self, prompts) -> np.ndarray:
         """Every prompt's last-token logits from ONE step on temporary blocks, all given back.
@@ -282,15 +357,7 @@ class ModelRunner:
         prompts: S token lists -> (S, V) float32. One pass over the weights for all of them, and by
         batch invariance each row is bit for bit that prompt run alone.
         """
-        tables = []
-        try:
-            for p in prompts:
-                tables.append(self.pool.alloc(max(1, -(-len(p) // self.block_tokens))))
-            return self.forward(ForwardBatch([ForwardSeq(p, 0, t) for p, t in zip(prompts, tables)])).data
-        finally:
-            for t in tables:
-                for b in t:
-                    self.pool.release(b)
+        return self._run_temporary(prompts, hidden=False)
 
     def run_once(self, tokens) -> tuple[np.ndarray, np.ndarray]:
         """One forward of `tokens` from position 0 on temporary blocks, all given back (even on error).
@@ -298,19 +365,5 @@ class ModelRunner:
         -> (hidden (T, d) float32: the final-normed hidden state of every token, logits (V,) float32
         of the last token). The bigram has no hidden state: hidden is (T, 0).
         """
-        toks = list(tokens) if isinstance(tokens, (bytes, bytearray)) else tokens
-        c = self.config
-        if c.arch == "bigram":
-            step = self._check(ForwardBatch([ForwardSeq(toks, 0, [])]))
-            logits = bigram_forward(self.weights.logits, step.tokens[step.last])
-            return np.zeros((len(step.tokens), 0), dtype=np.float32), logits[0]
-        n = len(np.asarray(toks).reshape(-1)) if not isinstance(toks, list) else len(toks)
-        blocks = self.pool.alloc(max(1, -(-n // self.block_tokens)))
-        try:
-            step = self._check(ForwardBatch([ForwardSeq(toks, 0, blocks)]))
-            logits, hidden = llama_forward(self.weights, step, self.pool.data, product=self.product,
-                                           scratch=self._scratch, return_hidden=True)
-            return hidden, logits[0]
-        finally:
-            for b in blocks:
-                self.pool.release(b)
+        logits, hidden = self._run_temporary([tokens], hidden=True)
+        return hidden, logits[0]
