@@ -161,3 +161,72 @@ def test_a_big_pool_is_drawn_in_part():
     bm = BlockMap.from_pool(pool, {"x": ids})
     assert len(drawn_blocks(bm)) == 256 and "744 more blocks, not drawn" in plain(bm.grid.value)
     assert BlockMap.from_pool(pool).where.value.count("No sequence") == 1
+
+
+def test_the_position_box_answers_in_words():
+    """Issue 11 item 9: "abc", an empty box and "3.7" get a sentence, never a silent 37 or no change."""
+    bm = BlockMap()
+    bm.goto(5)
+    bm.seq.value = "C"
+    for typed, words in [("abc", "'abc' is not a whole number"), ("", "Type a position"),
+                         ("3.7", "'3.7' is not a whole number")]:
+        bm.position.value = typed
+        shown = plain(bm.where.value)
+        assert words in shown, (typed, shown)
+        assert "pool block" not in shown and "stroke-width='3'" not in bm.grid.value  # nothing selected
+    bm.position.value = " 37 "
+    assert bm.locate()["index"] == 9 and "pool block" in plain(bm.where.value)
+    bm.position.value = 5  # Python may set an int
+    assert bm.position.value == "5" and bm.locate()["slot"] == 1
+
+
+def test_no_sequence_is_a_note_and_story_steps_keep_the_position_inside():
+    """Issue 11 item 5: "no sequence" is a normal state (grey note, not red), and a story step never
+    leaves the position box pointing outside the selected sequence."""
+    from tl_lab.widgets.common import ERROR, NOTE
+
+    bm = BlockMap()
+    assert f"color:{NOTE}" in bm.where.value and ERROR not in bm.where.value
+    bm.goto(5)
+    bm.seq.value, bm.position.value = "C", 37
+    bm.reset_button.click()
+    assert bm.step == 0 and f"color:{NOTE}" in bm.where.value
+    bm.position.value = 37
+    for step in range(1, 5):
+        bm.next_button.click()
+        shown = plain(bm.where.value)
+        assert "outside" not in shown and ERROR not in bm.where.value, (step, shown)
+        if bm.tables:
+            seq = bm.seq.value
+            assert int(bm.position.value) < len(bm.tables[seq]) * 4
+    bm.next_button.click()  # C: the kept position is inside, so it stays where it was
+    assert bm.step == 5 and "pool block" in plain(bm.where.value)
+
+
+def test_a_snapshot_map_stays_as_it_was():
+    """Issue 11 item 3: a map drawn mid-request from a snapshot does not jump when the request ends."""
+    pool = KvPool(KvCfg(n_blocks=6, block_tokens=4, n_layers=1, n_kv_heads=1, head_dim=2))
+    ids = pool.alloc(2)
+    pool.set_fill(ids[0], 4)
+    pool.set_fill(ids[1], 1)
+    bm = BlockMap.from_pool(pool, {"req 0": ids}, lengths={"req 0": 5}, snapshot=True)
+    for b in ids:
+        pool.release(b)  # the request finishes after the map was drawn
+    bm.position.value = 4
+    assert bm.pool.state(ids[0]) == "in_use" and drawn_tables(bm) == {"req 0": ids}
+    assert "Not written yet" not in plain(bm.where.value) and "pool block" in plain(bm.where.value)
+    live = BlockMap.from_pool(pool, {"req 0": ids})
+    assert drawn_blocks(live)[ids[0]]["state"] == "free"  # without the snapshot: the pool as it is now
+
+
+def test_the_story_admits_through_the_engines_block_manager(monkeypatch):
+    """The story has no admission of its own: it calls tl_lab.blocks, as the engine does."""
+    import tl_lab.blocks as blocks
+
+    calls = []
+    for name in ("admit", "reserve", "written", "release"):
+        real = getattr(blocks.BlockManager, name)
+        monkeypatch.setattr(blocks.BlockManager, name,
+                            lambda self, *a, _n=name, _f=real, **k: (calls.append(_n), _f(self, *a, **k))[1])
+    BlockMap().goto(5)
+    assert calls.count("admit") == 3 and calls.count("release") == 2 and "written" in calls

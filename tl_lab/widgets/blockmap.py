@@ -3,25 +3,30 @@
 Chapter L10.1, section 2.2 (KvPool: references, the prefix hash index, LRU eviction) and section 3
 ("where a key lands"). Everything drawn is read from a real `tl_lab.kv.KvPool` through its read-only
 views (`state`, `ref`, `fill`, `hash_of`, `lru`, `stats`, `slab`); the story drives the pool through
-its real operations (`lookup`, `alloc`, `set_fill`, `register`, `release`).
+the engine's own block manager (`tl_lab.blocks.BlockManager`: admit through the prefix cache,
+reserve, mark written, release tail first), so it shows what `tl_lab.generate.Engine` does.
 
     BlockMap()                        the prefix-cache story on a 12-block pool of B = 4
     BlockMap.from_pool(pool, tables)  any pool and any sequences' block tables (no story buttons)
-    show(pool, tables)                the same, displayed
+    show(pool, tables)                the same, displayed (snapshot=True: a copy frozen at that moment)
 """
 
 from __future__ import annotations
 
+import copy
 import html
 import math
 from dataclasses import dataclass, field
 from typing import Callable
 
 import ipywidgets as widgets
+import traitlets
 
+from tl_lab.blocks import BlockManager, SeqBlocks, cacheable
 from tl_lab.errors import KvError
-from tl_lab.kv import KvCfg, KvPool, key_location, prefix_hashes, slab_offset
+from tl_lab.kv import KvCfg, KvPool, key_location, slab_offset
 from tl_lab.quant import f16_to_f32, f32_to_f16
+from tl_lab.widgets.common import MONO, NOTE, message
 
 COLOURS = {"free": "#e5e7eb", "in_use": "#93c5fd", "cached": "#fcd34d"}
 STROKE = {"free": "#9ca3af", "in_use": "#1d4ed8", "cached": "#b45309"}
@@ -29,7 +34,6 @@ SEQ_COLOURS = ["#2563eb", "#16a34a", "#9333ea", "#dc2626", "#0891b2", "#ca8a04"]
 HIGHLIGHT = "#dc2626"
 MAX_DRAWN = 256  # a bigger pool draws its first blocks and says how many more there are
 CELL_W, CELL_H, GAP = 104, 70, 8
-MONO = "font-family: ui-monospace, monospace"
 
 
 # ---------------------------------------------------------------- the prefix-cache story
@@ -54,40 +58,33 @@ def key_value(token: int, h: int) -> float:
 
 @dataclass
 class StoryState:
-    """What the story's engine knows besides the pool: each live sequence's table and length."""
+    """What the story's engine knows besides the pool: each live sequence's blocks (tl_lab.blocks)."""
 
-    tables: dict[str, list[int]] = field(default_factory=dict)
-    lengths: dict[str, int] = field(default_factory=dict)
+    seqs: dict[str, SeqBlocks] = field(default_factory=dict)
     last: dict = field(default_factory=dict)  # what the last step did (hits, new blocks, evicted)
+
+    @property
+    def tables(self) -> dict[str, list[int]]:
+        return {name: seq.table for name, seq in self.seqs.items()}
+
+    @property
+    def lengths(self) -> dict[str, int]:
+        return {name: seq.written for name, seq in self.seqs.items()}
 
 
 def prefill(pool: KvPool, st: StoryState, name: str, tokens: list[int]) -> None:
-    """Admit a sequence: reuse its leading full blocks found by hash, allocate and write the rest.
-
-    A sketch of what the engine loop does with the prefix cache (generate.py does it for real).
-    """
-    B = pool.block_tokens
-    hashes = prefix_hashes(tokens, B)
-    table: list[int] = []
-    for h in hashes:  # a chain: the first miss ends the shared prefix
-        b = pool.lookup(h)
-        if b is None:
-            break
-        table.append(b)
-    hits = list(table)
+    """Admit a sequence exactly as the engine does (tl_lab.blocks: `admit` through the prefix cache,
+    `reserve` the rest, `written` to fill and register), with K and V written by `write_tokens`."""
+    blocks, B = BlockManager(pool), pool.block_tokens
     cached_before = pool.lru()
-    new = pool.alloc(math.ceil(len(tokens) / B) - len(table))
-    evicted = [b for b in new if b in cached_before]
-    for b in new:
-        i = len(table)
-        chunk = tokens[i * B:(i + 1) * B]
-        write_tokens(pool, b, chunk)
-        pool.set_fill(b, len(chunk))
-        if len(chunk) == B:
-            pool.register(b, hashes[i])
-        table.append(b)
-    st.tables[name], st.lengths[name] = table, len(tokens)
-    st.last = {"seq": name, "hits": hits, "new": new, "evicted": evicted}
+    seq = blocks.admit(tokens, cacheable(len(tokens), B))
+    new = blocks.reserve(seq, len(tokens))
+    for j, b in enumerate(seq.table[seq.hits:], start=seq.hits):
+        write_tokens(pool, b, tokens[j * B:(j + 1) * B])
+    blocks.written(seq, tokens, len(tokens))
+    st.seqs[name] = seq
+    st.last = {"seq": name, "hits": seq.table[:seq.hits], "new": new,
+               "evicted": [b for b in new if b in cached_before]}
 
 
 def write_tokens(pool: KvPool, b: int, chunk: list[int]) -> None:
@@ -101,17 +98,17 @@ def write_tokens(pool: KvPool, b: int, chunk: list[int]) -> None:
 
 
 def finish(pool: KvPool, st: StoryState, name: str) -> None:
-    """A sequence ends: release its blocks tail first, so the tail is evicted before the shared head."""
-    table = st.tables.pop(name)
-    st.lengths.pop(name)
-    for b in reversed(table):
-        pool.release(b)
-    by = {k: [b for b in reversed(table) if pool.state(b) == k] for k in ("free", "cached", "in_use")}
-    st.last = {"seq": name, "released": list(reversed(table)), **by}
+    """A sequence ends: release its blocks as the engine does (`BlockManager.release`, tail first,
+    so the tail is evicted before the shared head)."""
+    released = BlockManager(pool).release(st.seqs.pop(name))
+    by = {k: [b for b in released if pool.state(b) == k] for k in ("free", "cached", "in_use")}
+    st.last = {"seq": name, "released": released, **by}
 
 
 @dataclass(frozen=True)
-class Step:
+class StoryStep:
+    """One step of the prefix-cache story: its title, what it does to the pool, what it says."""
+
     title: str
     run: Callable[[KvPool, StoryState], None]
     say: Callable[[KvPool, StoryState], str]
@@ -122,27 +119,27 @@ def _blocks(ids) -> str:
 
 
 STORY = [
-    Step(
+    StoryStep(
         "An empty pool",
         lambda p, s: None,
         lambda p, s: f"{p.n_blocks} free blocks of B = {p.block_tokens} positions. Nothing in use, "
         "nothing cached, the hash index is empty.",
     ),
-    Step(
+    StoryStep(
         "Request A prefills",
         lambda p, s: prefill(p, s, "A", PROMPTS["A"]),
         lambda p, s: f"A has {s.lengths['A']} tokens: an 8-token system prompt and its own 6. Its first "
         f"lookup misses, so it allocates blocks {_blocks(s.last['new'])}, writes K and V, and registers "
         "its three full blocks under their chained prefix hashes. The last block is half full: no hash.",
     ),
-    Step(
+    StoryStep(
         "Request B shares the system prompt",
         lambda p, s: prefill(p, s, "B", PROMPTS["B"]),
         lambda p, s: f"B starts with the same 8 tokens. lookup finds blocks {_blocks(s.last['hits'])} "
         "by hash (two hits: their reference counts go to 2, nothing is recomputed); its third block's "
         f"hash differs, a miss. B allocates {_blocks(s.last['new'])} for the rest.",
     ),
-    Step(
+    StoryStep(
         "A finishes: a release that caches",
         lambda p, s: finish(p, s, "A"),
         lambda p, s: f"A releases {_blocks(s.last['released'])}, tail first. Block {_blocks(s.last['free'])} "
@@ -150,7 +147,7 @@ STORY = [
         "it is cached (it keeps its K, V and hash). Blocks "
         f"{_blocks(s.last['in_use'])} drop to ref 1: B still uses them.",
     ),
-    Step(
+    StoryStep(
         "B finishes",
         lambda p, s: finish(p, s, "B"),
         lambda p, s: f"B releases {_blocks(s.last['released'])}: {_blocks(s.last['free'])} is freed, the "
@@ -158,7 +155,7 @@ STORY = [
         f"{_blocks(p.lru())}. Released tail first, the shared system prompt is the newest and will be "
         "evicted last.",
     ),
-    Step(
+    StoryStep(
         "Request C under pressure: the oldest cached block is evicted",
         lambda p, s: prefill(p, s, "C", PROMPTS["C"]),
         lambda p, s: f"C needs 11 blocks. Its system prompt is found by hash (blocks "
@@ -173,20 +170,40 @@ STORY = [
 # ---------------------------------------------------------------- the widget
 
 
+class PositionBox(widgets.Text):
+    """The position box: text, so that "abc", "" and "3.7" reach the widget and get an answer in
+    words (an IntText drops them in the browser, or reads "3.7" as 37). Python may set an int."""
+
+    value = traitlets.CUnicode("0", help="the position typed").tag(sync=True)
+
+
+def parse_position(text: str) -> tuple[int | None, str | None]:
+    """(the position, None) for a whole number typed, else (None, what is wrong in words)."""
+    t = str(text).strip()
+    if not t:
+        return None, "Type a position: a whole number such as 37."
+    try:
+        return int(t), None
+    except ValueError:
+        return None, f"Position {t!r} is not a whole number: type one such as 37."
+
+
 class BlockMap(widgets.VBox):
     """The pool as a grid (`grid.value`, HTML with an SVG), the story's caption and buttons, and the
-    "where a key lands" panel (`where.value`) driven by `seq` (a Dropdown) and `position` (IntText).
+    "where a key lands" panel (`where.value`) driven by `seq` (a Dropdown) and `position` (text).
 
     Story mode (the default) owns its pool: `next_button`, `back_button`, `reset_button` step through
     STORY (`step` is the index shown). `from_pool(pool, tables)` draws any pool; call `refresh()`
-    after changing the pool or `tables` (name -> list of pool block ids).
+    after changing the pool or `tables` (name -> list of pool block ids), or pass snapshot=True to
+    draw a copy that stays as it was when the map was made.
     """
 
     def __init__(self, pool: KvPool | None = None, tables: dict | None = None, *,
                  lengths: dict | None = None, layer: int = 0, story: bool | None = None):
         self.story = pool is None if story is None else story
         self.pool = pool if pool is not None else KvPool(story_cfg())
-        self.state = StoryState(dict(tables or {}), dict(lengths or {}))
+        self.state = StoryState()
+        self._tables, self._lengths = dict(tables or {}), dict(lengths or {})
         self.step = 0
         self._quiet = False
         self.grid = widgets.HTML()
@@ -197,7 +214,7 @@ class BlockMap(widgets.VBox):
                                           layout=widgets.Layout(width="90px"))
         self.reset_button = widgets.Button(description="reset", layout=widgets.Layout(width="90px"))
         self.seq = widgets.Dropdown(description="sequence", layout=widgets.Layout(width="200px"))
-        self.position = widgets.IntText(value=0, description="position", layout=widgets.Layout(width="180px"))
+        self.position = PositionBox(description="position", layout=widgets.Layout(width="180px"))
         self.layer = widgets.Dropdown(options=list(range(self.pool.n_layers)), value=layer,
                                       description="layer", layout=widgets.Layout(width="150px"))
         self.back_button.on_click(lambda _: self.goto(self.step - 1))
@@ -216,18 +233,21 @@ class BlockMap(widgets.VBox):
 
     @classmethod
     def from_pool(cls, pool: KvPool, tables: dict | None = None, *, lengths: dict | None = None,
-                  layer: int = 0) -> "BlockMap":
+                  layer: int = 0, snapshot: bool = False) -> "BlockMap":
         """A map of `pool` with `tables` (sequence name -> block table); `lengths` (name -> tokens)
-        marks positions past a sequence's length as not written yet."""
+        marks positions past a sequence's length as not written yet. snapshot=True draws a copy of
+        the pool and tables taken now, so later changes (a request finishing) do not redraw it."""
+        if snapshot:
+            pool, tables = copy.deepcopy(pool), copy.deepcopy(tables)
         return cls(pool, tables, lengths=lengths, layer=layer, story=False)
 
     @property
     def tables(self) -> dict[str, list[int]]:
-        return self.state.tables
+        return self.state.tables if self.story else self._tables
 
     @property
     def lengths(self) -> dict[str, int]:
-        return self.state.lengths
+        return self.state.lengths if self.story else self._lengths
 
     # ------------------------------------------------------------ the story
 
@@ -245,21 +265,31 @@ class BlockMap(widgets.VBox):
         )
         self.back_button.disabled = k == 0
         self.next_button.disabled = k == len(STORY) - 1
-        self.refresh()
+        self.refresh(fit=True)
 
     # ------------------------------------------------------------ drawing
 
-    def refresh(self) -> None:
-        """Re-read the pool and the tables; keep the selected sequence when it still exists."""
+    def refresh(self, fit: bool = False) -> None:
+        """Re-read the pool and the tables; keep the selected sequence when it still exists.
+        fit: move a position outside the selected sequence to its last written one (a story step
+        changed the sequences under the controls; the learner did not type it)."""
         names = list(self.tables)
         keep = self.seq.value if self.seq.value in names else (names[-1] if names else None)
         self._quiet = True  # one redraw below, not one per trait change
         try:
             self.seq.options = names
             self.seq.value = keep
+            if fit and keep is not None:
+                self._fit_position(keep)
         finally:
             self._quiet = False
         self._redraw()
+
+    def _fit_position(self, seq: str) -> None:
+        pos, _ = parse_position(self.position.value)
+        held = len(self.tables[seq]) * self.pool.block_tokens
+        if pos is None or not 0 <= pos < held:
+            self.position.value = str(max(0, self.lengths.get(seq, held) - 1))
 
     def _redraw(self) -> None:
         if self._quiet:
@@ -275,14 +305,16 @@ class BlockMap(widgets.VBox):
         `index`, `block`, `slot` and `offsets` (one flat K-slab element offset per kv head).
         """
         seq = self.seq.value if seq is None else seq
-        pos = self.position.value if position is None else position
         if seq is None or seq not in self.tables:
-            return {"html": _message("No sequence holds blocks now: step the story, or give tables.")}
+            return {"html": message("No sequence holds blocks now: step the story, or give tables.", NOTE)}
+        pos, problem = parse_position(self.position.value if position is None else position)
+        if problem:
+            return {"html": message(problem)}
         table, B, D = self.tables[seq], self.pool.block_tokens, self.pool.D
         try:
             index, block, slot = key_location(table, pos, B)
         except KvError:
-            return {"html": _message(
+            return {"html": message(
                 f"Position {pos} is outside sequence {seq}'s block table: {len(table)} blocks of "
                 f"B = {B} hold positions 0 to {len(table) * B - 1}.")}
         layer = self.layer.value
@@ -313,13 +345,9 @@ def show(pool: KvPool, tables: dict | None = None, **kw) -> BlockMap:
     """Display a block map of `pool` and `tables` in the notebook and return it."""
     from IPython.display import display
 
-    bm = BlockMap.from_pool(pool, tables, **kw)
+    bm = BlockMap.from_pool(pool, tables, **kw)  # snapshot=True: a copy frozen at this moment
     display(bm)
     return bm
-
-
-def _message(text: str) -> str:
-    return f"<p class='tl-message' style='color:{HIGHLIGHT}'><b>{html.escape(text)}</b></p>"
 
 
 def _val(bits) -> str:
