@@ -343,3 +343,100 @@ def test_smollm2_shared_system_prompt_and_batching(one_blas_thread):
     assert same(batched, plain)
     assert_pool_idle(e.pool)
     assert_pool_idle(off.pool)
+
+
+# ------------------------------------------------------------------ issue 12: refused before anything runs
+
+
+def pool_state(e: Engine):
+    p = e.pool
+    return (p.stats(), p.free_list(), p.lru(), [(p.ref(b), p.fill(b), p.hash_of(b)) for b in range(p.n_blocks)],
+            p.data.tobytes(), dict(e.stats))
+
+
+def test_every_request_is_checked_before_anything_runs():
+    """A request that can never fit, or a bad one, anywhere in the list: a TlError naming its index,
+    raised by generate/stream before any request has run; the pool and the stats are as they were."""
+    from tl_lab.errors import TlError
+    from tl_lab.generate import RequestError
+
+    e = engine(n_blocks=4)
+    e.generate([req(SYSTEM, max_tokens=2)])  # something cached, so "nothing changed" means something
+    ok = req("fine", max_tokens=4)
+    for bad, exc, words in [
+        (req("y" * 40, max_tokens=40), KvError, ["request 2", "5 KV blocks", "4 available"]),
+        (Request([65, 256], GREEDY, 0, 4), RequestError, ["request 2", "256", "vocabulary"]),
+        (Request([65] * 513, GREEDY, 0, 4), RequestError, ["request 2", "513", "context"]),
+        ("hello", RequestError, ["request 2", "str"]),
+    ]:
+        before = pool_state(e)
+        with pytest.raises(exc) as info:
+            e.generate([ok, ok, bad])
+        assert isinstance(info.value, TlError)
+        assert all(w in str(info.value) for w in words), (words, str(info.value))
+        assert pool_state(e) == before
+        with pytest.raises(exc):
+            e.stream([bad])  # refused when stream is called, not at the first next()
+        assert not e._streaming and pool_state(e) == before
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda: Request([1.7, 2.2]), ["prompt_ids[0]", "1.7", "not an integer"]),
+    (lambda: Request("hello"), ["text", "'hello'", "encode"]),
+    (lambda: Request(5), ["sequence of token ids", "int"]),
+    (lambda: Request([65], max_tokens=2.0), ["max_tokens"]),
+    (lambda: Request([65], seed=True), ["seed"]),
+    (lambda: Request([65], seed=2**64), ["seed"]),
+    (lambda: Request([65], stop_ids=[1.5]), ["stop_ids[0]"]),
+])
+def test_requests_with_bad_fields_are_refused_in_words(make, words):
+    from tl_lab.generate import RequestError
+
+    with pytest.raises(RequestError) as info:
+        make()
+    assert isinstance(info.value, ValueError)
+    assert all(w in str(info.value) for w in words), (words, str(info.value))
+
+
+# ------------------------------------------------------------------ the step record
+
+
+def test_on_step_records_what_the_engine_did():
+    """One StepRecord per step, from the real loop: rows, chunked prefill, hits, blocks allocated,
+    evicted and released; with no callback the same results (recording changes nothing)."""
+    reqs = [req(SYSTEM + "one", max_tokens=3), req(SYSTEM + "two", max_tokens=3), req("x" * 40, max_tokens=2)]
+    e = engine(n_blocks=12, max_seqs=2, prefill_chunk=32, max_batch_tokens=40)
+    records = []
+    out = e.generate(reqs, on_step=records.append)
+    assert [r.index for r in records] == list(range(len(records))) and len(records) == e.stats["steps"]
+    first = records[0]
+    assert first.admitted == [(0, 0), (1, 0)] and first.waiting == 1
+    assert [(r.request, r.start, r.n, r.prompt) for r in first.rows] == [(0, 0, 32, 32)]  # 32 + 32 > 40
+    assert first.allocated == {0: first.tables[0]} and len(first.tables[0]) == 2
+    # every prompt token and every fed output token is in exactly one row
+    for i, r in enumerate(reqs):
+        rows = [row for rec in records for row in rec.rows if row.request == i]
+        assert sum(row.prompt for row in rows) == out[i].prefilled_tokens == len(r.prompt_ids) - out[i].cached_tokens
+        assert [row.token for row in rows if row.token is not None] == out[i].output_ids
+        assert [row.start for row in rows] == sorted(row.start for row in rows)
+    # blocks: the table is the prefix-cache hits then the blocks allocated, released tail first at the end
+    for i in range(3):
+        got = [b for rec in records for b in rec.allocated.get(i, [])]
+        table = [rec.tables[i] for rec in records if i in rec.tables][-1]
+        assert table[out[i].cached_blocks:] == got
+        ((step, released),) = [(rec.index, rec.released[i]) for rec in records if i in rec.released]
+        assert released == table[::-1] and (i, out[i].finish) in records[step].finished
+    assert records[-1].pool == e.pool.stats() and records[-1].waiting == 0
+    again = engine(runner=e.runner, n_blocks=12, max_seqs=2, prefill_chunk=32, max_batch_tokens=40).generate(reqs)
+    assert all(same(a, b) for a, b in zip(again, out))
+
+
+def test_on_step_shows_hits_and_evictions():
+    e = engine(n_blocks=6, max_seqs=1)
+    records = []
+    e.generate([req(SYSTEM, max_tokens=2), req(SYSTEM, max_tokens=2), req("z" * 80, max_tokens=2)],
+               on_step=records.append)
+    admitted = dict(a for rec in records for a in rec.admitted)
+    assert admitted == {0: 0, 1: 3, 2: 0}  # the second finds the system prompt's 3 full blocks
+    evicted = [b for rec in records for b in rec.evicted]
+    assert evicted and e.pool.stats()["evictions"] == len(evicted)  # the third needs 5 blocks of 6

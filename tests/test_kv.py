@@ -672,3 +672,32 @@ TestKvPoolStateMachine = KvPoolMachine.TestCase
 TestKvPoolStateMachine.settings = settings(max_examples=75, stateful_step_count=40, deadline=None)
 TestKvPoolNoCacheStateMachine = KvPoolNoCacheMachine.TestCase
 TestKvPoolNoCacheStateMachine.settings = settings(max_examples=30, stateful_step_count=30, deadline=None)
+
+
+def test_kv_pool_is_bounded_by_memory_before_allocating():
+    """Issue 12: a pool larger than this machine's memory is a KvError naming the figures, raised
+    before anything is allocated (was a MemoryError traceback, or gigabytes of bookkeeping)."""
+    from tl_lab.kv import memory_bytes
+
+    have = memory_bytes()
+    assert have is not None and have > 0
+    cfg = KvCfg(n_blocks=1, block_tokens=16, n_layers=1, n_kv_heads=1, head_dim=1)  # the bigram's pool
+    n = have // cfg.pool_bytes + 1
+    with pytest.raises(KvError) as info:
+        KvPool(KvCfg(n, 16, 1, 1, 1))
+    assert str(n) in str(info.value) and "GiB" in str(info.value) and "memory" in str(info.value)
+    with pytest.raises(KvError, match="100000000 blocks"):
+        KvCfg(10**8, 16, 30, 3, 64).validate()  # SmolLM2's shape: 34 TiB
+    assert KvPool(KvCfg(64, 16, 1, 1, 1)).n_blocks == 64
+
+
+def test_key_location_is_one_rule_for_scalars_and_arrays():
+    table = [7, 2, 9]
+    pos = np.array([37, 0, 16, 47])
+    index, block, slot = key_location(table, pos, 16)
+    assert index.tolist() == [2, 0, 1, 2] and block.tolist() == [9, 7, 2, 9] and slot.tolist() == [5, 0, 0, 15]
+    for p in pos.tolist():
+        assert key_location(table, p, 16) == (p // 16, table[p // 16], p % 16)
+    for bad in (np.array([3, 48]), np.array([-1]), np.array([1.5]), "abc", 2.0, True):
+        with pytest.raises(KvError):
+            key_location(table, bad, 16)

@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from tl_lab.errors import BatchError
+from tl_lab.errors import BatchError, KvError
 from tl_lab.forward import LONG_ROWS
 from tl_lab.model import Linear, LlamaLayer, LlamaWeights, ModelConfig
 from tl_lab.paths import DATA_DIR, GOLDEN_DIR
@@ -377,3 +377,70 @@ def test_last_logits_is_each_prompt_alone_and_returns_its_blocks():
     for p, row in zip(prompts, rows):
         assert np.array_equal(runner.run_once(p)[1], row)  # bit for bit: batch invariance
     assert runner.pool.stats()["free"] == free
+
+
+def pool_state(runner):
+    """Everything observable about the runner's pool, the free list's order included."""
+    p = runner.pool
+    return snapshot(runner), p.free_list(), p.lru()
+
+
+def test_a_refused_run_once_changes_nothing():
+    """Issue 12: checked before any block moves. A bad id on a fresh pool does not rotate the free
+    list; a prompt past the context says so (not "alloc(38)"); one the pool cannot hold names the
+    figures. The pool is exactly as it was after each."""
+    runner = tiny(n_blocks=4)
+    maxpos = runner.config.max_position_embeddings
+    for tokens, exc, words in [
+        ([999], BatchError, ["999", "vocabulary"]),
+        ([1, 2, -5], BatchError, ["-5"]),
+        (list(range(10)) * 60, BatchError, [f"position {599}", "context", str(maxpos)]),
+        ([1] * 100, KvError, ["7 KV blocks", "4 available"]),
+        ("abc", BatchError, ["token ids", "'abc'"]),
+        ([[1, 2], [3, 4]], BatchError, ["1-D", "(2, 2)"]),
+        ([1.5, 2.0], BatchError, ["integers", "float"]),
+    ]:
+        before = pool_state(runner)
+        with pytest.raises(exc) as info:
+            runner.run_once(tokens)
+        for w in words:
+            assert w in str(info.value), (tokens, w, str(info.value))
+        assert pool_state(runner) == before, f"{tokens!r}: the pool changed"
+    assert runner.pool.free_list() == [0, 1, 2, 3]
+    before = pool_state(runner)
+    with pytest.raises(BatchError, match="seq 1"):
+        runner.last_logits([[1, 2], [999]])
+    assert pool_state(runner) == before
+
+
+def test_forward_seq_tokens_that_are_not_ids_are_named():
+    runner = tiny(n_blocks=4)
+    blocks = runner.pool.alloc(1)
+    for tokens, words in [("abc", ["seq 0", "token ids", "encode"]), ([[1, 2]], ["seq 0", "1-D", "(1, 2)"]),
+                          (np.zeros((2, 3), dtype=np.int64), ["1-D", "(2, 3)"]), ([], ["no tokens"])]:
+        with pytest.raises(BatchError) as info:
+            runner.forward(ForwardBatch([ForwardSeq(tokens, 0, blocks)]))
+        assert all(w in str(info.value) for w in words), (tokens, str(info.value))
+    with pytest.raises(BatchError, match="start"):
+        runner.forward(ForwardBatch([ForwardSeq([1], True, blocks)]))  # a bool is not a position
+
+
+@pytest.mark.parametrize("field, value", [
+    ("threads", -1), ("threads", 0), ("threads", 2**40), ("threads", 1.5), ("max_batch_tokens", 0),
+    ("prefill_chunk", 0), ("max_seqs", 0), ("max_seqs", True), ("product", "fast"), ("kv", 64),
+    ("quant", 32),
+])
+def test_engine_config_refuses_bad_values_at_construction(field, value):
+    with pytest.raises(ValueError, match=field):
+        EngineConfig(**{field: value})
+
+
+def test_kv_config_completes_into_the_pools_kv_cfg():
+    """KvConfig (the user's size) -> KvCfg (the pool's whole shape), one way."""
+    from tl_lab.kv import KvCfg
+
+    assert KvConfig(8, 4).pool_cfg(2, 3, 16) == KvCfg(8, 4, 2, 3, 16)
+    runner = tiny(n_blocks=8)
+    c = runner.config
+    assert runner.pool.cfg == KvConfig(8, B).pool_cfg(c.num_hidden_layers, c.num_key_value_heads, c.head_dim)
+    assert runner.cfg.kv == KvConfig(8, B)  # the config it was built with, under its own name

@@ -369,10 +369,11 @@ class Engine:
             self.stats["decode_tokens"] += len(toks) - prompt_part
             s.result.prefilled_tokens += prompt_part
             self.blocks.written(s.blocks, s.tokens, start + len(toks))
+            sampled = None
             if s.computed == len(s.tokens):  # its last token's logits: sample the next one
                 events.append(self._sample(s, logits.row(i)))
+                sampled = events[-1].token
             if rec is not None:
-                sampled = events[-1].token if s.computed < len(s.tokens) else None
                 rec.rows.append(StepRow(s.index, start, len(toks), prompt_part, sampled))
                 rec.tables[s.index] = list(s.blocks.table)
         self.stats["sample_s"] += time.perf_counter() - t1
