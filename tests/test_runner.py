@@ -279,9 +279,9 @@ def test_int4_runner_matches_its_dequantized_model():
     q_file = ModelRunner.load(DATA_DIR / "tiny-llama-int4", EngineConfig(kv=KvConfig(64)))
     assert q_file.quant == q_load.quant == Int4(32)
     for r in (q_load, q_file):
-        assert all(isinstance(l, QLinear) for layer in r.weights.layers for l in layer.linears().values())
+        assert all(isinstance(lin, QLinear) for layer in r.weights.layers for lin in layer.linears().values())
     w = q_load.weights
-    dq_layers = [LlamaLayer(**{**vars(layer), **{n: Linear(l.dequantize()) for n, l in layer.linears().items()}})
+    dq_layers = [LlamaLayer(**{**vars(layer), **{n: Linear(lin.dequantize()) for n, lin in layer.linears().items()}})
                  for layer in w.layers]
     dq = ModelRunner(LlamaWeights(w.config, w.embed, dq_layers, w.norm, None), EngineConfig(kv=KvConfig(64)))
     f32 = tiny()

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tl_lab.kv import key_location
 from tl_lab.model import Linear, LlamaWeights
 from tl_lab.quant import QLinear, f16_to_f32, f32_to_f16
 
@@ -286,8 +287,7 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 
 def kv_location(table: np.ndarray, pos: np.ndarray, B: int) -> tuple[np.ndarray, np.ndarray]:
     """Position j lives in pool block table[j // B], slot j % B (section 3). Arrays in, arrays out."""
-    pos = np.asarray(pos)
-    return np.asarray(table)[pos // B], pos % B
+    return key_location(table, pos, B)[1:]  # the one rule, in tl_lab.kv
 
 
 def write_kv(data: np.ndarray, layer: int, blk: np.ndarray, slot: np.ndarray,

@@ -8,7 +8,7 @@ One preallocated uint16 buffer holds every block:
     data: (n_blocks, n_layers, 2, H_kv, B, D) uint16 f16 bits, index 0 of axis 2 is K, 1 is V
 
 so position j of a sequence with block table `table` lives in pool block table[j // B], slot j % B,
-and the K of kv head h starts at flat element (h * B + slot) * D of that block's layer-l K slab.
+and the K of kv head h starts at flat element (h * B + slot) * D of that block's K slab for that layer.
 
 A block is in exactly one state:
 
