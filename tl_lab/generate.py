@@ -156,7 +156,7 @@ class StepRow:
 class StepRecord:
     """What one step of `Engine.stream` did (given to `on_step`; costs nothing when absent).
 
-    index: the step, from 0; admitted: (request, blocks found by prefix hash) of each request
+    index: the step of this stream, from 0; admitted: (request, blocks found by prefix hash) of each request
     admitted before the forward; rows: the ForwardBatch, one StepRow per sequence, in batch order;
     allocated / released: request -> block ids (released tail first, at the step's end); evicted:
     cached blocks taken back by those allocations; finished: (request, "stop" | "length");
@@ -297,8 +297,9 @@ class Engine:
         running: list[_Seq] = []
         self._running, self._streaming = running, True
         try:
+            index = 0  # this stream's steps
             while waiting or running:
-                rec = None if on_step is None else StepRecord(self.stats["steps"])
+                rec = None if on_step is None else StepRecord(index)
                 self._admit(waiting, running, rec)
                 yield from self._step(running, rec)  # a list
                 for s in [s for s in running if s.result.finish]:
@@ -306,6 +307,7 @@ class Engine:
                 if rec is not None:
                     rec.waiting, rec.pool = len(waiting), self.pool.stats()
                     on_step(rec)
+                index += 1
         finally:  # the last request, an error, or the consumer closing the generator early
             for s in running:
                 self.blocks.release(s.blocks)
