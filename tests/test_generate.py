@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import smollm2_path
+from tl_lab.blocks import blocks_for
 from tl_lab.errors import KvError
 from tl_lab.generate import Engine, Request, Result
 from tl_lab.kv import BlockState, prefix_hashes
@@ -96,7 +97,7 @@ def test_tables_show_the_running_requests_blocks():
     next(it)  # the prompt is in the pool, the first token sampled
     ((name, table),) = e.tables().items()
     P = len(SYSTEM + "two")
-    assert name == "req 0" and e.lengths() == {"req 0": P} and len(table) == -(-P // B)
+    assert name == "req 0" and e.lengths() == {"req 0": P} and len(table) == blocks_for(P, B)
     want = prefix_hashes(list((SYSTEM + "two").encode()), B)
     assert [e.pool.hash_of(b) for b in table[:3]] == want[:3]  # the three blocks found by hash
     assert all(e.pool.state(b) == BlockState.IN_USE for b in table)

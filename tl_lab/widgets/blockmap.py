@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import copy
 import html
-import math
 from dataclasses import dataclass, field
 from typing import Callable
 
 import ipywidgets as widgets
 import traitlets
 
-from tl_lab.blocks import BlockManager, SeqBlocks, cacheable
+from tl_lab.blocks import BlockManager, SeqBlocks, blocks_for, cacheable
 from tl_lab.errors import KvError
 from tl_lab.kv import KvCfg, KvPool, key_location, slab_offset
 from tl_lab.quant import f16_to_f32, f32_to_f16
@@ -364,7 +363,7 @@ def render(pool: KvPool, tables: dict, sel_block=None, sel_slot=None, sel_seq=No
     n = pool.n_blocks
     drawn = min(n, MAX_DRAWN)
     cols = n if n <= 8 else 6 if n <= 12 else 8 if n <= 64 else 16
-    rows = math.ceil(drawn / cols)
+    rows = blocks_for(drawn, cols)  # rows of `cols` cells
     lru = pool.lru()
     lru_rank = {b: i + 1 for i, b in enumerate(lru)}
     B = pool.block_tokens
