@@ -53,11 +53,12 @@ def test_admit_finds_a_shared_prefix_and_stops_at_the_first_miss():
     blocks = manager()
     pool = blocks.pool
     first = run(blocks, list(range(12)) + [1])  # 13 tokens: 3 full blocks registered
+    first_table = list(first.table)
     blocks.release(first)
     assert pool.stats()["cached"] == 3
     other = list(range(8)) + [50, 51, 52, 53, 54]  # shares 2 blocks, then differs
     seq = blocks.admit(other, cacheable(len(other), B))
-    assert seq.table == first.table[:2] and seq.hits == 2 and seq.written == 8
+    assert seq.table == first_table[:2] and seq.hits == 2 and seq.written == 8
     assert pool.stats()["hits"] == 2 and pool.stats()["lookups"] == 1 + 3  # first's miss, then hit, hit, miss
     assert all(pool.ref(b) == 1 for b in seq.table)
     new = blocks.reserve(seq, len(other))
