@@ -352,12 +352,7 @@ class Engine:
     def _step(self, running: list[_Seq], rec: StepRecord | None) -> list[TokenEvent]:
         """One ForwardBatch over the running sequences, then sampling; -> the new tokens."""
         rows = self._rows(running)
-        cached = set(self.pool.lru()) if rec is not None else None
-        for s, toks in rows:  # the blocks the new positions land in (admission reserved them)
-            new = self.blocks.reserve(s.blocks, s.computed + len(toks))
-            if rec is not None and new:
-                rec.allocated[s.index] = new
-                rec.evicted += [b for b in new if b in cached]
+        self._reserve(rows, rec)
         t0 = time.perf_counter()
         logits = self.runner.forward(ForwardBatch([ForwardSeq(t, s.computed, s.blocks.table) for s, t in rows]))
         t1 = time.perf_counter()
@@ -371,15 +366,25 @@ class Engine:
             self.stats["decode_tokens"] += len(toks) - prompt_part
             s.result.prefilled_tokens += prompt_part
             self.blocks.written(s.blocks, s.tokens, start + len(toks))
-            sampled = None
+            ev = None
             if s.computed == len(s.tokens):  # its last token's logits: sample the next one
-                events.append(self._sample(s, logits.row(i)))
-                sampled = events[-1].token
+                ev = self._sample(s, logits.row(i))
+                events.append(ev)
             if rec is not None:
-                rec.rows.append(StepRow(s.index, start, len(toks), prompt_part, sampled))
+                rec.rows.append(StepRow(s.index, start, len(toks), prompt_part, ev.token if ev else None))
                 rec.tables[s.index] = list(s.blocks.table)
         self.stats["sample_s"] += time.perf_counter() - t1
         return events
+
+    def _reserve(self, rows: list[tuple[_Seq, list[int]]], rec: StepRecord | None) -> None:
+        """The blocks the step's new positions land in (admission reserved room for them)."""
+        cached = set(self.pool.lru()) if rec is not None else None
+        for s, toks in rows:
+            new = self.blocks.reserve(s.blocks, s.computed + len(toks))
+            if rec is not None and new:
+                rec.allocated[s.index] = new
+                rec.evicted += [b for b in new if b in cached]
+
     def _sample(self, s: _Seq, row: np.ndarray) -> TokenEvent:
         req, r = s.req, s.result
         tok, lp = sample(row, req.params, req.prompt_ids, r.output_ids, s.rng)

@@ -318,26 +318,33 @@ class BlockMap(widgets.VBox):
                 f"B = {B} hold positions 0 to {len(table) * B - 1}.")}
         layer = self.layer.value
         offsets = [slab_offset(h, slot, B, D) for h in range(self.pool.H_kv)]
-        K = self.pool.slab(block, layer, False).ravel()
-        V = self.pool.slab(block, layer, True).ravel()
         written = pos < self.lengths[seq] if seq in self.lengths else slot < self.pool.fill(block)
-        rows = "".join(
-            f"<tr><td>{h}</td><td>({h} · {B} + {slot}) · {D} = <b>{off}</b></td>"
-            f"<td>{_val(K[off])}</td><td>{_val(V[off])}</td></tr>"
-            for h, off in enumerate(offsets)
-        )
-        note = "" if written else (
-            f"<p style='color:{HIGHLIGHT}'>Not written yet: the block holds {self.pool.fill(block)} of "
-            f"{B} positions; the slab there holds whatever was left in it.</p>")
-        out = (
-            f"<div class='tl-where' data-seq='{html.escape(seq)}' data-position='{pos}' "
-            f"data-index='{index}' data-block='{block}' data-slot='{slot}' style='{MONO}'>"
-            f"<p>Sequence {html.escape(seq)}, position {pos}: block table index {pos} // {B} = "
-            f"<b>{index}</b> → pool block <b>{block}</b>, slot {pos} % {B} = <b>{slot}</b>.</p>"
-            f"<table style='border-spacing: 14px 2px'><tr><th>kv head h</th><th>element of layer {layer}'s K slab of block {block}"
-            f"</th><th>K[0] there</th><th>V[0] there</th></tr>{rows}</table>{note}</div>"
-        )
+        out = _where_html(self.pool, seq, pos, (index, block, slot), layer, offsets, written)
         return {"html": out, "seq": seq, "index": index, "block": block, "slot": slot, "offsets": offsets}
+
+
+def _where_html(pool: KvPool, seq: str, pos: int, loc: tuple[int, int, int], layer: int,
+                offsets: list[int], written: bool) -> str:
+    """The panel for a position inside its table: the arithmetic, then K[0] and V[0] read from the
+    slab at each kv head's offset, and a note when the position holds no key yet."""
+    (index, block, slot), B, D = loc, pool.block_tokens, pool.D
+    K, V = pool.slab(block, layer, False).ravel(), pool.slab(block, layer, True).ravel()
+    rows = "".join(
+        f"<tr><td>{h}</td><td>({h} · {B} + {slot}) · {D} = <b>{off}</b></td>"
+        f"<td>{_val(K[off])}</td><td>{_val(V[off])}</td></tr>"
+        for h, off in enumerate(offsets)
+    )
+    note = "" if written else (
+        f"<p style='color:{NOTE}'>Not written yet: the block holds {pool.fill(block)} of "
+        f"{B} positions; the slab there holds whatever was left in it.</p>")
+    return (
+        f"<div class='tl-where' data-seq='{html.escape(seq)}' data-position='{pos}' "
+        f"data-index='{index}' data-block='{block}' data-slot='{slot}' style='{MONO}'>"
+        f"<p>Sequence {html.escape(seq)}, position {pos}: block table index {pos} // {B} = "
+        f"<b>{index}</b> → pool block <b>{block}</b>, slot {pos} % {B} = <b>{slot}</b>.</p>"
+        f"<table style='border-spacing: 14px 2px'><tr><th>kv head h</th><th>element of layer {layer}'s "
+        f"K slab of block {block}</th><th>K[0] there</th><th>V[0] there</th></tr>{rows}</table>{note}</div>"
+    )
 
 
 def show(pool: KvPool, tables: dict | None = None, **kw) -> BlockMap:
@@ -358,61 +365,66 @@ def short_hash(h: int | None) -> str:
     return "—" if h is None else f"{h:016x}"[:6]
 
 
+BOX_W, ROW_H, TABLE_X = 34, 34, 60  # a block-table entry, a table's row, where entries start
+
+
 def render(pool: KvPool, tables: dict, sel_block=None, sel_slot=None, sel_seq=None) -> str:
     """The grid, the tables pointing into it, the LRU order and the counts, as HTML with an SVG."""
     n = pool.n_blocks
     drawn = min(n, MAX_DRAWN)
     cols = n if n <= 8 else 6 if n <= 12 else 8 if n <= 64 else 16
-    rows = blocks_for(drawn, cols)  # rows of `cols` cells
-    lru = pool.lru()
-    lru_rank = {b: i + 1 for i, b in enumerate(lru)}
-    B = pool.block_tokens
-    lines, parts, where = [], [], {}
-    for b in range(drawn):
-        x, y = GAP + (b % cols) * (CELL_W + GAP), GAP + (b // cols) * (CELL_H + GAP)
-        where[b] = (x, y)
-        parts.append(_cell(pool, b, x, y, lru_rank.get(b), b == sel_block, sel_slot))
-    grid_h = GAP + rows * (CELL_H + GAP)
-    width = GAP + cols * (CELL_W + GAP)
-    box_w, row_h = 34, 34
-    table_w = 60 + max((len(t) for t in tables.values()), default=0) * (box_w + 4)
-    width = max(width, table_w + GAP)
+    grid_h = GAP + blocks_for(drawn, cols) * (CELL_H + GAP)  # rows of `cols` cells
+    lru_rank = {b: i + 1 for i, b in enumerate(pool.lru())}
+    where = {b: (GAP + (b % cols) * (CELL_W + GAP), GAP + (b // cols) * (CELL_H + GAP)) for b in range(drawn)}
+    parts = [_cell(pool, b, x, y, lru_rank.get(b), b == sel_block, sel_slot) for b, (x, y) in where.items()]
     y0 = grid_h + 40
+    lines, entries = _tables_svg(pool, tables, where, y0, sel_block, sel_seq)
+    table_w = TABLE_X + max((len(t) for t in tables.values()), default=0) * (BOX_W + 4)
+    width = max(GAP + cols * (CELL_W + GAP), table_w + GAP)
+    height = y0 + len(tables) * ROW_H + GAP if tables else grid_h
+    svg = (f"<svg class='tl-blockmap' xmlns='http://www.w3.org/2000/svg' width='{width}' "
+           f"height='{height}' style='font-family: sans-serif'>{''.join(lines + parts + entries)}</svg>")
+    more = f"<p>… and {n - drawn} more blocks, not drawn.</p>" if n > drawn else ""
+    return _frame(pool, svg + more)
+
+
+def _tables_svg(pool: KvPool, tables: dict, where: dict, y0: int, sel_block, sel_seq) -> tuple[list, list]:
+    """Each table as a row of entries below the grid, a faint line from each entry up to its block."""
+    lines, parts = [], []
     for r, (name, table) in enumerate(tables.items()):
         colour = SEQ_COLOURS[r % len(SEQ_COLOURS)]
-        y = y0 + r * row_h
+        y = y0 + r * ROW_H
         parts.append(f"<text x='{GAP}' y='{y + 21}' font-size='14' font-weight='bold' fill='{colour}'>"
                      f"{html.escape(str(name))}</text>")
         for i, b in enumerate(table):
-            x = 60 + i * (box_w + 4)
+            x = TABLE_X + i * (BOX_W + 4)
             if b in where:  # a line from the table entry up to the block it points at
                 bx, by = where[b]
-                lines.append(f"<line x1='{x + box_w / 2}' y1='{y}' x2='{bx + CELL_W / 2}' "
+                lines.append(f"<line x1='{x + BOX_W / 2}' y1='{y}' x2='{bx + CELL_W / 2}' "
                              f"y2='{by + CELL_H}' stroke='{colour}' stroke-opacity='0.35'/>")
-        for i, b in enumerate(table):
-            x = 60 + i * (box_w + 4)
             sel = name == sel_seq and b == sel_block
-            st = str(pool.state(b)) if 0 <= b < n else "free"
+            st = str(pool.state(b)) if 0 <= b < pool.n_blocks else "free"
             parts.append(
                 f"<g class='tl-entry' data-seq='{html.escape(str(name))}' data-index='{i}' data-block='{b}'>"
-                f"<rect x='{x}' y='{y + 4}' width='{box_w}' height='24' rx='3' fill='{COLOURS[st]}' "
+                f"<rect x='{x}' y='{y + 4}' width='{BOX_W}' height='24' rx='3' fill='{COLOURS[st]}' "
                 f"stroke='{HIGHLIGHT if sel else colour}' stroke-width='{3 if sel else 1.5}'/>"
-                f"<text x='{x + box_w / 2}' y='{y + 21}' font-size='12' text-anchor='middle'>{b}</text></g>")
+                f"<text x='{x + BOX_W / 2}' y='{y + 21}' font-size='12' text-anchor='middle'>{b}</text></g>")
     if tables:
         parts.append(f"<text x='{GAP}' y='{y0 - 12}' font-size='12' fill='#374151'>block tables "
                      "(entry i holds positions i·B to i·B + B − 1):</text>")
-    height = y0 + len(tables) * row_h + GAP if tables else grid_h
-    svg = (f"<svg class='tl-blockmap' xmlns='http://www.w3.org/2000/svg' width='{width}' "
-           f"height='{height}' style='font-family: sans-serif'>{''.join(lines + parts)}</svg>")
-    s = pool.stats()
-    more = f"<p>… and {n - drawn} more blocks, not drawn.</p>" if n > drawn else ""
+    return lines, parts
+
+
+def _frame(pool: KvPool, body: str) -> str:
+    """The legend above the drawing, the LRU order and the pool's counts below it."""
+    s, lru = pool.stats(), pool.lru()
     legend = " ".join(
         f"<span style='background:{COLOURS[k]};border:1px solid {STROKE[k]};padding:0 6px'>{k}</span>"
         for k in COLOURS)
     lru_text = " → ".join(str(b) for b in lru) if lru else "empty"
     return (
-        f"<div class='tl-blockmap' style='{MONO}'><p>{legend} &nbsp; B = {B}, "
-        f"{pool.n_layers} layer(s), {pool.H_kv} kv head(s) of D = {pool.D}</p>{svg}{more}"
+        f"<div class='tl-blockmap' style='{MONO}'><p>{legend} &nbsp; B = {pool.block_tokens}, "
+        f"{pool.n_layers} layer(s), {pool.H_kv} kv head(s) of D = {pool.D}</p>{body}"
         f"<p class='tl-lru'>LRU, oldest first (evicted first): <b>{lru_text}</b></p>"
         f"<p class='tl-stats'>free {s['free']} · in use {s['in_use']} · cached {s['cached']} · "
         f"registered {s['registered']} · lookups {s['lookups']} (hits {s['hits']}) · "
