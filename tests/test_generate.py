@@ -441,3 +441,13 @@ def test_on_step_shows_hits_and_evictions():
     assert admitted == {0: 0, 1: 3, 2: 0}  # the second finds the system prompt's 3 full blocks
     evicted = [b for rec in records for b in rec.evicted]
     assert evicted and e.pool.stats()["evictions"] == len(evicted)  # the third needs 5 blocks of 6
+
+
+def test_two_streams_made_before_either_runs_cannot_both_run():
+    e = engine()
+    a, b = e.stream([req("one", max_tokens=3)]), e.stream([req("two", max_tokens=3)])
+    next(a)
+    with pytest.raises(RuntimeError, match="already streaming"):
+        next(b)
+    list(a)
+    assert_pool_idle(e.pool)

@@ -258,11 +258,14 @@ class Engine:
         """Generate for every request, several in one batch per step; yield each token as it comes.
         One stream at a time per engine (RuntimeError otherwise): its pool reservations assume it.
         Every request is checked first (`check`): a refusal raises before anything runs."""
-        if self._streaming:
-            raise RuntimeError("this Engine is already streaming; finish or close that stream first")
+        self._idle()
         requests = list(requests)
         self.check(requests)
         return self._loop(requests, on_step)
+
+    def _idle(self) -> None:
+        if self._streaming:
+            raise RuntimeError("this Engine is already streaming; finish or close that stream first")
 
     def check(self, requests: list[Request]) -> None:
         """Refuse, before anything runs, a request that is not a Request (RequestError), holds an id
@@ -289,6 +292,7 @@ class Engine:
                 "lower max_tokens (this engine does not preempt)")
 
     def _loop(self, requests: list[Request], on_step) -> Iterator[TokenEvent]:
+        self._idle()  # again: another stream may have started between stream() and this first next()
         c = self.runner.config
         self.results = [Result(i, list(r.prompt_ids)) for i, r in enumerate(requests)]
         waiting = [_Seq(i, r, c.eos_token_ids if r.stop_ids is None else r.stop_ids)
