@@ -701,3 +701,24 @@ def test_key_location_is_one_rule_for_scalars_and_arrays():
     for bad in (np.array([3, 48]), np.array([-1]), np.array([1.5]), "abc", 2.0, True):
         with pytest.raises(KvError):
             key_location(table, bad, 16)
+
+
+def test_a_large_pool_costs_memory_only_as_it_is_used():
+    """Issue 12: --kv-blocks 100000000 on the bigram was a MemoryError traceback (5e7: 3.2 GB of
+    bookkeeping). The buffer and the bookkeeping are paged in on first use; the free list keeps
+    its order (never used ids ascending, then released ones)."""
+    import resource
+
+    from tl_lab.kv import memory_bytes
+
+    n = 10**8
+    if KvCfg(n, 16, 1, 1, 1).pool_bytes > memory_bytes():
+        n = memory_bytes() // KvCfg(1, 16, 1, 1, 1).pool_bytes  # a smaller machine: the largest it accepts
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    pool = KvPool(KvCfg(n, 16, 1, 1, 1))
+    a = pool.alloc(3)
+    pool.release(a[1])
+    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024  # ru_maxrss is KiB
+    assert grown < 100 * 2**20, f"a {n}-block pool took {grown / 2**20:.0f} MiB before use"
+    assert a == [0, 1, 2] and pool.stats()["free"] == n - 2
+    assert pool.alloc(2) == [3, 4] and pool.free_list()[-1] == 1  # fresh ids first, then the released one

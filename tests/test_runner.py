@@ -10,7 +10,6 @@ import json
 import numpy as np
 import pytest
 
-from tl_lab.blocks import blocks_for
 from tl_lab.errors import BatchError, KvError
 from tl_lab.forward import LONG_ROWS
 from tl_lab.model import Linear, LlamaLayer, LlamaWeights, ModelConfig
@@ -38,7 +37,7 @@ def tiny(n_blocks=64, **kw) -> ModelRunner:
 
 
 def blocks_for(runner, n_positions):
-    return runner.pool.alloc(blocks_for(n_positions, runner.block_tokens))
+    return runner.pool.alloc(runner.blocks.blocks_for(n_positions))
 
 
 def prefill(runner, tokens, pieces=None, blocks=None):

@@ -17,8 +17,11 @@ A block is in exactly one state:
     cached   ref 0, registered under a hash, in the LRU (oldest released first)
 
 alloc takes free blocks first, then evicts cached blocks oldest first. Every operation costs O(1)
-or O(blocks it touches), never O(pool size): a deque of free ids, an OrderedDict for the LRU, a dict
-for the hash index, Python lists for ref, fill and hash.
+or O(blocks it touches), never O(pool size): a free list that holds only released ids (the never
+used ones are a counter), an OrderedDict for the LRU, dicts for the hash index and each block's hash,
+numpy arrays for ref and fill. Like the buffer (calloc), the bookkeeping of a block costs memory
+only once the block is used, so a large pool is cheap until it fills; KvCfg refuses a pool that
+this machine could not hold full.
 
 Decisions where the chapter is silent (also in docs/formats/kv-block.md and the notebook):
 - prefix_cache=False: nothing is ever indexed. register checks its arguments as usual, then returns
@@ -210,6 +213,47 @@ def slab_offset(h: int, slot: int, block_tokens: int, head_dim: int) -> int:
     return (h * block_tokens + slot) * head_dim
 
 
+# ---------------------------------------------------------------- the pool's bookkeeping
+
+
+class _Hashes(dict):
+    """block -> hash of the registered blocks only; another block reads as None, and assigning None
+    forgets the block (so `_hash[b]` reads like the list it replaces, at no memory per block)."""
+
+    def __missing__(self, b: int) -> None:
+        return None
+
+    def __setitem__(self, b: int, h: int | None) -> None:
+        if h is None:
+            self.pop(b, None)
+        else:
+            super().__setitem__(b, h)
+
+
+class _FreeList:
+    """The free block ids in the order alloc takes them: the never used ones in ascending order (a
+    counter, no memory each), then the released ones, first released first (a deque)."""
+
+    def __init__(self, n: int):
+        self._next, self._n, self._released = 0, n, deque()
+
+    def popleft(self) -> int:
+        if self._next < self._n:
+            self._next += 1
+            return self._next - 1
+        return self._released.popleft()
+
+    def append(self, b: int) -> None:
+        self._released.append(b)
+
+    def __len__(self) -> int:
+        return self._n - self._next + len(self._released)
+
+    def __iter__(self):
+        yield from range(self._next, self._n)
+        yield from self._released
+
+
 # ---------------------------------------------------------------- the pool
 
 
@@ -237,10 +281,10 @@ class KvPool:
             self._data = np.zeros((n, *cfg.block_shape), dtype=np.uint16)
         except (ValueError, MemoryError) as exc:
             raise KvError(f"KvCfg asks for {n} blocks of {cfg.block_bytes} bytes: {exc}") from None
-        self._ref = [0] * n
-        self._fill = [0] * n
-        self._hash: list[int | None] = [None] * n
-        self._free: deque[int] = deque(range(n))  # alloc takes from the left, release appends
+        self._ref = np.zeros(n, dtype=np.int64)  # zeros: paged in on first touch, like the buffer
+        self._fill = np.zeros(n, dtype=np.int64)
+        self._hash = _Hashes()
+        self._free = _FreeList(n)  # alloc takes from the left, release appends
         self._lru: OrderedDict[int, None] = OrderedDict()  # first = least recently released
         self._index: dict[int, int] = {}  # hash -> block (in use or cached)
         self._evictions = 0
@@ -272,10 +316,10 @@ class KvPool:
         return self._data[b, int(layer), int(is_v)]
 
     def ref(self, id: int) -> int:
-        return self._ref[self._check_id(id)]
+        return int(self._ref[self._check_id(id)])
 
     def fill(self, id: int) -> int:
-        return self._fill[self._check_id(id)]
+        return int(self._fill[self._check_id(id)])
 
     def hash_of(self, id: int) -> int | None:
         return self._hash[self._check_id(id)]
@@ -397,7 +441,7 @@ class KvPool:
         """
         b = self._check_in_use(id, "register")
         if self._fill[b] != self.B:
-            raise KvError(f"register({b}): block {b} holds {self._fill[b]} of {self.B} tokens, not full")
+            raise KvError(f"register({b}): block {b} holds {self.fill(b)} of {self.B} tokens, not full")
         if not is_int(h) or not 0 <= h < 2**HASH_BITS:
             raise KvError(f"register({b}, {h!r}): the hash must be a u64")
         h = int(h)
@@ -446,7 +490,7 @@ class KvPool:
                           DTYPE_CODES[c.dtype], int(c.format), n)
         for i, b in enumerate(blocks):
             h = self._hash[b]
-            _BLOCK.pack_into(out, _HEADER.size + i * _BLOCK.size, self._fill[b], h is not None, h or 0)
+            _BLOCK.pack_into(out, _HEADER.size + i * _BLOCK.size, int(self._fill[b]), h is not None, h or 0)
         payload = np.frombuffer(out, dtype="<u2", count=n * c.block_bytes // 2, offset=start)
         payload = payload.reshape(n, *c.block_shape)
         if payload.dtype == self._data.dtype:  # a little-endian machine: gather straight into place
