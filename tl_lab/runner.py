@@ -6,7 +6,7 @@ Chapter L10.1, section 2.1 (the three layers) and section 4 (runner.rs), in Pyth
     blocks = runner.pool.alloc(1)
     logits = runner.forward(ForwardBatch([ForwardSeq(b"Hello", 0, blocks)]))
 
-The caller owns the blocks (the engine loop allocates them from `runner.pool` and releases them);
+The caller owns the blocks (the engine loop takes them through `runner.blocks`, tl_lab.blocks);
 `forward` writes each new token's K and V into the blocks its table names and reads them back.
 A batch the runner cannot run is refused with BatchError before anything is written.
 
@@ -28,10 +28,11 @@ Decisions where the chapter is silent:
 - KvConfig (the user's choice: how many blocks of how many positions) and KvCfg (tl_lab.kv: the
   pool's whole shape) are the chapter's two names: KvConfig.pool_cfg completes the first into the
   second with the model's KV shape. KvCfg knows nothing of KvConfig.
-- Each kind of weights brings its KV shape and its forward (`ARCHS`, looked up once at load). The
-  bigram has no KV: its pool is a token one (one layer, one head, D = 1).
+- Each kind of weights brings its KV shape and its forward (`ARCHS`, looked up once at load; the
+  bigram's pool has one layer, one head, D = 1).
 - The blocks a sequence holds are `tl_lab.blocks`' business: the runner only raises the fill of
-  the blocks it wrote, and run_once / last_logits borrow temporary blocks from it.
+  the blocks it wrote, and run_once / last_logits borrow temporary blocks from it after checking
+  the tokens, so a refused call moves no block.
 - EngineConfig.threads sets the BLAS thread count for the whole process (OpenBLAS has one pool).
   The bits of a product depend on it, so batch invariance holds for one thread count, not across.
 """
