@@ -19,7 +19,7 @@ A block is in exactly one state:
 alloc takes free blocks first, then evicts cached blocks oldest first. Every operation costs O(1)
 or O(blocks it touches), never O(pool size): a free list that holds only released ids (the never
 used ones are a counter), an OrderedDict for the LRU, dicts for the hash index and each block's hash,
-numpy arrays for ref and fill. Like the buffer (calloc), the bookkeeping of a block costs memory
+dicts for ref and fill (0 for a block never used). Like the buffer (calloc), the bookkeeping of a block costs memory
 only once the block is used, so a large pool is cheap until it fills; KvCfg refuses a pool that
 this machine could not hold full.
 
@@ -70,7 +70,7 @@ VERSION = 1
 DTYPE_CODES = {"f16": 1}  # the envelope's dtype field
 FORMATS = (1,)  # format 1: f16 K and V slabs, (H_kv, B, D) per layer
 HASH_BITS = 64
-BOOKKEEPING_BYTES = 64  # per block: ref, fill and hash list slots, the free-list entry and its int
+BOOKKEEPING_BYTES = 320  # per block of a full pool, every block cached: ref, fill, hash, index, LRU (~290 measured)
 _HEADER = struct.Struct("<8sIIIIIIII")  # magic, version, B, n_layers, H_kv, D, dtype, format, n
 _BLOCK = struct.Struct("<IIQ")  # fill, has_hash, hash
 _CRC = struct.Struct("<I")
@@ -216,6 +216,13 @@ def slab_offset(h: int, slot: int, block_tokens: int, head_dim: int) -> int:
 # ---------------------------------------------------------------- the pool's bookkeeping
 
 
+class _Zeros(dict):
+    """block -> count, 0 for a block never used (no memory per block until it is)."""
+
+    def __missing__(self, b: int) -> int:
+        return 0
+
+
 class _Hashes(dict):
     """block -> hash of the registered blocks only; another block reads as None, and assigning None
     forgets the block (so `_hash[b]` reads like the list it replaces, at no memory per block)."""
@@ -281,8 +288,7 @@ class KvPool:
             self._data = np.zeros((n, *cfg.block_shape), dtype=np.uint16)
         except (ValueError, MemoryError) as exc:
             raise KvError(f"KvCfg asks for {n} blocks of {cfg.block_bytes} bytes: {exc}") from None
-        self._ref = np.zeros(n, dtype=np.int64)  # zeros: paged in on first touch, like the buffer
-        self._fill = np.zeros(n, dtype=np.int64)
+        self._ref, self._fill = _Zeros(), _Zeros()  # an entry once a block is first used
         self._hash = _Hashes()
         self._free = _FreeList(n)  # alloc takes from the left, release appends
         self._lru: OrderedDict[int, None] = OrderedDict()  # first = least recently released
@@ -295,7 +301,7 @@ class KvPool:
 
     @property
     def n_blocks(self) -> int:
-        return len(self._ref)
+        return int(self.cfg.n_blocks)
 
     @property
     def block_tokens(self) -> int:
@@ -368,8 +374,8 @@ class KvPool:
     def _check_id(self, id) -> int:
         if not is_int(id):
             raise KvError(f"block id must be an int, got {id!r}")
-        if not 0 <= id < len(self._ref):
-            raise KvError(f"block id {id} is out of range (n_blocks {len(self._ref)})")
+        if not 0 <= id < self.n_blocks:
+            raise KvError(f"block id {id} is out of range (n_blocks {self.n_blocks})")
         return int(id)
 
     def _check_in_use(self, id, what: str) -> int:
