@@ -20,7 +20,7 @@ import math
 import mmap
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from functools import cache
 from pathlib import Path
 from typing import Iterator, Union
@@ -28,7 +28,7 @@ from typing import Iterator, Union
 import numpy as np
 
 from tl_lab.errors import ConfigError, FormatError
-from tl_lab.checks import is_int
+from tl_lab.checks import as_float, as_int, is_int
 from tl_lab.paths import FORMATS_DIR, open_regular, read_regular
 from tl_lab.quant import QLinear, bf16_to_f32, f16_to_f32, linear_product
 
@@ -135,6 +135,7 @@ class ModelConfig:
     quant: str | None = None  # config.json's tl_quant note; the file's metadata must agree
 
     def __post_init__(self) -> None:
+        self._check_types()
         if self.arch not in ARCHES:
             raise ConfigError(f"tl_arch: {self.arch!r} is not one of {list(ARCHES)}")
         if self.tokenizer not in TOKENIZERS:
@@ -157,6 +158,16 @@ class ModelConfig:
                 raise ConfigError(f"{name}: id {tid} is outside the vocabulary [0, {self.vocab_size})")
         if self.arch == "llama":
             self._check_llama()
+
+    def _check_types(self) -> None:
+        """Integer fields are integers (not bools, not 2.0) and float fields real numbers, each stored as
+        a plain Python int or float; from_json's schema says the same for a file."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "int":
+                object.__setattr__(self, f.name, as_int(value, f.name, error=ConfigError))
+            elif f.type == "float":
+                object.__setattr__(self, f.name, as_float(value, f.name, error=ConfigError))
 
     def _check_llama(self) -> None:
         for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -248,8 +259,17 @@ class ModelConfig:
         return self.num_attention_heads // self.num_key_value_heads
 
     def param_count(self) -> int:
-        """Parameters of the model this config describes (an int4 weight counts as one)."""
-        return sum(math.prod(s) for s in tensor_shapes(self).values())
+        """Parameters of the model this config describes (an int4 weight counts as one).
+
+        O(1) in the layer count: the table of a 1- and a 2-layer twin gives the top-level and the
+        per-layer counts, so num_hidden_layers = 10**7 costs no more than 2 (a widget calls this on
+        whatever config.json a learner opens)."""
+        if self.arch != "llama":
+            return sum(math.prod(s) for s in tensor_shapes(self).values())
+        one, two = (sum(math.prod(s) for s in tensor_shapes(replace(self, num_hidden_layers=n)).values())
+                    for n in (1, 2))
+        per_layer = two - one
+        return one - per_layer + per_layer * self.num_hidden_layers
 
 
 def _check_f32(name: str, value: float, why: str) -> None:
