@@ -254,3 +254,10 @@ def test_a_bad_chat_template_is_a_config_error_and_never_hangs(template, why):
         render_chat_template(template, messages)
     assert sys.gettrace() is None  # the step counter is gone again
     assert "<|im_start|>user\nhi<|im_end|>" in render_chat_template(CHATML, messages[:1])  # rendering still works
+
+
+@pytest.mark.parametrize("ids", [[104, 2.7], [True], ["104"]])
+def test_ids_that_are_not_integers_are_refused_not_truncated(bpe_dir, ids):
+    for tok in (ByteTokenizer(), load_tokenizer(bpe_dir)):
+        with pytest.raises(ValueError, match="token id must be an integer"):
+            tok.decode(ids)

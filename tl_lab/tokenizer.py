@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from tl_lab.checks import as_int
 from tl_lab.errors import ConfigError
 
 
@@ -35,7 +36,7 @@ class Tokenizer:
 
     def __init__(self, eos_ids: Iterable[int] = (), bos_id: int | None = None, chat_template: str | None = None):
         """The special ids (checked against vocab_size, which a subclass sets first) and the template."""
-        self.eos_ids = [int(i) for i in eos_ids]
+        self.eos_ids = [as_int(i, "eos id") for i in eos_ids]
         self.bos_id = bos_id
         self.chat_template = chat_template
         self._check_ids(self.eos_ids + ([] if bos_id is None else [bos_id]))
@@ -65,7 +66,7 @@ class Tokenizer:
         return {}
 
     def _check_ids(self, ids: Iterable[int]) -> list[int]:
-        ids = [int(i) for i in ids]
+        ids = [as_int(i, "token id") for i in ids]  # 2.7 is refused, not read as 2
         for i in ids:
             if not 0 <= i < self.vocab_size:
                 raise ValueError(f"token id {i} is outside the vocabulary (0 .. {self.vocab_size - 1})")
