@@ -46,7 +46,8 @@ class OutputError(Exception):
 
 
 def _parser() -> argparse.ArgumentParser:
-    epilog = "exit codes:\n" + "\n".join(f"  {code:<4} {text}" for code, text in EXIT_CODES.items())
+    epilog = ("exit codes (every error is one line 'error: ...' on stderr; docs/cli.md):\n"
+              + "\n".join(f"  {code:<4} {text}" for code, text in EXIT_CODES.items()))
     p = argparse.ArgumentParser(prog="python -m tl_lab", description="tl_lab: the model runner of chapter L10.1",
                                 epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True, metavar="command")
