@@ -306,3 +306,32 @@ def test_chat_refuses_one_line_that_cannot_fit_or_is_not_utf8_and_goes_on(capsys
     assert len(refusals) == 2
     assert "does not fit even on its own" in refusals[0] and "not valid UTF-8 (byte 0xe9" in refusals[1]
     assert err.count("[4 tokens, finish=length") == 1  # "hi" was answered after both refusals
+
+
+# ------------------------------------------------------------------------------------------------
+# The codes no probe above reaches: a bug, no memory, Ctrl-C
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("exc, code, words", [
+    (RuntimeError("boom"), 4, ["internal error", "RuntimeError: boom", "TL_LAB_TRACEBACK=1"]),
+    (MemoryError(), REFUSED, ["not enough memory"]),
+    (KeyboardInterrupt(), 130, []),
+])
+def test_every_other_failure_is_one_line_with_its_code(capsys, monkeypatch, exc, code, words):
+    import tl_lab.__main__ as cli
+
+    def fail(args):
+        raise exc
+
+    monkeypatch.setattr(cli, "_generate", fail)
+    got, out, err = run_main(capsys, "generate", "--model", "bigram", "--prompt", "x")
+    assert got == code and out == "" and "Traceback" not in err and err.count("\n") == 1
+    if words:
+        one_error_line(err, *words)
+    else:
+        assert err == "interrupted\n"
+    if code == 4:  # the traceback is there for whoever asks for it
+        monkeypatch.setenv("TL_LAB_TRACEBACK", "1")
+        with pytest.raises(RuntimeError, match="boom"):
+            main(["generate", "--model", "bigram", "--prompt", "x"])
