@@ -24,7 +24,8 @@ python -c 'import sys; assert sys.version_info >= (3, 11), "tl_lab needs Python 
 # One environment for both commands: the locked runtime, dev and hf sets (pip finds torch's CPU build).
 STAMP="$VENV/.tl_lab-installed"
 want=$(cat "$LOCK" pyproject.toml | python -c 'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')
-if [ "$(cat "$STAMP" 2>/dev/null)" = "$want" ] && python -c 'import tl_lab' 2>/dev/null; then
+installed() { python -c 'import importlib.metadata as m; m.version("tl_lab"); m.version("jupyterlab")' 2>/dev/null; }
+if [ "$(cat "$STAMP" 2>/dev/null)" = "$want" ] && installed; then
     step "dependencies already installed from $LOCK (unchanged since; delete $STAMP to force)"
 else
     step "installing the locked dependencies from $LOCK (hash-checked), then tl_lab itself (editable)"
