@@ -261,3 +261,20 @@ def test_ids_that_are_not_integers_are_refused_not_truncated(bpe_dir, ids):
     for tok in (ByteTokenizer(), load_tokenizer(bpe_dir)):
         with pytest.raises(ValueError, match="token id must be an integer"):
             tok.decode(ids)
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+def test_a_tokenizer_json_that_is_not_a_file_is_refused_at_once(bpe_dir, tmp_path, kind):
+    import os
+    import shutil
+
+    d = tmp_path / "m"
+    shutil.copytree(bpe_dir, d)
+    (d / "tokenizer.json").unlink()
+    os.mkdir(d / "tokenizer.json") if kind == "directory" else os.mkfifo(d / "tokenizer.json")
+    with pytest.raises(ConfigError, match="tokenizer.json: .* not a regular file"):
+        load_tokenizer(d)
+    (d / "config.json").unlink()
+    os.mkfifo(d / "config.json")  # load_tokenizer reads config.json itself when given none
+    with pytest.raises(ConfigError, match="config.json: .* named pipe"):
+        load_tokenizer(d)

@@ -20,6 +20,10 @@ from typing import Any, Iterable, Sequence
 
 from tl_lab.checks import as_int
 from tl_lab.errors import ConfigError
+from tl_lab.paths import read_regular
+
+
+MAX_TOKENIZER_BYTES = 100_000_000  # tokenizer.json: SmolLM2's is 2 MB, the largest vocabularies ~20 MB
 
 
 class Tokenizer:
@@ -106,10 +110,11 @@ class BpeTokenizer(Tokenizer):
         from tokenizers import Tokenizer as HfTokenizer
 
         path = Path(path)
-        if not path.is_file():
+        if not path.exists():
             raise ConfigError(f"tl_tokenizer is bpe but {path} is missing")
+        text = read_regular(path, "tokenizer.json", ConfigError, MAX_TOKENIZER_BYTES)  # never blocks on a FIFO
         try:
-            self._tok = HfTokenizer.from_file(str(path))
+            self._tok = HfTokenizer.from_str(text.decode("utf-8"))
         except Exception as exc:  # the library raises a bare Exception for a malformed file
             raise ConfigError(f"{path} is not a tokenizer.json the tokenizers library can read: {exc}") from exc
         n = self._tok.get_vocab_size(with_added_tokens=True)
@@ -172,10 +177,12 @@ def load_tokenizer(model_dir: str | Path, config: Any = None) -> Tokenizer:
     """
     model_dir = Path(model_dir)
     if config is None:
+        from tl_lab.model import MAX_CONFIG_BYTES
+
         path = model_dir / "config.json"
         try:
-            config = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
+            config = json.loads(read_regular(path, "config.json", ConfigError, MAX_CONFIG_BYTES))
+        except ValueError as exc:
             raise ConfigError(f"cannot read {path}: {exc}") from exc
     kind = _field(config, "tokenizer", "tl_tokenizer")
     eos = _field(config, "eos_token_ids", "eos_token_id")
