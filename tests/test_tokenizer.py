@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -199,9 +201,8 @@ def test_chat_template_variables_and_helpers():
     out = render_chat_template(FANCY, CONVERSATIONS[2], special_tokens={"bos_token": "<s>", "eos_token": "</s>"})
     assert out.startswith("<s>") and '[USER] "Name a colour."' in out and "skip me" not in out
     assert '"Another, with \\"quotes\\" and ünïcødé\\n  and  spaces"' in out and out.endswith("[ASSISTANT]\n")
-    from jinja2.exceptions import TemplateError
 
-    with pytest.raises(TemplateError, match="unknown role tool"):
+    with pytest.raises(ConfigError, match="chat template .* unknown role tool"):
         render_chat_template(FANCY, [{"role": "tool", "content": "x"}])
 
 
@@ -223,3 +224,57 @@ def test_chat_templates_render_like_transformers(bpe_dir):
             for gen in (True, False):
                 want = hf.apply_chat_template(msgs, chat_template=template, tokenize=False, add_generation_prompt=gen)
                 assert ours.apply_chat_template(msgs, add_generation_prompt=gen) == want, (template[:20], msgs, gen)
+
+
+@pytest.mark.parametrize("text, where", [("a\udcff", "the byte 0xff at character 1"),
+                                         ("ok \ud800", "a lone surrogate U+D800 at character 3")])
+def test_text_that_is_not_utf8_is_a_value_error_naming_the_byte(bpe_dir, text, where):
+    """argv and stdin carry undecodable bytes as lone surrogates; both tokenizers refuse them alike
+    (they were a UnicodeEncodeError and a TypeError from inside the tokenizers library)."""
+    for tok in (ByteTokenizer(), load_tokenizer(bpe_dir)):
+        with pytest.raises(ValueError, match=re.escape(f"not valid UTF-8: {where}")):
+            tok.encode(text)
+    with pytest.raises(ValueError, match="must be a str, got bytes"):
+        ByteTokenizer().encode(b"abc")
+
+
+@pytest.mark.parametrize("template, why", [
+    ("{% for m in messages %}{{ m.content }", "TemplateSyntaxError"),
+    ("{{ raise_exception('only user and assistant roles') }}", "only user and assistant roles"),
+    ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "runaway loop"),
+    ("{% for m in messages %}{% for n in messages %}{% for i in range(99999) %}{% endfor %}{% endfor %}{% endfor %}",
+     "runaway loop"),
+    ("{{ 'ab' * 10**8 }}", "more than 10,000,000 items"),
+    ("{{ 7 ** 100000000 }}", "more than 10,000,000 items"),  # Jinja's ** is left-associative
+    ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "RecursionError"),
+])
+def test_a_bad_chat_template_is_a_config_error_and_never_hangs(template, why):
+    messages = [{"role": "user", "content": "hi"}] * 30
+    with pytest.raises(ConfigError, match=f"chat template .*{why}"):
+        render_chat_template(template, messages)
+    assert sys.gettrace() is None  # the step counter is gone again
+    assert "<|im_start|>user\nhi<|im_end|>" in render_chat_template(CHATML, messages[:1])  # rendering still works
+
+
+@pytest.mark.parametrize("ids", [[104, 2.7], [True], ["104"]])
+def test_ids_that_are_not_integers_are_refused_not_truncated(bpe_dir, ids):
+    for tok in (ByteTokenizer(), load_tokenizer(bpe_dir)):
+        with pytest.raises(ValueError, match="token id must be an integer"):
+            tok.decode(ids)
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+def test_a_tokenizer_json_that_is_not_a_file_is_refused_at_once(bpe_dir, tmp_path, kind):
+    import os
+    import shutil
+
+    d = tmp_path / "m"
+    shutil.copytree(bpe_dir, d)
+    (d / "tokenizer.json").unlink()
+    os.mkdir(d / "tokenizer.json") if kind == "directory" else os.mkfifo(d / "tokenizer.json")
+    with pytest.raises(ConfigError, match="tokenizer.json: .* not a regular file"):
+        load_tokenizer(d)
+    (d / "config.json").unlink()
+    os.mkfifo(d / "config.json")  # load_tokenizer reads config.json itself when given none
+    with pytest.raises(ConfigError, match="config.json: .* named pipe"):
+        load_tokenizer(d)

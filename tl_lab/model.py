@@ -20,15 +20,16 @@ import math
 import mmap
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from functools import cache
 from pathlib import Path
-from typing import Union
+from typing import Iterator, Union
 
 import numpy as np
 
 from tl_lab.errors import ConfigError, FormatError
-from tl_lab.paths import REPO_ROOT
+from tl_lab.checks import as_float, as_int, is_int
+from tl_lab.paths import FORMATS_DIR, open_regular, read_regular
 from tl_lab.quant import QLinear, bf16_to_f32, f16_to_f32, linear_product
 
 __all__ = [
@@ -54,8 +55,12 @@ __all__ = [
     "load_weights",
 ]
 
-CONFIG_SCHEMA_PATH = REPO_ROOT / "docs" / "formats" / "config.schema.json"
+CONFIG_SCHEMA_PATH = FORMATS_DIR / "config.schema.json"
 MAX_HEADER_BYTES = 100_000_000  # 100 MB: no real header comes close (SmolLM2's is ~30 KB)
+# Counted in the raw header before its JSON is parsed (the parse of 1.7 million entries takes 1.7 GB);
+# a real shard holds hundreds to a few thousand tensors.
+MAX_TENSORS = 100_000
+MAX_CONFIG_BYTES = 10_000_000  # config.json: SmolLM2's, chat template included, is 4 KB
 
 
 # ---------------------------------------------------------------------------------------------
@@ -71,7 +76,7 @@ class Int4:
 
     def __post_init__(self) -> None:
         g = self.group
-        if isinstance(g, bool) or not isinstance(g, (int, np.integer)) or g <= 0 or g % 2:
+        if not is_int(g) or g <= 0 or g % 2:
             raise ValueError(f"Int4.group must be a positive even integer, got {g!r}")
 
     @property
@@ -130,6 +135,7 @@ class ModelConfig:
     quant: str | None = None  # config.json's tl_quant note; the file's metadata must agree
 
     def __post_init__(self) -> None:
+        self._check_types()
         if self.arch not in ARCHES:
             raise ConfigError(f"tl_arch: {self.arch!r} is not one of {list(ARCHES)}")
         if self.tokenizer not in TOKENIZERS:
@@ -153,15 +159,23 @@ class ModelConfig:
         if self.arch == "llama":
             self._check_llama()
 
+    def _check_types(self) -> None:
+        """Integer fields are integers (not bools, not 2.0) and float fields real numbers, each stored as
+        a plain Python int or float; from_json's schema says the same for a file."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "int":
+                object.__setattr__(self, f.name, as_int(value, f.name, error=ConfigError))
+            elif f.type == "float":
+                object.__setattr__(self, f.name, as_float(value, f.name, error=ConfigError))
+
     def _check_llama(self) -> None:
         for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "head_dim"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}: must be positive, got {getattr(self, name)}")
-        if not (self.rms_norm_eps > 0 and math.isfinite(self.rms_norm_eps)):
-            raise ConfigError(f"rms_norm_eps: must be a positive number, got {self.rms_norm_eps}")
-        if not (self.rope_theta > 0 and math.isfinite(self.rope_theta)):
-            raise ConfigError(f"rope_theta: must be a positive number, got {self.rope_theta}")
+        _check_f32("rms_norm_eps", self.rms_norm_eps, "the RMSNorm adds it in float32")
+        _check_f32("rope_theta", self.rope_theta, "RoPE takes its powers in float32 and inverts them")
         d, H, H_kv, D = self.hidden_size, self.num_attention_heads, self.num_key_value_heads, self.head_dim
         if d % H:
             raise ConfigError(
@@ -197,11 +211,7 @@ class ModelConfig:
     def load(cls, directory: str | os.PathLike) -> ModelConfig:
         """Read `<directory>/config.json` (see `from_json`)."""
         path = Path(directory) / "config.json"
-        try:
-            text = path.read_bytes()
-        except FileNotFoundError:
-            raise ConfigError(f"config.json: no such file {path}") from None
-        return cls.from_json(text)
+        return cls.from_json(read_regular(path, "config.json", ConfigError, MAX_CONFIG_BYTES))
 
     @classmethod
     def _from_checked_dict(cls, c: dict) -> ModelConfig:
@@ -249,8 +259,27 @@ class ModelConfig:
         return self.num_attention_heads // self.num_key_value_heads
 
     def param_count(self) -> int:
-        """Parameters of the model this config describes (an int4 weight counts as one)."""
-        return sum(math.prod(s) for s in tensor_shapes(self).values())
+        """Parameters of the model this config describes (an int4 weight counts as one).
+
+        O(1) in the layer count: the table of a 1- and a 2-layer twin gives the top-level and the
+        per-layer counts, so num_hidden_layers = 10**7 costs no more than 2 (a widget calls this on
+        whatever config.json a learner opens)."""
+        if self.arch != "llama":
+            return sum(math.prod(s) for s in tensor_shapes(self).values())
+        one, two = (sum(math.prod(s) for s in tensor_shapes(replace(self, num_hidden_layers=n)).values())
+                    for n in (1, 2))
+        per_layer = two - one
+        return one - per_layer + per_layer * self.num_hidden_layers
+
+
+def _check_f32(name: str, value: float, why: str) -> None:
+    """A config float is used as float32: it must be a positive, finite, normal float32 there, so
+    1e-300 (0 in float32) and 1e300 (inf) are refused instead of turning into NaN logits or garbage."""
+    tiny, top = float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max)
+    if not (math.isfinite(value) and tiny <= value <= top):
+        raise ConfigError(
+            f"{name}: {value!r} is not a positive normal float32 (between {tiny:.3g} and {top:.3g}); {why}"
+        )
 
 
 def _rope_theta(c: dict) -> float:
@@ -408,11 +437,26 @@ def parse_layout(buf) -> Layout:
             f"header length N = {N} runs past the end of the file (8 + N = {8 + N} > {size} bytes): "
             f"truncated or not a safetensors file"
         )
-    header = _parse_header_json(bytes(buf[8 : 8 + N]))
+    raw = bytes(buf[8 : 8 + N])
+    _check_entry_count(raw)
+    header = _parse_header_json(raw)
     tensors, metadata = _check_entries(header)
     _check_tiling(tensors, data_size=size - 8 - N, data_start=8 + N)
     ordered = dict(sorted(tensors.items(), key=lambda kv: (kv[1].data_offsets, kv[0])))
     return Layout(ordered, metadata, 8 + N)
+
+
+def _check_entry_count(raw: bytes) -> None:
+    """Refuse a header with more than MAX_TENSORS entries before parsing it (cheap: a byte count).
+
+    Every entry has one "data_offsets" key; a name that happens to contain the string only makes the
+    count larger, never smaller, so nothing over the limit slips through."""
+    n = raw.count(b'"data_offsets"')
+    if n > MAX_TENSORS:
+        raise FormatError(
+            f"the header lists about {n:,} tensors, over the limit of {MAX_TENSORS:,} (a real checkpoint "
+            "file holds a few thousand at most); refused before parsing it"
+        )
 
 
 def _parse_header_json(raw: bytes) -> dict:
@@ -535,11 +579,7 @@ class SafeTensors:
     @classmethod
     def open(cls, path: str | os.PathLike) -> SafeTensors:
         path = Path(path)
-        try:
-            f = open(path, "rb")
-        except FileNotFoundError:
-            raise FormatError(f"{path}: no such safetensors file") from None
-        with f:
+        with open_regular(path, "safetensors file", FormatError) as f:
             size = os.fstat(f.fileno()).st_size
             if size < 8:  # mmap refuses empty files; parse_layout says what is wrong
                 mm: mmap.mmap | bytes = f.read()
@@ -749,29 +789,34 @@ def tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 
     Linears appear as `<module>.weight`; an int4 file stores each as `.qweight` + `.scales` instead.
     """
+    return dict(_iter_shapes(config))
+
+
+def _iter_shapes(config: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """`tensor_shapes` one entry at a time, so a check can stop at the first missing name."""
     c = config
     V = c.vocab_size
     if c.arch == "bigram":
-        return {"bigram.logits": (V, V)}
+        yield "bigram.logits", (V, V)
+        return
     d, I, D = c.hidden_size, c.intermediate_size, c.head_dim
     H, H_kv = c.num_attention_heads, c.num_key_value_heads
     linear_shapes = {
         "q_proj": (H * D, d), "k_proj": (H_kv * D, d), "v_proj": (H_kv * D, d), "o_proj": (d, H * D),
         "gate_proj": (I, d), "up_proj": (I, d), "down_proj": (d, I),
     }
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (V, d)}
+    yield "model.embed_tokens.weight", (V, d)
     for i in range(c.num_hidden_layers):
         p = f"model.layers.{i}"
-        shapes[f"{p}.input_layernorm.weight"] = (d,)
+        yield f"{p}.input_layernorm.weight", (d,)
         for fname, module in LAYER_LINEARS[:4]:
-            shapes[f"{p}.{module}.weight"] = linear_shapes[fname]
-        shapes[f"{p}.post_attention_layernorm.weight"] = (d,)
+            yield f"{p}.{module}.weight", linear_shapes[fname]
+        yield f"{p}.post_attention_layernorm.weight", (d,)
         for fname, module in LAYER_LINEARS[4:]:
-            shapes[f"{p}.{module}.weight"] = linear_shapes[fname]
-    shapes["model.norm.weight"] = (d,)
+            yield f"{p}.{module}.weight", linear_shapes[fname]
+    yield "model.norm.weight", (d,)
     if not c.tie_word_embeddings:
-        shapes["lm_head.weight"] = (V, d)
-    return shapes
+        yield "lm_head.weight", (V, d)
 
 
 def _is_layer_linear(name: str) -> bool:
@@ -816,6 +861,7 @@ def load_weights(directory: str | os.PathLike, quant: Int4 | None = None) -> Wei
                 f"model.safetensors is already {stored.tag}; re-quantizing it as {quant.tag} would "
                 f"compound the rounding (load it with quant=None or quant={stored!r})"
             )
+        _check_tensor_count(st, config, stored)  # before anything that grows with the config
         expected = tensor_shapes(config)
         _check_names(st, expected, stored, config)
         if config.arch == "bigram":
@@ -823,14 +869,45 @@ def load_weights(directory: str | os.PathLike, quant: Int4 | None = None) -> Wei
         return _load_llama(st, config, expected, stored, quant)
 
 
-def _check_names(st: SafeTensors, expected: dict, stored: Int4 | None, config: ModelConfig) -> None:
-    names = {}
-    for name, shape in expected.items():
+def _check_tensor_count(st: SafeTensors, config: ModelConfig, stored: Int4 | None) -> None:
+    """Refuse a config.json that asks for more tensors than the file holds, before building anything
+    that grows with the config (`tensor_shapes` for num_hidden_layers = 10**7 would take gigabytes).
+
+    The count is arithmetic: per layer 2 norms and 7 linears, each linear one tensor (`.weight`) or
+    two in an int4 file (`.qweight`, `.scales`). The missing name is then found by walking the
+    expected names lazily, which stops within the file's own tensor count."""
+    c = config
+    if c.arch == "bigram":
+        need, how = 1, "bigram.logits"
+    else:
+        per_layer = len(LAYER_NORMS) + len(LAYER_LINEARS) * (1 if stored is None else 2)
+        top = 2 + (0 if c.tie_word_embeddings else 1)
+        need = top + per_layer * c.num_hidden_layers
+        how = f"num_hidden_layers {c.num_hidden_layers:,} x {per_layer} + {top}"
+    have = len(st.layout.tensors)
+    if have >= need:
+        return
+    missing = next((name for name, _ in _file_names(_iter_shapes(c), stored) if name not in st), "?")
+    raise FormatError(
+        f"model.safetensors has no tensor {missing!r} (config.json needs it): config.json needs "
+        f"{need:,} tensors ({how}), the file holds {have:,}"
+    )
+
+
+def _file_names(shapes, stored: Int4 | None) -> Iterator[tuple[str, tuple[int, ...] | None]]:
+    """The names a file holds for `shapes` (name, shape): an int4 file's layer linears as `.qweight`
+    and `.scales` (shape None: `.q4` checks those)."""
+    for name, shape in shapes:
         if stored is not None and _is_layer_linear(name):
             base = name[: -len(".weight")]
-            names[f"{base}.qweight"] = names[f"{base}.scales"] = None  # shapes checked by .q4
+            yield f"{base}.qweight", None
+            yield f"{base}.scales", None
         else:
-            names[name] = shape
+            yield name, shape
+
+
+def _check_names(st: SafeTensors, expected: dict, stored: Int4 | None, config: ModelConfig) -> None:
+    names = dict(_file_names(expected.items(), stored))
     for name, shape in names.items():
         if name not in st:
             raise FormatError(f"model.safetensors has no tensor {name!r} (config.json needs it)")

@@ -19,10 +19,11 @@ self-check shows it returns the same bits on this machine (see `exp_backend`).
 from __future__ import annotations
 
 import math
-import operator
 from dataclasses import dataclass, fields
 
 import numpy as np
+
+from tl_lab.checks import as_float, is_int
 
 __all__ = [
     "GOLDEN_GAMMA",
@@ -52,16 +53,13 @@ LOGIT_LIMIT = 2.0**1000  # |penalised or scaled logit| above this is refused, so
 
 
 def _u64(value, name: str) -> int:
-    """`value` as a Python int in [0, 2**64), or ValueError naming `name`."""
-    if isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{name} must be an integer in [0, 2**64), got the bool {value!r}")
-    try:
-        v = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{name} must be an integer in [0, 2**64), got {value!r}") from None
-    if not 0 <= v <= MASK64:
-        raise ValueError(f"{name} must be an integer in [0, 2**64), got {v}")
-    return v
+    """`value` as a Python int in [0, 2**64), or ValueError naming `name`.
+
+    checks.as_int's rule, kept as its own function for the message: the spec's words for a 64-bit
+    seed, "[0, 2**64)", which the sampler widget shows to the learner as they are."""
+    if not is_int(value) or not 0 <= int(value) <= MASK64:
+        raise ValueError(f"{name} must be an integer in [0, 2**64), got {value!r}")
+    return int(value)
 
 
 class Pcg32:
@@ -137,15 +135,6 @@ def stream(seed: int, purpose: int) -> Pcg32:
 # Parameters and input checks (docs/spec/sampling.md, "Inputs")
 
 
-def _real(name: str, value) -> float:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ValueError(f"{name} must be a real number, got {value!r}")
-    v = float(value)
-    if not math.isfinite(v):
-        raise ValueError(f"{name} must be finite, got {v!r}")
-    return v
-
-
 @dataclass(frozen=True)
 class SamplingParams:
     """What a request asks of the sampler. The "off" values: temperature 1.0 (no scaling; 0.0 means
@@ -165,9 +154,9 @@ class SamplingParams:
         for f in fields(self):
             if f.name == "top_k":
                 continue
-            object.__setattr__(self, f.name, _real(f.name, getattr(self, f.name)))
+            object.__setattr__(self, f.name, as_float(getattr(self, f.name), f.name))  # 10**400: refused, named
         k = self.top_k
-        if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)) or k < 0:
+        if not is_int(k) or k < 0:
             raise ValueError(f"top_k must be a non-negative integer (0 = off), got {k!r}")
         object.__setattr__(self, "top_k", int(k))
         if self.temperature < 0:

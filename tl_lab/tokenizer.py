@@ -12,11 +12,18 @@ encode() adds no special tokens: a chat prompt gets them from the chat template
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from tl_lab.checks import as_int
 from tl_lab.errors import ConfigError
+from tl_lab.paths import read_regular
+
+
+MAX_TOKENIZER_BYTES = 100_000_000  # tokenizer.json: SmolLM2's is 2 MB, the largest vocabularies ~20 MB
 
 
 class Tokenizer:
@@ -33,7 +40,7 @@ class Tokenizer:
 
     def __init__(self, eos_ids: Iterable[int] = (), bos_id: int | None = None, chat_template: str | None = None):
         """The special ids (checked against vocab_size, which a subclass sets first) and the template."""
-        self.eos_ids = [int(i) for i in eos_ids]
+        self.eos_ids = [as_int(i, "eos id") for i in eos_ids]
         self.bos_id = bos_id
         self.chat_template = chat_template
         self._check_ids(self.eos_ids + ([] if bos_id is None else [bos_id]))
@@ -63,7 +70,7 @@ class Tokenizer:
         return {}
 
     def _check_ids(self, ids: Iterable[int]) -> list[int]:
-        ids = [int(i) for i in ids]
+        ids = [as_int(i, "token id") for i in ids]  # 2.7 is refused, not read as 2
         for i in ids:
             if not 0 <= i < self.vocab_size:
                 raise ValueError(f"token id {i} is outside the vocabulary (0 .. {self.vocab_size - 1})")
@@ -76,7 +83,7 @@ class ByteTokenizer(Tokenizer):
     vocab_size = 256
 
     def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
+        return list(utf8(text))
 
     def decode(self, ids: Iterable[int]) -> str:
         return bytes(self._check_ids(ids)).decode("utf-8", errors="replace")
@@ -103,10 +110,11 @@ class BpeTokenizer(Tokenizer):
         from tokenizers import Tokenizer as HfTokenizer
 
         path = Path(path)
-        if not path.is_file():
+        if not path.exists():
             raise ConfigError(f"tl_tokenizer is bpe but {path} is missing")
+        text = read_regular(path, "tokenizer.json", ConfigError, MAX_TOKENIZER_BYTES)  # never blocks on a FIFO
         try:
-            self._tok = HfTokenizer.from_file(str(path))
+            self._tok = HfTokenizer.from_str(text.decode("utf-8"))
         except Exception as exc:  # the library raises a bare Exception for a malformed file
             raise ConfigError(f"{path} is not a tokenizer.json the tokenizers library can read: {exc}") from exc
         n = self._tok.get_vocab_size(with_added_tokens=True)
@@ -119,6 +127,7 @@ class BpeTokenizer(Tokenizer):
 
     def encode(self, text: str) -> list[int]:
         # Special-token strings in the text (the chat template writes them) become their ids.
+        utf8(text)  # the library would raise a bare TypeError on a lone surrogate
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
@@ -145,6 +154,22 @@ class BpeTokenizer(Tokenizer):
         return f"BpeTokenizer(vocab_size={self.vocab_size}, eos_ids={self.eos_ids}, bos_id={self.bos_id})"
 
 
+def utf8(text: str) -> bytes:
+    """`text` as UTF-8 bytes, or ValueError saying where it is not text.
+
+    Undecodable input bytes reach Python as lone surrogates (argv and stdin use surrogateescape), which
+    no UTF-8 encoder accepts; the error names the original byte when that is what it was.
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"text to encode must be a str, got {type(text).__name__}")
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        c = ord(text[exc.start])
+        what = f"the byte 0x{c - 0xDC00:02x}" if 0xDC80 <= c <= 0xDCFF else f"a lone surrogate U+{c:04X}"
+        raise ValueError(f"the text is not valid UTF-8: {what} at character {exc.start}") from None
+
+
 def load_tokenizer(model_dir: str | Path, config: Any = None) -> Tokenizer:
     """The tokenizer config.json asks for: config.tokenizer "byte" or "bpe" (tokenizer.json beside it).
 
@@ -152,10 +177,12 @@ def load_tokenizer(model_dir: str | Path, config: Any = None) -> Tokenizer:
     """
     model_dir = Path(model_dir)
     if config is None:
+        from tl_lab.model import MAX_CONFIG_BYTES
+
         path = model_dir / "config.json"
         try:
-            config = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
+            config = json.loads(read_regular(path, "config.json", ConfigError, MAX_CONFIG_BYTES))
+        except ValueError as exc:
             raise ConfigError(f"cannot read {path}: {exc}") from exc
     kind = _field(config, "tokenizer", "tl_tokenizer")
     eos = _field(config, "eos_token_ids", "eos_token_id")
@@ -177,6 +204,11 @@ def _field(config: Any, attr: str, key: str):
     return getattr(config, attr, None)
 
 
+# A chat template is data from a model directory: its rendering is bounded like any other input.
+MAX_TEMPLATE_STEPS = 2_000_000  # lines of template code per render (SmolLM2's runs about a hundred)
+MAX_TEMPLATE_ITEMS = 10_000_000  # characters or items a `*` or `**` in a template may make
+
+
 def render_chat_template(
     template: str,
     messages: Sequence[dict],
@@ -188,12 +220,52 @@ def render_chat_template(
 
     transformers uses a sandboxed Jinja environment with trim_blocks and lstrip_blocks, the
     loopcontrols extension, a tojson filter and a raise_exception() helper; the special tokens
-    (bos_token, eos_token, ...) are variables.
+    (bos_token, eos_token, ...) are variables. A template that does not parse, raises, fails or runs
+    past MAX_TEMPLATE_STEPS (a runaway loop) is refused with ConfigError naming the reason.
     """
     env = _jinja_env()
     variables = dict(special_tokens or {})
     variables.update(messages=list(messages), add_generation_prompt=add_generation_prompt)
-    return env.from_string(template).render(**variables)
+    try:
+        compiled = env.from_string(template)
+        with _step_budget(MAX_TEMPLATE_STEPS):
+            return compiled.render(**variables)
+    except Exception as exc:  # noqa: BLE001: anything a template does wrong is the template's fault
+        line = getattr(exc, "lineno", None)
+        where = f" (line {line})" if line else ""
+        raise ConfigError(
+            f"the chat template (config.json tl_chat_template) failed{where}: {type(exc).__name__}: {exc}"
+        ) from None
+
+
+_TEMPLATE_FILE = "<template>"  # the file name Jinja gives the code of a template made from a string
+
+
+@contextlib.contextmanager
+def _step_budget(limit: int):
+    """Count the lines of compiled template code executed inside the block; past `limit`, raise in the
+    template. A tracer, because a template loop that emits nothing calls nothing the sandbox sees."""
+    from jinja2.exceptions import TemplateRuntimeError
+
+    left = limit
+
+    def count(frame, event, arg):
+        nonlocal left
+        if event == "line":
+            left -= 1
+            if left < 0:
+                raise TemplateRuntimeError(f"the template ran more than {limit:,} steps (a runaway loop?)")
+        return count
+
+    def enter(frame, event, arg):
+        return count if frame.f_code.co_filename == _TEMPLATE_FILE else None
+
+    previous = sys.gettrace()
+    sys.settrace(enter)
+    try:
+        yield
+    finally:
+        sys.settrace(previous)
 
 
 _ENV = None
@@ -202,8 +274,21 @@ _ENV = None
 def _jinja_env():
     global _ENV
     if _ENV is None:
-        from jinja2.exceptions import TemplateError
+        from jinja2.exceptions import TemplateError, TemplateRuntimeError
         from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        class BoundedEnvironment(ImmutableSandboxedEnvironment):
+            """The sandbox, with `*` and `**` refused when they would build something huge."""
+
+            intercepted_binops = frozenset(["*", "**"])
+
+            def call_binop(self, context, operator, left, right):
+                if _binop_size(operator, left, right) > MAX_TEMPLATE_ITEMS:
+                    raise TemplateRuntimeError(
+                        f"{operator!r} on {type(left).__name__} and {type(right).__name__} would make more "
+                        f"than {MAX_TEMPLATE_ITEMS:,} items"
+                    )
+                return super().call_binop(context, operator, left, right)
 
         def raise_exception(message):
             raise TemplateError(message)
@@ -211,11 +296,22 @@ def _jinja_env():
         def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
             return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        env = BoundedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
         env.filters["tojson"] = tojson
         env.globals["raise_exception"] = raise_exception
         _ENV = env
     return _ENV
+
+
+def _binop_size(operator: str, left, right) -> int:
+    """About how many items (characters, list items, bits) `left operator right` would make."""
+    if operator == "*":
+        for seq, n in ((left, right), (right, left)):
+            if isinstance(seq, (str, list, tuple)) and isinstance(n, int):
+                return len(seq) * max(n, 0)
+    if operator == "**" and isinstance(left, int) and isinstance(right, int) and right > 0:
+        return right * max(abs(left).bit_length(), 1)
+    return 0
 
 
 def _bytes_to_unicode() -> dict[int, str]:

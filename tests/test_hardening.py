@@ -1,0 +1,337 @@
+"""Issue 12's probes, kept: a hostile user's odd inputs each give one clear line, a documented exit code
+(docs/cli.md) and change nothing (the model directory and the cache are byte for byte as before).
+
+Most probes call `tl_lab.__main__.main(argv)` in-process (an exception escaping it fails the test, so
+"no traceback" is what is checked); the ones about the process itself (a closed pipe, a closed or full
+stdout, undecodable bytes in argv) run `python -m tl_lab` in a subprocess. Probes that live closer to
+one module are in its own test file: the fetch cache (test_fetch.py), chat templates and non-UTF-8 text
+(test_tokenizer.py), config and header rules (test_model.py), SamplingParams (test_sample.py),
+packaging (test_packaging.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from tl_lab.__main__ import EXIT_CODES, main
+from tl_lab.paths import DATA_DIR, REPO_ROOT
+
+OK, REFUSED, USAGE, OUTPUT = 0, 1, 2, 3
+
+
+# ------------------------------------------------------------------------------------------------
+# Helpers
+# ------------------------------------------------------------------------------------------------
+
+
+def snapshot(root: Path) -> dict[str, tuple]:
+    """Every path under root with its kind, size, mtime and content hash: 'nothing changed' is equality."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        st = p.lstat()
+        digest = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() and not p.is_symlink() else None
+        out[str(p.relative_to(root))] = (st.st_mode, st.st_size, st.st_mtime_ns, digest)
+    return out
+
+
+def model_copy(tmp_path: Path, name: str = "tiny-llama", **config) -> Path:
+    """A copy of a bundled model directory, with config.json keys replaced by `config`."""
+    d = tmp_path / name
+    shutil.copytree(DATA_DIR / name, d)
+    if config:
+        c = json.loads((d / "config.json").read_text())
+        c.update(config)
+        (d / "config.json").write_text(json.dumps(c))
+    return d
+
+
+def run_main(capsys, *argv, stdin: bytes | None = None, monkeypatch=None) -> tuple[int, str, str]:
+    """main(argv) in-process: (exit code, stdout, stderr); stdin bytes become sys.stdin when given."""
+    if stdin is not None:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_error_line(err: str, *words: str) -> None:
+    """stderr is exactly one line "error: ..." holding each of `words`, and no traceback."""
+    assert "Traceback" not in err
+    lines = [l for l in err.splitlines() if l.startswith("error: ")]
+    assert len(lines) == 1 and err.count("\n") == 1, err
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+
+
+def tl_lab(*args, stdin=None, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tl_lab", *args], input=stdin, capture_output=True,
+                          timeout=120, cwd=REPO_ROOT, **kw)
+
+
+def test_every_documented_exit_code_is_in_the_help_and_in_docs_cli():
+    p = tl_lab("--help", text=True)
+    doc = (REPO_ROOT / "docs" / "cli.md").read_text()
+    assert p.returncode == 0
+    for code in EXIT_CODES:
+        assert f"\n  {code} " in p.stdout and f"| {code} |" in doc, code
+
+
+# ------------------------------------------------------------------------------------------------
+# Sizes: refused before anything grows with the file or the config
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layers", [10**6, 10**7])
+def test_a_million_layers_is_refused_by_arithmetic_before_any_table(tmp_path, capsys, layers):
+    """Was: 33 s and 1.7 GB for 1e6 layers, a MemoryError traceback for 1e7. Now the tensor count the
+    config implies is compared with the file's first: the message names both, and the memory the
+    load allocates stays far below one entry per layer (1e6 names would be over 100 MB)."""
+    d = model_copy(tmp_path, num_hidden_layers=layers)
+    before = snapshot(d)
+    tracemalloc.start()
+    try:
+        code, out, err = run_main(capsys, "generate", "--model", str(d), "--prompt", "hi")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert code == REFUSED and out == ""
+    one_error_line(err, f"num_hidden_layers {layers:,} x 9 + 2", f"needs {9 * layers + 2:,} tensors", "holds 20")
+    assert peak < 20_000_000, peak
+    assert snapshot(d) == before
+
+
+def test_a_header_of_a_hundred_thousand_empty_tensors_is_refused_before_its_json_is_parsed(tmp_path, monkeypatch):
+    """Was: a 99 MB header of 1.67 million zero-size tensors, 39 s and 1.75 GB before the refusal."""
+    from tl_lab import model
+    from tl_lab.errors import FormatError
+
+    entries = ",".join(f'"t{i}":{{"dtype":"F32","shape":[0],"data_offsets":[0,0]}}' for i in range(model.MAX_TENSORS + 1))
+    header = ("{" + entries + "}").encode()
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(len(header).to_bytes(8, "little") + header)
+    before = snapshot(tmp_path)
+
+    def no_parse(raw):
+        raise AssertionError("the header's JSON was parsed before the entry count was checked")
+
+    monkeypatch.setattr(model, "_parse_header_json", no_parse)
+    with pytest.raises(FormatError, match=f"about {model.MAX_TENSORS + 1:,} tensors, over the limit of {model.MAX_TENSORS:,}"):
+        model.SafeTensors.open(path)
+    assert snapshot(tmp_path) == before
+
+
+# ------------------------------------------------------------------------------------------------
+# The command line: one line and a documented code for every odd argument
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--int4", "48"], ["--int4 48", "not divisible by group=48"]),
+    (["--int4", "32", "--model", "bigram"], ["--int4 32", "needs a llama checkpoint"]),
+    (["--int4", "16", "--model", "tiny-llama-int4"], ["--int4 16", "already int4-g32-sym"]),
+    (["--threads", "0"], ["--threads must be at least 1, got 0"]),
+    (["--threads", str(2**40)], [f"--threads must be at most 1024, got {2**40}"]),
+    (["--temperature", "1e400"], ["temperature must be finite"]),
+    (["--seed", str(2**64)], ["--seed must be at most"]),
+    (["--prompt", "a\udcff"], ["--prompt: the text is not valid UTF-8: the byte 0xff at character 1"]),
+    (["--system", "\udce9t\udce9", "--prompt", "x"], ["--system"]),
+])
+def test_bad_arguments_exit_2_with_one_line(tmp_path, capsys, argv, words):
+    command = "chat" if "--system" in argv else "generate"
+    d = model_copy(tmp_path)
+    before = snapshot(tmp_path)
+    code, out, err = run_main(capsys, command, "--model", str(d), "--prompt", "hi", *argv) if command == "generate" \
+        else run_main(capsys, command, "--model", str(d), *[a for a in argv if a not in ("--prompt", "x")])
+    assert code == USAGE and out == ""
+    one_error_line(err, *words)
+    assert snapshot(tmp_path) == before
+
+
+def test_undecodable_bytes_in_argv_exit_2_on_byte_and_bpe_models():
+    """Was: UnicodeEncodeError on the byte models, TypeError on SmolLM2 (the check runs before the model
+    loads, so this holds whether or not SmolLM2 is fetched)."""
+    for model in ("bigram", "tiny-llama", "smollm2"):
+        p = tl_lab("generate", "--model", model, "--prompt", b"a\xffb")
+        err = p.stderr.decode()
+        assert p.returncode == USAGE and p.stdout == b"", (model, err)
+        one_error_line(err, "--prompt", "not valid UTF-8", "0xff")
+
+
+# ------------------------------------------------------------------------------------------------
+# Model directories that are not what they claim
+# ------------------------------------------------------------------------------------------------
+
+
+def _replace(path: Path, kind: str) -> None:
+    path.unlink()
+    if kind == "directory":
+        path.mkdir()
+    else:
+        os.mkfifo(path)
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "config.json"])
+@pytest.mark.parametrize("kind, words", [("directory", "is a directory"), ("fifo", "is a named pipe (FIFO)")])
+def test_a_model_file_that_is_a_directory_or_a_fifo_is_refused_at_once(tmp_path, capsys, name, kind, words):
+    """Was: IsADirectoryError, and open() blocking forever on a FIFO (this test would hang)."""
+    d = model_copy(tmp_path)
+    _replace(d / name, kind)
+    before = snapshot(d)
+    code, out, err = run_main(capsys, "generate", "--model", str(d), "--prompt", "hi")
+    assert code == REFUSED and out == ""
+    one_error_line(err, name.split(".")[1] if name == "model.safetensors" else "config.json", words, "not a regular file")
+    assert snapshot(d) == before
+
+
+@pytest.mark.parametrize("field, value, why", [
+    ("rope_theta", 1e-300, "RoPE"),  # 0 in float32: NaN logits
+    ("rms_norm_eps", 1e300, "RMSNorm"),  # inf in float32: garbage text with exit code 0
+    ("rms_norm_eps", 1e-50, "RMSNorm"),  # 0 in float32
+])
+def test_config_floats_are_checked_in_float32(tmp_path, capsys, field, value, why):
+    d = model_copy(tmp_path, **{field: value})
+    before = snapshot(d)
+    code, out, err = run_main(capsys, "generate", "--model", str(d), "--prompt", "hi")
+    assert code == REFUSED and out == ""
+    one_error_line(err, field, "not a positive normal float32", why)
+    assert snapshot(d) == before
+
+
+@pytest.mark.parametrize("template, words", [
+    ("{% for m in messages %}{{ m.content }", ["chat template", "TemplateSyntaxError"]),
+    ("{{ raise_exception('no system role here') }}", ["chat template", "no system role here"]),
+    ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", ["runaway loop"]),
+])
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_a_bad_chat_template_exits_1_and_never_hangs(tmp_path, capsys, monkeypatch, template, words, command):
+    d = model_copy(tmp_path, tl_chat_template=template)
+    before = snapshot(d)
+    if command == "generate":
+        code, out, err = run_main(capsys, "generate", "--model", str(d), "--template", "--prompt", "hi")
+    else:
+        code, out, err = run_main(capsys, "chat", "--model", str(d), stdin=b"hi\n", monkeypatch=monkeypatch)
+    assert code == REFUSED and out == ""
+    one_error_line(err, *words)
+    assert snapshot(d) == before
+
+
+@pytest.mark.parametrize("manifest", [{"converter_version": 1, "files": {"config.json": 5}}, ["not", "an", "object"]])
+def test_a_manifest_of_the_wrong_shape_exits_1(tmp_path, capsys, monkeypatch, manifest):
+    """Was: TypeError in the model-directory check."""
+    from tl_lab.fetch import model_dir
+
+    monkeypatch.setenv("TL_LAB_CACHE", str(tmp_path / "cache"))
+    d = model_dir()
+    d.mkdir(parents=True)
+    (d / "manifest.json").write_text(json.dumps(manifest))
+    before = snapshot(tmp_path)
+    code, out, err = run_main(capsys, "generate", "--model", "smollm2", "--prompt", "hi")
+    assert code == REFUSED and out == ""
+    one_error_line(err, "manifest.json is malformed", "python -m tl_lab fetch smollm2")
+    assert snapshot(tmp_path) == before
+
+
+# ------------------------------------------------------------------------------------------------
+# Output: a closed pipe ends quietly; a closed or full stdout is one line and code 3
+# ------------------------------------------------------------------------------------------------
+
+LONG = ["generate", "--model", "bigram", "--prompt", "a", "--temperature", "0", "--max-tokens", "4000"]
+
+
+def test_a_closed_pipe_ends_quietly_with_code_0():
+    """`... | head -c 5`: the reader goes away after five bytes. Was: a BrokenPipeError traceback."""
+    p = subprocess.Popen([sys.executable, "-m", "tl_lab", *LONG], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         cwd=REPO_ROOT)
+    assert p.stdout.read(5) == b"bcd a"
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == OK
+    assert err == ""
+
+
+def test_a_full_stdout_is_one_line_and_code_3():
+    with open("/dev/full", "wb") as full:
+        p = subprocess.run([sys.executable, "-m", "tl_lab", *LONG], stdout=full, stderr=subprocess.PIPE,
+                           timeout=120, cwd=REPO_ROOT)
+    assert p.returncode == OUTPUT
+    one_error_line(p.stderr.decode(), "cannot write the output", "No space left on device")
+
+
+def test_a_closed_stdout_is_one_line_and_code_3():
+    p = subprocess.run(["bash", "-c", f'"{sys.executable}" -m tl_lab "$@" >&-', "bash", *LONG],
+                       stderr=subprocess.PIPE, timeout=120, cwd=REPO_ROOT)
+    assert p.returncode == OUTPUT
+    one_error_line(p.stderr.decode(), "stdout is closed")
+
+
+def test_help_into_a_closed_pipe_ends_quietly():
+    p = subprocess.Popen([sys.executable, "-m", "tl_lab", "generate", "--help"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, cwd=REPO_ROOT, bufsize=0)
+    p.stdout.close()
+    assert p.wait(timeout=60) == OK
+    assert p.stderr.read() == b""
+
+
+# ------------------------------------------------------------------------------------------------
+# chat keeps the session
+# ------------------------------------------------------------------------------------------------
+
+
+def test_chat_drops_the_oldest_turns_when_the_conversation_outgrows_the_pool(capsys, monkeypatch):
+    """Was: the whole session ended with the first turn that did not fit."""
+    lines = b"hello there\nhow are you doing today\nand what about tomorrow then\nfourth\n"
+    code, out, err = run_main(capsys, "chat", "--model", "tiny-llama", "--kv-blocks", "5", "--max-tokens", "6",
+                              "--temperature", "0", "--stats", stdin=lines, monkeypatch=monkeypatch)
+    assert code == OK and "Traceback" not in err and "error:" not in err
+    assert err.count("[6 tokens, finish=length") == 4  # every line answered
+    assert "dropped the oldest" in err
+
+
+def test_chat_refuses_one_line_that_cannot_fit_or_is_not_utf8_and_goes_on(capsys, monkeypatch):
+    lines = b"x" * 200 + b"\n" + b"caf\xe9\n" + b"hi\n"
+    code, out, err = run_main(capsys, "chat", "--model", "tiny-llama", "--kv-blocks", "3", "--max-tokens", "4",
+                              "--temperature", "0", "--stats", stdin=lines, monkeypatch=monkeypatch)
+    assert code == OK and "Traceback" not in err
+    refusals = [l for l in err.splitlines() if l.startswith("error: ")]
+    assert len(refusals) == 2
+    assert "does not fit even on its own" in refusals[0] and "not valid UTF-8 (byte 0xe9" in refusals[1]
+    assert err.count("[4 tokens, finish=length") == 1  # "hi" was answered after both refusals
+
+
+# ------------------------------------------------------------------------------------------------
+# The codes no probe above reaches: a bug, no memory, Ctrl-C
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("exc, code, words", [
+    (RuntimeError("boom"), 4, ["internal error", "RuntimeError: boom", "TL_LAB_TRACEBACK=1"]),
+    (MemoryError(), REFUSED, ["not enough memory"]),
+    (KeyboardInterrupt(), 130, []),
+])
+def test_every_other_failure_is_one_line_with_its_code(capsys, monkeypatch, exc, code, words):
+    import tl_lab.__main__ as cli
+
+    def fail(args):
+        raise exc
+
+    monkeypatch.setattr(cli, "_generate", fail)
+    got, out, err = run_main(capsys, "generate", "--model", "bigram", "--prompt", "x")
+    assert got == code and out == "" and "Traceback" not in err and err.count("\n") == 1
+    if words:
+        one_error_line(err, *words)
+    else:
+        assert err == "interrupted\n"
+    if code == 4:  # the traceback is there for whoever asks for it
+        monkeypatch.setenv("TL_LAB_TRACEBACK", "1")
+        with pytest.raises(RuntimeError, match="boom"):
+            main(["generate", "--model", "bigram", "--prompt", "x"])
