@@ -289,7 +289,7 @@ def error_svg(v: Int4View) -> str:
     """Bars of |W - W_hat| per column (red when above s/2), each group's s/2 as an orange line."""
     n = v.W.size
     bw, gap, left, top, h = 18, 4, 48, 24, 120
-    width = left + n * (bw + gap) + 16
+    width = max(left + n * (bw + gap) + 16, 300)  # room for the title
     hi = max(float(v.err.max()), float(v.half.max()), 1e-30) * 1.1
     def y(val):
         return top + h - val / hi * h
