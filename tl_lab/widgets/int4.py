@@ -158,7 +158,7 @@ def _pack_odd_low(q: np.ndarray) -> np.ndarray:
 
 class Int4Widget(widgets.VBox):
     """Controls: `preset` (Dropdown), `weights_text` (Text), `group` (Text: the group size),
-    `scale_rule` and `nibble_order` (ToggleButtons: the correct rule or the labelled mistake).
+    `scale_rule` and `nibble_order` (RadioButtons: the correct rule or the labelled mistake).
     Shown: `summary` (HTML: scales, bytes and the verdict, or a message in words), `table` (HTML:
     one row per weight), `chart` (HTML: an SVG of |W - W_hat| against s/2). After every change `view`
     holds the Int4View behind the display (None after bad input) and `error` the message ("" when fine).
@@ -173,10 +173,10 @@ class Int4Widget(widgets.VBox):
                                          placeholder="numbers: 0.7, -1.4, 0, 0.29995", **style)
         self.group = widgets.Text(value=str(PRESETS[first][1]), description="group size g",
                                   style={"description_width": "110px"}, layout=widgets.Layout(width="220px"))
-        self.scale_rule = widgets.ToggleButtons(options=SCALE_RULES, description="round with",
-                                                style={"button_width": "250px", "description_width": "110px"})
-        self.nibble_order = widgets.ToggleButtons(options=NIBBLE_ORDERS, description="pack",
-                                                  style={"button_width": "290px", "description_width": "110px"})
+        # radio buttons, not toggle buttons: their labels are never cut short
+        radio = dict(style={"description_width": "110px"}, layout=widgets.Layout(width="auto"))
+        self.scale_rule = widgets.RadioButtons(options=SCALE_RULES, description="round with", **radio)
+        self.nibble_order = widgets.RadioButtons(options=NIBBLE_ORDERS, description="pack", **radio)
         self.summary, self.table, self.chart = widgets.HTML(), widgets.HTML(), widgets.HTML()
         self.view: Int4View | None = None
         self.error = ""
