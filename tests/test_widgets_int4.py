@@ -1,0 +1,101 @@
+"""Tests for tl_lab/widgets/int4.py: type weights and a group size, check what the widget shows."""
+
+import html as html_module
+import re
+
+import numpy as np
+import pytest
+
+from tl_lab.quant import QLinear, unpack_int4
+from tl_lab.widgets.int4 import NIBBLE_ORDERS, PRESETS, SCALE_RULES, Int4Widget
+
+
+def plain(html: str) -> str:
+    return html_module.unescape(re.sub(r"<[^>]+>", " ", html))
+
+
+def test_section_3_example_shows_the_stored_scale_and_the_engines_result():
+    w = Int4Widget()  # the section-3 preset
+    v = w.view
+    assert w.error == "" and v.group == 4
+    assert v.s_bits.tolist() == [0x3266] and float(v.s16[0]) == 0.199951171875
+    assert v.q.tolist() == [4, -7, 0, 2]
+    layer = QLinear.quantize(np.array([[0.7, -1.4, 0.0, 0.29995]], np.float32), 4)
+    assert v.packed.tolist() == layer.qweight[0].tolist()
+    assert np.array_equal(v.W_hat, layer.dequantize()[0])
+    shown = plain(w.summary.value)
+    assert "0x3266" in shown and "0.199951171875" in shown and "packed bytes: 0x94 0x20" in shown
+    assert "within s/2" in shown and "MISTAKE" not in shown
+    assert w.chart.value.count("class='err'") == 4 and w.chart.value.count("class='half'") == 1
+    assert "3.50085" in plain(w.table.value)  # 0.7 / 0.19995, rounded half to even -> 4
+
+
+def test_scale_mistake_s10_puts_a_weight_one_level_off():
+    w = Int4Widget()
+    w.scale_rule.value = SCALE_RULES[1]
+    v = w.view
+    assert v.q.tolist() == [4, -7, 0, 1]          # 0.29995 / 0.2 = 1.49975 -> 1
+    assert v.q_correct.tolist() == [4, -7, 0, 2]
+    assert v.broken.tolist() == [False, False, False, True]  # q s16 is then more than s/2 away
+    shown = plain(w.summary.value)
+    assert "MISTAKE s10" in shown and "1 of 4 weights get another q" in shown
+    assert "1 of 4 weights break |W - W_hat| <= s/2" in shown
+    assert "1.49975" in plain(w.table.value)
+    w.scale_rule.value = SCALE_RULES[0]
+    assert w.view.q.tolist() == [4, -7, 0, 2] and not w.view.broken.any()
+
+
+def test_nibble_mistake_s09_swaps_every_pair_for_a_reader():
+    w = Int4Widget()
+    w.nibble_order.value = NIBBLE_ORDERS[1]
+    v = w.view
+    assert v.packed.tolist() == [0x49, 0x02]      # q = [4, -7, 0, 2]: -7 = 1001 low, 4 = 0100 high
+    assert v.q_read.tolist() == [-7, 4, 2, 0]
+    assert unpack_int4(v.packed).tolist() == v.q_read.tolist()
+    assert v.broken.all()
+    shown = plain(w.summary.value)
+    assert "MISTAKE s09" in shown and "4 of 4 weights break" in shown
+    assert w.chart.value.count("#c0392b") >= 4     # every bar drawn red
+
+
+def test_presets_and_group_size_change_the_groups():
+    w = Int4Widget()
+    w.preset.value = "two groups of 4"
+    assert w.view.s16.size == 2 and w.chart.value.count("class='half'") == 2
+    w.group.value = "8"
+    assert w.view.s16.size == 1 and w.preset.value == "typed"
+    w.preset.value = "all zeros"
+    assert w.view.s_bits.tolist() == [0] and w.view.q.tolist() == [0, 0, 0, 0] and not w.view.broken.any()
+    for name, (text, g) in PRESETS.items():
+        w.preset.value = name
+        assert w.error == "" and w.weights_text.value == text and w.group.value == str(g)
+
+
+@pytest.mark.parametrize("weights, group, words", [
+    ("", "4", "Type some weights"),
+    ("0.1, abc, 0.3, 0.4", "4", "not a number: 'abc'"),
+    ("0.1, nan, 0.3, 0.4", "4", "finite"),
+    ("0.1, 0.2, 0.3, 0.4, 0.5, 0.6", "4", "does not divide the 6 weights"),
+    ("0.1, 0.2, 0.3", "3", "must be even"),
+    ("0.1, 0.2, 0.3, 0.4", "0", "must be positive"),
+    ("0.1, 0.2, 0.3, 0.4", "two", "whole number"),
+    ("0.1, 0.2, 0.3, 0.4", "2.5", "whole number"),
+    ("1e6, 0, 0, 0", "4", "too large for an f16 scale"),
+    (", ".join(["0.1"] * 66), "2", "at most 64"),
+])
+def test_bad_input_gives_words_and_clears_the_pictures(weights, group, words):
+    w = Int4Widget()
+    assert w.chart.value and w.table.value
+    w.weights_text.value, w.group.value = weights, group
+    assert words in plain(w.summary.value) and words in w.error
+    assert w.view is None and w.chart.value == "" and w.table.value == ""
+    w.weights_text.value, w.group.value = "0.7, -1.4, 0, 0.29995", "4"
+    assert w.error == "" and w.view.q.tolist() == [4, -7, 0, 2]
+
+
+def test_typed_values_reach_the_engine_path():
+    w = Int4Widget("0.5 -0.25 0.125 0.0625", 2)
+    assert w.preset.value == "typed" and w.view.s16.size == 2
+    layer = QLinear.quantize(np.array([[0.5, -0.25, 0.125, 0.0625]], np.float32), 2)
+    assert np.array_equal(w.view.W_hat, layer.dequantize()[0])
+    assert w.view.q.tolist() == unpack_int4(layer.qweight)[0].tolist()
