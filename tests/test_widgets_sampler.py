@@ -1,4 +1,5 @@
-"""Tests for tl_lab/widgets/sampler.py: set the controls, check what the playground shows."""
+"""Tests for the sampler widgets (tl_lab/widgets/sampler_playground.py, model_playground.py,
+sampler_charts.py; imported through tl_lab/widgets/sampler.py): set the controls, check what is shown."""
 
 import html as html_module
 import math
@@ -132,7 +133,8 @@ def test_bad_input_shows_a_message_not_a_traceback():
         ("prompt_text", "7", "prompt[0] = 7 is outside the vocabulary [0, 5)"),
         ("output_text", "x", "output ids must be whole numbers: 'x'"),
         ("seed", -1, "seed must be an integer in [0, 2**64), got -1"),
-        ("draw", -2, "draws before must be >= 0"),
+        ("draw", -2, "draws before must be in [0, 100,000], got -2"),
+        ("draw", 10**9, "draws before must be in [0, 100,000], got 1,000,000,000"),
     ]:
         w2 = SamplerPlayground()
         setattr(getattr(w2, field), "value", text)
