@@ -64,7 +64,7 @@ def field_style(width: str = "470px", label_width: str = "190px") -> dict:
 # ---------------------------------------------------------------------------------------------------
 # SVG bars: a label column and one column of horizontal bars per chart, rows aligned
 
-ROW_H, HEAD_H = 18, 34
+ROW_H, HEAD_H = 18, 46   # a row per item; room for a three-line title
 
 
 def wrap(text: str, width: int) -> list[str]:
@@ -91,8 +91,9 @@ def num(v: float) -> str:
     return f"{v:.2g}" if abs(v) < 10 else f"{v:.0f}"
 
 
-def labels_svg(labels: list[str], highlight: int | None, width: int = 150, title: str = "token") -> str:
+def labels_svg(labels: list[str], highlight: int | None, title: str = "token") -> str:
     """The row labels of a set of bar columns: large horizontal text, the highlighted row in red."""
+    width = 12 + 8 * max(map(len, labels + [title]))  # 12 px monospace: about 7.3 px a character
     parts = [f"<text x='{width - 6}' y='{HEAD_H - 8}' font-size='11' font-weight='bold' "
              f"text-anchor='end'>{html.escape(title)}</text>"]
     for j, text in enumerate(labels):
@@ -109,7 +110,7 @@ def labels_svg(labels: list[str], highlight: int | None, width: int = 150, title
 
 def hbars_svg(title: str, values: list[float], kept: list[bool], *, highlight: int | None = None,
               names: list[str] | None = None, ghosts: list[float] | None = None, line: float | None = None,
-              line_label: str = "", width: int = 128) -> str:
+              line_label: str = "", width: int = 98) -> str:
     """One chart as a column of horizontal bars, row j = values[j]: kept bars blue, dropped ones grey
     with a cross, the highlighted row red; optional dashed outlines (`ghosts`, e.g. the value before a
     penalty) and a vertical line (`line`, e.g. u on the CDF). `names` are tooltips."""
@@ -122,7 +123,7 @@ def hbars_svg(title: str, values: list[float], kept: list[bool], *, highlight: i
         return left + (v - lo) * scale
 
     parts = [f"<text x='{left}' y='{12 + 12 * k}' font-size='10' font-weight='bold'>{html.escape(t)}</text>"
-             for k, t in enumerate(wrap(title, width // 6)[:2])]
+             for k, t in enumerate(wrap(title, (width - 4) // 6)[:3])]
     bottom = HEAD_H + len(values) * ROW_H
     parts.append(f"<line x1='{x(0):.1f}' x2='{x(0):.1f}' y1='{HEAD_H - 2}' y2='{bottom}' stroke='#888'/>")
     for j, v in enumerate(values):

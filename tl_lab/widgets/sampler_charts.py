@@ -82,8 +82,8 @@ def render_charts(data: dict, tr: SampleTrace, params: SamplingParams, labels: l
         f"<p><i>Showing {len(ids)} of {tr.penalised.size} ids: the largest penalised logits and the token, "
         "in ascending id order (the order of the CDF walk).</i></p>")
     grid = "<div class='tl-stages' style='display:flex; flex-wrap:wrap; gap:2px'>" + "".join(cols) + "</div>"
-    items = "".join(f"<li><b>{html.escape(s)}</b>: {html.escape(n)}</li>" for s, n in notes.items() if n)
-    return head + grid + f"<ul class='tl-notes' style='font-size:12px; margin:4px 0'>{items}</ul>"
+    items = "<br>".join(f"<b>{html.escape(s)}</b>: {html.escape(n)}" for s, n in notes.items() if n)
+    return head + grid + f"<p class='tl-notes' style='font-size:12px; line-height:1.4; margin:4px 0'>{items}</p>"
 
 
 def stage_notes(tr: SampleTrace, params: SamplingParams, labels: list[str] | None) -> dict[str, str]:
