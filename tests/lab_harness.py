@@ -115,9 +115,10 @@ class Lab:
 
     # ------------------------------------------------------------ notebooks
 
-    def open(self, browser, name: str):
-        """A new page with notebook `name` open and its kernel idle."""
-        page = browser.new_page(viewport=VIEWPORT)
+    def open(self, browser, name: str, viewport: dict | None = None):
+        """A new page with notebook `name` open and its kernel idle. A taller `viewport` lets a
+        screenshot hold a widget taller than a screen (the notebook scrolls inside its own panel)."""
+        page = browser.new_page(viewport=viewport or VIEWPORT)
         page.goto(f"{self.base}/lab/tree/{name}?reset&token={TOKEN}")
         page.wait_for_selector(".jp-NotebookPanel .jp-Notebook .jp-Cell", timeout=60_000)
         wait_idle(page)
@@ -252,7 +253,7 @@ def control(out, a: Act):
     raise LabError(f"unknown action {a.do!r}")
 
 
-def act(page, a: Act, timeout_ms: int = 60_000) -> str:
+def act(page, a: Act, timeout_ms: int = 30_000) -> str:
     """Do `a` and wait until the kernel's answer is on the page; -> the watched text afterwards."""
     from playwright.sync_api import expect
 

@@ -145,3 +145,17 @@ def test_running_the_sampler_notebook_twice_does_not_grow_the_kernel(lab, browse
     finally:
         page.close()
         lab.shutdown_kernels()
+
+
+def test_screenshots_tool_writes_the_readme_pictures(lab, browser, tmp_path):
+    """tools/screenshots.py drives the same harness; one of its pictures, written and a real PNG."""
+    import struct
+
+    from conftest import tool
+
+    shots = tool("screenshots")
+    (written,) = shots.take(lab, browser, [s for s in shots.SHOTS if s.png == "numbers.png"], tmp_path)
+    data = written.read_bytes()
+    assert written == tmp_path / "numbers.png" and data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])  # the IHDR chunk
+    assert width > 400 and height > 100, (width, height)
