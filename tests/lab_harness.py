@@ -38,7 +38,7 @@ SETTINGS = {
     "@jupyterlab/docmanager-extension/plugin.jupyterlab-settings": {"autosave": False},
     "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
 }
-VIEWPORT = {"width": 1400, "height": 1100}
+VIEWPORT = {"width": 1400, "height": 1600}  # tall enough for a whole playground in a screenshot
 
 
 class LabError(RuntimeError):
