@@ -67,14 +67,25 @@ def check_start_here(page) -> None:
     assert "07_sampler" in links and "04_kv_pool" in links, links
 
 
-def smollm2_fetched(page) -> None:
-    """07's memory check means something only with SmolLM2 (the tiny Llama weighs 0.4 MB)."""
+SCREEN_PX = 1000  # a slider and the bars it moves must fit on one laptop screen together
+
+
+def check_sampler(page) -> None:
+    """07 needs SmolLM2 for its memory check to mean something (the tiny Llama weighs 0.4 MB); in every
+    sampler playground the sliders and the last stage's bars are on one screen (issue 11, item 6: they
+    were 1,500 px apart when each stage had a row of its own)."""
     from conftest import smollm2_path
 
     smollm2_path()
+    spans = page.eval_on_selector_all(".tl-sampler", """els => els.map(e => {
+        const top = e.querySelector('.widget-slider').getBoundingClientRect().top;
+        const bars = [...e.querySelectorAll('.tl-chart')].map(c => c.getBoundingClientRect().bottom);
+        return Math.max(...bars) - top; })""")
+    print(f"07: slider top to last bar bottom, per playground: {[round(s) for s in spans]} px")
+    assert len(spans) == 3 and max(spans) < SCREEN_PX, spans
 
 
-EXTRA_CHECKS = {"00_start_here.ipynb": check_start_here, "07_sampler.ipynb": smollm2_fetched}
+EXTRA_CHECKS = {"00_start_here.ipynb": check_start_here, "07_sampler.ipynb": check_sampler}
 # notebooks run a second time in the same kernel after their widgets were played with: the kernel may
 # grow a few tens of MB, not by a model (the model playground once kept a 540 MB SmolLM2 per run)
 RERUN = {"07_sampler.ipynb"}
