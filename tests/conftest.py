@@ -9,6 +9,9 @@ INSTALL_HINT = {
     "transformers": "the hf extra: pip install -e '.[hf]'  (transformers and torch==2.13.0)",
     "torch": "the hf extra: pip install -e '.[hf]'  (transformers and torch==2.13.0)",
     "playwright": "the dev extra: pip install -e '.[dev]'",
+    "playwright.sync_api": "the dev extra: pip install -e '.[dev]'",
+    "jupyterlab": "the dev extra: pip install -e '.[dev]'",
+    "psutil": "the dev extra: pip install -e '.[dev]'  (psutil comes with jupyterlab's ipykernel)",
 }
 
 

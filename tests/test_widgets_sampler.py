@@ -1,4 +1,5 @@
-"""Tests for tl_lab/widgets/sampler.py: set the controls, check what the playground shows."""
+"""Tests for the sampler widgets (tl_lab/widgets/sampler_playground.py, model_playground.py,
+sampler_charts.py; imported through tl_lab/widgets/sampler.py): set the controls, check what is shown."""
 
 import html as html_module
 import math
@@ -13,7 +14,9 @@ from tl_lab.paths import DATA_DIR
 from tl_lab.runner import ModelRunner
 from tl_lab.sample import SamplingParams, sample, sample_trace, stream
 from tl_lab.tokenizer import load_tokenizer
-from tl_lab.widgets.sampler import PRESETS, STAGES, ModelPlayground, SamplerPlayground, playground_model_dir
+from tl_lab.widgets.sampler import (
+    GIVEN, MAX_DRAWS, PRESETS, SLIDERS, STAGES, ModelPlayground, SamplerPlayground, loaded_model, playground_model_dir,
+)
 
 
 def plain(html: str) -> str:
@@ -132,7 +135,8 @@ def test_bad_input_shows_a_message_not_a_traceback():
         ("prompt_text", "7", "prompt[0] = 7 is outside the vocabulary [0, 5)"),
         ("output_text", "x", "output ids must be whole numbers: 'x'"),
         ("seed", -1, "seed must be an integer in [0, 2**64), got -1"),
-        ("draw", -2, "draws before must be >= 0"),
+        ("draw", -2, "draws before must be in [0, 100,000], got -2"),
+        ("draw", 10**9, "draws before must be in [0, 100,000], got 1,000,000,000"),
     ]:
         w2 = SamplerPlayground()
         setattr(getattr(w2, field), "value", text)
@@ -301,3 +305,79 @@ def test_model_playground_on_smollm2():
     chat = w.tokenizer.apply_chat_template([{"role": "user", "content": "The capital of France is"}])
     assert w.output_ids == [] and w.prompt_ids == w.tokenizer.encode(chat) and w.prompt_ids[0] == 1  # <|im_start|>
     assert "<|im_start|>" in plain(w.context_html.value)
+
+
+# ------------------------------------------------------------------ issue 11: widgets that stay true
+
+
+def test_given_logits_is_offered_only_once_logits_are_given():
+    w = SamplerPlayground()
+    assert GIVEN not in w.preset.options  # nothing given: picking it would keep the previous preset's bars
+    w.set_logits([0.0, 1.0], labels=["a", "b"])
+    assert w.preset.options[-1] == GIVEN and w.preset.value == GIVEN
+    w.preset.value = "peaked"
+    w.preset.value = GIVEN
+    assert w.trace.penalised.tolist() == [0.0, 1.0] and w.labels == ["a", "b"]
+
+
+def test_draws_before_out_of_range_is_refused_not_capped():
+    w = SamplerPlayground()
+    w.draw.value = MAX_DRAWS  # the largest count honoured
+    assert w.trace is not None
+    w.draw.value = MAX_DRAWS + 1
+    assert w.trace is None and f"got {MAX_DRAWS + 1:,}" in plain(w.result.value) and w.charts.value == ""
+
+
+def test_stages_are_columns_with_one_row_per_shown_id():
+    """Every stage is drawn beside the id labels with the same rows, so an id reads across (item 6),
+    and the top-p walk names tokens as the rows do, not raw ids."""
+    labels = ["a", ",", ".", " Paris", "\n"]
+    w = SamplerPlayground([1.0, 3.0, 2.0, 3.0, -1.0], labels=labels)
+    w.top_p.value = 0.8
+    charts = w.charts.value
+    heights = set(re.findall(r"<svg class='tl-chart' data-stage='[^']*' width='\d+' height='(\d+)'", charts))
+    assert len(heights) == 1 and charts.count("class='tl-chart'") == len(STAGES)
+    rows = re.search(r"<svg class='tl-labels'.*?</svg>", charts).group(0)
+    assert [plain(t) for t in re.findall(r"<text[^>]*>[^<]*</text>", rows)][1:] == [
+        "0 'a'", "1 ','", "2 '.'", "3 '␣Paris'", "4 '\\n'"]
+    assert "walk (q desc): 1 ',': 0.3966, 3 '␣Paris': 0.7932, 2 '.': 0.9391" in plain(charts)
+
+
+def test_slider_labels_fit_their_label_column():
+    """'temperature (0 = g...' hid what 0 means (item 7): every label fits its column at 7.5 px a character (13 px text)."""
+    w = SamplerPlayground()
+    for c in SLIDERS:
+        slider = getattr(w, c.name)
+        assert slider.description == c.label
+        assert 7.5 * len(c.label) <= int(slider.style.description_width.removesuffix("px")), c.label
+
+
+def test_model_playground_status_describes_the_new_request(tiny_runner):
+    """After clear or a new prompt the status line no longer reports the last press (item 8)."""
+    w = tiny_playground(tiny_runner, "Hello")
+    w.sample_button.click()
+    assert "appended" in plain(w.status.value)
+    w.reset_button.click()
+    assert "cleared the appended tokens: a new request of 5 prompt tokens" in plain(w.status.value)
+    w.sample_button.click()
+    w.prompt.value = "Hi"
+    assert "new prompt: a new request of 2 prompt tokens" in plain(w.status.value)
+    assert "appended '" not in plain(w.status.value)
+    for button in (w.sample_button, w.reset_button):
+        assert button.layout.width == "auto"  # "sample and appe..." was cut (item 7)
+
+
+def test_model_playgrounds_share_one_loaded_model():
+    """Re-running the notebook cell must not load the model again (item 2): the same directory and
+    EngineConfig give the same runner; close() lets go of it."""
+    from tl_lab.runner import EngineConfig
+
+    cfg = EngineConfig(threads=1)
+    a = ModelPlayground(TINY, "Hi", cfg=cfg)
+    b = ModelPlayground(TINY, "Hi", cfg=cfg)
+    assert b.runner is a.runner and b.labels is a.labels and loaded_model(TINY, cfg).runner is a.runner
+    assert np.array_equal(a.logits, b.logits)
+    a.close()
+    assert a.runner is None and b.runner is loaded_model(TINY, cfg).runner
+    other = loaded_model(DATA_DIR / "bigram")
+    assert other.runner is not b.runner and loaded_model(TINY, cfg).runner is not b.runner  # one at a time

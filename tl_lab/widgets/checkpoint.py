@@ -22,6 +22,7 @@ import ipywidgets as widgets
 from tl_lab.errors import TlError
 from tl_lab.model import Layout, ModelConfig, SafeTensors
 from tl_lab.paths import DATA_DIR
+from tl_lab.widgets.common import ERROR, MONO
 
 CHECKPOINTS = {
     "bigram": DATA_DIR / "bigram",
@@ -30,8 +31,6 @@ CHECKPOINTS = {
 }
 COLOURS = {"length": "#f59e0b", "header": "#a78bfa", "tensor": ["#93c5fd", "#86efac", "#fca5a5", "#fde68a", "#c4b5fd", "#99f6e4"]}
 WIDTH, BAR_H, CHAR_W, HEX_BYTES = 900, 34, 6.5, 36
-MONO = "font-family: ui-monospace, monospace"
-ERROR = "#b91c1c"
 
 
 @dataclass(frozen=True)

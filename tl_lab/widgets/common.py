@@ -1,14 +1,158 @@
-"""What every widget shares: the monospace style and the way a widget says something in words."""
+"""What every widget shares: the monospace style, the way a widget says something in words, controls
+built from a table, and the SVG pieces of a bar chart.
+
+The bar pieces draw one chart as a column of horizontal bars, one row per item, so several charts set
+side by side share their rows (the sampler playground puts every stage of section 2.6 next to the
+token labels, on one screen with the sliders that change them).
+"""
 
 from __future__ import annotations
 
 import html
+from dataclasses import dataclass
+
+import ipywidgets as widgets
 
 MONO = "font-family: ui-monospace, monospace"
 ERROR = "#c0392b"   # a refusal or an input out of range
 NOTE = "#555"       # a normal state worth a sentence ("no sequence holds blocks now")
+KEPT, DROPPED, HIGHLIGHT, LINE = "#2471a3", "#c8c8c8", "#c0392b", "#e67e22"
 
 
 def message(text: str, colour: str = ERROR) -> str:
     """One line of HTML in words, escaped; red by default, `NOTE` grey for a normal state."""
     return f"<p class='tl-message' style='color:{colour}'><b>{html.escape(text)}</b></p>"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Controls from a table
+
+
+@dataclass(frozen=True)
+class Control:
+    """One slider of a widget: the attribute `name`, its ipywidgets class, its range and step, its
+    label. The default comes from the caller (e.g. a SamplingParams field of the same name)."""
+
+    name: str
+    kind: type
+    lo: float
+    hi: float
+    step: float
+    label: str
+
+
+def build_controls(table: list[Control], defaults: dict, label_width: str = "190px",
+                   width: str = "470px") -> dict[str, widgets.Widget]:
+    """name -> slider, one per row of `table`, valued `defaults[name]`, updating on release only.
+
+    The label column is wide enough for the longest label: a cut label ("temperature (0 = g...") hides
+    what 0 means."""
+    out = {}
+    for c in table:
+        extra = {} if c.kind is widgets.IntSlider else {"step": c.step}
+        out[c.name] = c.kind(value=defaults[c.name], min=c.lo, max=c.hi, description=c.label,
+                             continuous_update=False, style={"description_width": label_width},
+                             layout=widgets.Layout(width=width), **extra)
+    return out
+
+
+def field_style(width: str = "470px", label_width: str = "190px") -> dict:
+    """Keyword arguments that give a text box or dropdown the sliders' label column."""
+    return {"style": {"description_width": label_width}, "layout": widgets.Layout(width=width)}
+
+
+# ---------------------------------------------------------------------------------------------------
+# SVG bars: a label column and one column of horizontal bars per chart, rows aligned
+
+ROW_H, HEAD_H = 18, 46   # a row per item; room for a three-line title
+
+
+def wrap(text: str, width: int) -> list[str]:
+    """Words of `text` in lines of at most `width` characters (a longer word gets its own line)."""
+    lines, cur = [], ""
+    for word in text.split():
+        if cur and len(cur) + 1 + len(word) > width:
+            lines.append(cur)
+            cur = word
+        else:
+            cur = f"{cur} {word}" if cur else word
+    return lines + ([cur] if cur else [])
+
+
+def short_label(label: str, n: int) -> str:
+    """A token string for an axis: spaces as '␣', control characters escaped, at most n characters."""
+    s = label.replace(" ", "␣")
+    s = s if s.isprintable() else repr(s)[1:-1]
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+def num(v: float) -> str:
+    """A value printed beside its bar: two significant digits, whole numbers from 10 on."""
+    return f"{v:.2g}" if abs(v) < 10 else f"{v:.0f}"
+
+
+def labels_svg(labels: list[str], highlight: int | None, title: str = "token") -> str:
+    """The row labels of a set of bar columns: large horizontal text, the highlighted row in red."""
+    width = 12 + 8 * max(map(len, labels + [title]))  # 12 px monospace: about 7.3 px a character
+    parts = [f"<text x='{width - 6}' y='{HEAD_H - 8}' font-size='11' font-weight='bold' "
+             f"text-anchor='end'>{html.escape(title)}</text>"]
+    for j, text in enumerate(labels):
+        y = HEAD_H + j * ROW_H
+        hot = j == highlight
+        if hot:
+            parts.append(f"<rect x='0' y='{y}' width='{width}' height='{ROW_H}' fill='#fdecea'/>")
+        weight = "bold" if hot else "normal"
+        parts.append(f"<text x='{width - 6}' y='{y + ROW_H - 5}' font-size='12' text-anchor='end' "
+                     f"font-weight='{weight}' fill='{HIGHLIGHT if hot else '#222'}'>{html.escape(text)}</text>")
+    return (f"<svg class='tl-labels' width='{width}' height='{HEAD_H + len(labels) * ROW_H + 4}' "
+            f"style='{MONO}'>" + "".join(parts) + "</svg>")
+
+
+def hbars_svg(title: str, values: list[float], kept: list[bool], *, highlight: int | None = None,
+              names: list[str] | None = None, ghosts: list[float] | None = None, line: float | None = None,
+              line_label: str = "", width: int = 98) -> str:
+    """One chart as a column of horizontal bars, row j = values[j]: kept bars blue, dropped ones grey
+    with a cross, the highlighted row red; optional dashed outlines (`ghosts`, e.g. the value before a
+    penalty) and a vertical line (`line`, e.g. u on the CDF). `names` are tooltips."""
+    pool = values + (ghosts or []) + ([line] if line is not None else [])
+    lo, hi = min(0.0, *pool), max(0.0, *pool)
+    left, bar_w = 4, width - 38   # 34 px at the right for the printed value
+    scale = bar_w / ((hi - lo) or 1.0)
+
+    def x(v):
+        return left + (v - lo) * scale
+
+    parts = [f"<text x='{left}' y='{12 + 12 * k}' font-size='10' font-weight='bold'>{html.escape(t)}</text>"
+             for k, t in enumerate(wrap(title, (width - 4) // 6)[:3])]
+    bottom = HEAD_H + len(values) * ROW_H
+    parts.append(f"<line x1='{x(0):.1f}' x2='{x(0):.1f}' y1='{HEAD_H - 2}' y2='{bottom}' stroke='#888'/>")
+    for j, v in enumerate(values):
+        parts += _hbar_row(j, v, kept[j], j == highlight, x, width, names[j] if names else str(j),
+                           None if ghosts is None else ghosts[j])
+    if line is not None:
+        parts.append(f"<line x1='{x(line):.1f}' x2='{x(line):.1f}' y1='{HEAD_H - 4}' y2='{bottom}' "
+                     f"stroke='{LINE}' stroke-width='1.5'/>")
+        parts.append(f"<text x='{width - 2}' y='{bottom + 12}' font-size='10' fill='{LINE}' "
+                     f"text-anchor='end'>{html.escape(line_label)} = {line:.4g}</text>")
+    return (f"<svg class='tl-chart' data-stage='{html.escape(title)}' width='{width}' height='{bottom + 16}' "
+            f"style='{MONO}'>" + "".join(parts) + "</svg>")
+
+
+def _hbar_row(j: int, v: float, kept: bool, hot: bool, x, width: int, name: str, ghost) -> list[str]:
+    y = HEAD_H + j * ROW_H
+    parts = [f"<rect x='0' y='{y}' width='{width}' height='{ROW_H}' fill='#fdecea'/>"] if hot else []
+    if not kept:
+        parts.append(f"<text x='{x(0) + 3:.1f}' y='{y + ROW_H - 5}' font-size='11' fill='#999'>&#x2715;"
+                     f"<title>{html.escape(name)}: dropped</title></text>")
+        return parts
+    colour = HIGHLIGHT if hot else KEPT
+    x0, x1 = sorted((x(0), x(v)))
+    parts.append(f"<rect x='{x0:.1f}' y='{y + 3}' width='{max(x1 - x0, 0.5):.1f}' height='{ROW_H - 6}' "
+                 f"fill='{colour}'><title>{html.escape(name)}: {v!r}</title></rect>")
+    if ghost is not None and ghost != v:
+        g0, g1 = sorted((x(0), x(ghost)))
+        parts.append(f"<rect x='{g0:.1f}' y='{y + 3}' width='{max(g1 - g0, 0.5):.1f}' height='{ROW_H - 6}' "
+                     "fill='none' stroke='#333' stroke-dasharray='2,2'/>")
+    parts.append(f"<text x='{width - 2}' y='{y + ROW_H - 5}' font-size='9' fill='#555' "
+                 f"text-anchor='end'>{num(v)}</text>")
+    return parts

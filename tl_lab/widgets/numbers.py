@@ -21,11 +21,11 @@ from tl_lab.quant import (
     f16_to_f32,
     f32_from_bits,
 )
+from tl_lab.widgets.common import ERROR, MONO, message
 
 # (total bits, exponent bits, mantissa bits, relative error bound in the normal range)
 FORMATS = {"f32": (32, 8, 23, 2.0**-24), "f16": (16, 5, 10, 2.0**-11), "bf16": (16, 8, 7, 2.0**-8)}
-COLOURS = {"sign": "#c0392b", "exponent": "#2471a3", "mantissa": "#1e8449", "dropped": "#999999"}
-MONO = "font-family: monospace"
+COLOURS = {"sign": ERROR, "exponent": "#2471a3", "mantissa": "#1e8449", "dropped": "#999999"}
 
 
 class NumbersWidget(widgets.VBox):
@@ -54,18 +54,16 @@ class NumbersWidget(widgets.VBox):
             self.x = float(raw)
         except ValueError:
             self.x, self.narrowings = None, {}
-            self.html.value = _message(raw)
+            self.html.value = not_a_number(raw)
             return
         self.narrowings = {"f16": explain_f32_to_f16(self.x), "bf16": explain_f32_to_bf16(self.x)}
         self.html.value = render(self.x, self.narrowings)
 
 
-def _message(raw: str) -> str:
-    what = "Type a number" if not raw else f"Not a number: {html.escape(repr(raw))}"
-    return (
-        f"<p style='color:{COLOURS['sign']}'><b>{what}.</b> "
-        "Try a decimal such as 0.1, 1.00048828125, -3.5e-6, 70000 or nan.</p>"
-    )
+def not_a_number(raw: str) -> str:
+    """The message for text that is not a float, with values worth trying."""
+    what = "Type a number" if not raw else f"Not a number: {raw!r}"
+    return message(f"{what}. Try a decimal such as 0.1, 1.00048828125, -3.5e-6, 70000 or nan.")
 
 
 def render(x: float, narrowings: dict[str, Narrowing]) -> str:

@@ -1,0 +1,251 @@
+"""The sampler playground: logits in, every stage of docs/spec/sampling.md drawn, one token out.
+
+Chapter L10.1, sections 2.6 and 3. Pick a preset or type logits, move the sliders (temperature, top-k,
+top-p, min-p, the three penalties), set the seed and the draws already taken, type a prompt / output
+history, and see every stage side by side (`sampler_charts`). Everything shown comes from
+`tl_lab.sample.sample_trace`, the engine's own code path.
+
+For a real model's next-token distribution: `SamplerPlayground(logits, labels=token_strings)`, or
+`playground.set_logits(logits, labels)` later; only the ~20 ids with the largest penalised logits
+(and the sampled one) are drawn. `ModelPlayground` (model_playground.py) does that with a model.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import re
+
+import ipywidgets as widgets
+import numpy as np
+
+from tl_lab.sample import PURPOSE_SAMPLE, SampleTrace, SamplingParams, sample_trace, stream
+from tl_lab.widgets.common import MONO, Control, build_controls, field_style, message
+from tl_lab.widgets.sampler_charts import render_charts, stage_data
+
+PRESETS = {
+    "section 3: [1, 3, 2, 3, -1]": [1.0, 3.0, 2.0, 3.0, -1.0],
+    "probabilities 0.4 / 0.3 / 0.2 / 0.1": [math.log(0.4), math.log(0.3), math.log(0.2), math.log(0.1)],
+    "ties: four equal, one far below": [5.0, 5.0, 5.0, 5.0, -100.0],
+    "peaked": [8.0, 2.0, 1.0, 0.5, 0.0, -1.0, -2.0, -3.0],
+    "flat with a long tail": [2.0, 1.9, 1.8, 1.7, 1.5, 1.2, 1.0, 0.5, 0.0, -0.5, -1.0, -2.0],
+}
+GIVEN = "given logits"   # offered once logits have been given (set_logits)
+EDITABLE_MAX = 64        # longer vectors are not put in the text field
+MAX_DRAWS = 100_000      # skipping more uniforms would make every redraw slow
+
+# One row per slider: the SamplingParams field it sets, its range and step, its label.
+SLIDERS = [
+    Control("temperature", widgets.FloatSlider, 0.0, 3.0, 0.05, "temperature (0 = greedy)"),
+    Control("top_k", widgets.IntSlider, 0, 50, 1, "top-k (0 = off)"),
+    Control("top_p", widgets.FloatSlider, 0.01, 1.0, 0.01, "top-p (1 = off)"),
+    Control("min_p", widgets.FloatSlider, 0.0, 1.0, 0.01, "min-p (0 = off)"),
+    Control("repetition_penalty", widgets.FloatSlider, 0.1, 3.0, 0.05, "repetition (1 = off)"),
+    Control("presence_penalty", widgets.FloatSlider, -2.0, 2.0, 0.1, "presence (0 = off)"),
+    Control("frequency_penalty", widgets.FloatSlider, -2.0, 2.0, 0.1, "frequency (0 = off)"),
+]
+
+
+class SamplerPlayground(widgets.VBox):
+    """Controls: `preset` (Dropdown), `logits_text` (Text), `prompt_text`, `output_text` (ids), one
+    slider per row of SLIDERS (`temperature`, `top_k`, `top_p`, `min_p`, `repetition_penalty`,
+    `presence_penalty`, `frequency_penalty`), `seed` and `draw` (IntText: draws already taken from
+    stream(seed, 4), at most MAX_DRAWS). Shown: `result` (HTML: the token line or a message) and
+    `charts` (HTML: one SVG column per stage beside the id labels). After every change `trace` holds
+    the SampleTrace behind the display (None after a refusal), `message` the refusal text ("" when
+    fine), `shown_ids` the ids drawn and `chart_data` stage -> {"ids", "values", "kept"}.
+    """
+
+    def __init__(self, logits=None, labels=None, prompt=(), output=(), *, params: SamplingParams | None = None,
+                 seed: int = 0, show_top: int = 20):
+        self.show_top = int(show_top)
+        self._quiet = True
+        self.trace: SampleTrace | None = None
+        self.message = ""
+        self.shown_ids: list[int] = []
+        self.chart_data: dict[str, dict] = {}
+        self._logits: np.ndarray | None = None
+        self._given: tuple | None = None  # (logits, labels) of the last set_logits, for the GIVEN preset
+        self.labels: list[str] | None = None
+        self._build(params or SamplingParams(), seed)
+        self.prompt_text.value = _ids_text(prompt)
+        self.output_text.value = _ids_text(output)
+        self._quiet = False
+        if logits is None:
+            self._on_preset({"new": self.preset.value})
+        else:
+            self.set_logits(logits, labels)
+
+    def _build(self, p: SamplingParams, seed: int) -> None:
+        """The controls (sliders from the SLIDERS table), the layout and the observers."""
+        self.sliders = build_controls(SLIDERS, {c.name: getattr(p, c.name) for c in SLIDERS})
+        for name, w in self.sliders.items():
+            setattr(self, name, w)
+        self.preset = widgets.Dropdown(options=list(PRESETS), description="logits preset", **field_style())
+        self.logits_text = widgets.Text(description="logits", placeholder="numbers: 1, 3, 2, 3, -1", **field_style())
+        self.prompt_text = widgets.Text(description="prompt ids", placeholder="e.g. 0, 2", **field_style())
+        self.output_text = widgets.Text(description="output ids", placeholder="generated so far", **field_style())
+        self.seed = widgets.IntText(value=seed, description="seed", **field_style("230px", "90px"))
+        self.draw = widgets.IntText(value=0, description="draws before", **field_style("230px", "90px"))
+        self.result = widgets.HTML()
+        self.charts = widgets.HTML()
+        left = widgets.VBox([self.preset, self.logits_text, self.prompt_text, self.output_text,
+                             widgets.HBox([self.seed, self.draw])])
+        right = widgets.VBox(list(self.sliders.values()))
+        super().__init__([widgets.HBox([left, right], layout=widgets.Layout(flex_flow="row wrap")),
+                          self.result, self.charts])
+        self.add_class("tl-sampler")
+        self.preset.observe(self._on_preset, names="value")
+        for w in (self.logits_text, self.prompt_text, self.output_text, self.seed, self.draw,
+                  *self.sliders.values()):
+            w.observe(lambda _: self.update(), names="value")
+
+    # ------------------------------------------------------------ inputs
+
+    def set_logits(self, logits, labels=None, prompt=None, output=None) -> None:
+        """Show a new logits vector (e.g. a model's next-token row), with optional token strings."""
+        x = np.asarray(logits)
+        if labels is not None and len(labels) != x.size:
+            raise ValueError(f"labels has {len(labels)} entries for {x.size} logits")
+        self._quiet = True
+        try:
+            self._logits = x
+            self.labels = None if labels is None else [str(t) for t in labels]
+            self._given = (x, self.labels)
+            if prompt is not None:
+                self.prompt_text.value = _ids_text(prompt)
+            if output is not None:
+                self.output_text.value = _ids_text(output)
+            if GIVEN not in self.preset.options:
+                self.preset.options = list(PRESETS) + [GIVEN]
+            self.preset.value = GIVEN
+            editable = x.ndim == 1 and x.size <= EDITABLE_MAX
+            self.logits_text.disabled = not editable
+            self.logits_text.value = _numbers_text(x) if editable else f"({x.size} logits given; not editable here)"
+            self.top_k.max = max(1, min(200, x.size if x.ndim == 1 else 1))
+        finally:
+            self._quiet = False
+        self.update()
+
+    def _on_preset(self, change) -> None:
+        name = change["new"]
+        if self._quiet:
+            return
+        if name == GIVEN:
+            self.set_logits(*self._given)
+            return
+        self._quiet = True
+        try:
+            self._logits, self.labels = None, None
+            self.logits_text.disabled = False
+            self.logits_text.value = _numbers_text(PRESETS[name])
+            self.top_k.max = 50
+        finally:
+            self._quiet = False
+        self.update()
+
+    def params(self) -> SamplingParams:
+        """The SamplingParams the sliders describe."""
+        return SamplingParams(**{name: w.value for name, w in self.sliders.items()})
+
+    def _read_logits(self):
+        if self._logits is not None and self.logits_text.disabled:
+            return self._logits
+        raw = self.logits_text.value.strip()
+        if not raw:
+            raise ValueError("type some logits, e.g. 1, 3, 2, 3, -1")
+        values = []
+        for j, tok in enumerate(t for t in re.split(r"[,\s;]+", raw.strip("[]() ")) if t):
+            try:
+                values.append(float(tok))
+            except ValueError:
+                raise ValueError(f"could not read the logits: {tok!r} (number {j + 1}) is not a number") from None
+        if self.labels is not None and len(values) != len(self.labels):
+            self.labels = None  # the learner changed the vector: the token strings no longer apply
+        return np.array(values, np.float32)
+
+    def _rng(self):
+        """stream(seed, 4) with `draw` uniforms already taken; refuses a count it would not honour."""
+        n = self.draw.value
+        if not 0 <= n <= MAX_DRAWS:
+            raise ValueError(f"draws before must be in [0, {MAX_DRAWS:,}], got {n:,}")
+        rng = stream(self.seed.value, PURPOSE_SAMPLE)
+        for _ in range(n):
+            rng.uniform_f64()
+        return rng
+
+    # ------------------------------------------------------------ the one computation
+
+    def update(self) -> None:
+        """Read every control, run `sample_trace` once and redraw. Refusals become a message."""
+        if self._quiet:
+            return
+        try:
+            logits = self._read_logits()
+            prompt = _read_ids(self.prompt_text.value, "prompt")
+            output = _read_ids(self.output_text.value, "output")
+            params = self.params()
+            self.trace = sample_trace(logits, params, prompt, output, self._rng())
+        except (ValueError, TypeError) as exc:
+            self.show_refusal(str(exc))
+            return
+        self.message = ""
+        self.shown_ids = self._pick_ids(self.trace)
+        self.chart_data = stage_data(self.trace, self.shown_ids, params)
+        self.result.value = self.token_line()
+        self.charts.value = render_charts(self.chart_data, self.trace, params, self.labels, self.shown_ids)
+
+    def show_refusal(self, text: str) -> None:
+        """No token: the message in words, no charts (nothing stale left on screen)."""
+        self.trace, self.message, self.shown_ids, self.chart_data = None, text, [], {}
+        self.result.value = message(text)
+        self.charts.value = ""
+
+    def _pick_ids(self, tr: SampleTrace) -> list[int]:
+        """All ids of a small vocabulary; else the show_top ids with the largest penalised logits and the
+        token, in ascending id order (the order of the CDF walk)."""
+        V = tr.penalised.size
+        if V <= self.show_top:
+            return list(range(V))
+        top = np.lexsort((np.arange(V), -tr.penalised))[: self.show_top]
+        return sorted(set(top.tolist()) | {tr.token})
+
+    def token_line(self) -> str:
+        """The result as one HTML line: token, its label, logprob, u and the kept set."""
+        tr = self.trace
+        name = "" if self.labels is None else f" {html.escape(repr(self.labels[tr.token]))}"
+        kept = tr.kept.tolist()
+        kept_txt = "{" + ", ".join(map(str, kept[:30])) + (", ..." if len(kept) > 30 else "") + "}"
+        draw = "greedy: argmax, no draw" if tr.greedy else f"u = {tr.u:.5f} (exactly {tr.u!r})"
+        return (
+            f"<p class='tl-token' style='{MONO}'><b>token {tr.token}</b>{name} &middot; logprob "
+            f"{tr.logprob:.5f} (p = {math.exp(tr.logprob):.4f}) &middot; {draw} &middot; kept {len(kept)} "
+            f"of {tr.penalised.size}: {kept_txt}</p>"
+        )
+
+
+def _ids_text(ids) -> str:
+    return ", ".join(str(int(i)) for i in ids)
+
+
+def _numbers_text(values) -> str:
+    return ", ".join(repr(float(v)) if not float(v).is_integer() else str(int(v)) for v in values)
+
+
+def _read_ids(text: str, name: str) -> list[int]:
+    ids = []
+    for tok in (t for t in re.split(r"[,\s;]+", text.strip("[]() ")) if t):
+        try:
+            ids.append(int(tok))
+        except ValueError:
+            raise ValueError(f"{name} ids must be whole numbers: {tok!r} is not one") from None
+    return ids
+
+
+def show(logits=None, labels=None, **kw) -> SamplerPlayground:
+    """Display a playground in the notebook and return it."""
+    from IPython.display import display
+
+    w = SamplerPlayground(logits, labels, **kw)
+    display(w)
+    return w
