@@ -587,7 +587,8 @@ def check(ids=None, jobs: int = 2, progress=None) -> list[CheckRow]:
 
 
 def format_table(rows: list[CheckRow]) -> str:
-    """The check as a text table: id, test, off, on, seconds, and a last line "N of M caught"."""
+    """The check as a text table: id, test, off, on, seconds (of the run with the pitfall on), and a
+    last line "N of M caught"."""
     head = f"{'id':<4} {'test':<66} {'off':<7} {'on':<7} {'seconds':>7}  caught"
     lines = [head, "-" * len(head)]
     for r in rows:
