@@ -138,14 +138,14 @@ PITFALLS: dict[str, Pitfall] = {p.id: p for p in [
        [(_S, "Pcg32.uniform_f64",
          "return ((a >> 5) * 67108864 + (b >> 6))",
          "return ((a >> 6) * 67108864 + (b >> 5))")],
-       "07_sampler", "the uniform_f64 cell asserts u is not the swapped-shift value"),
+       "07_sampler", "PCG32: the uniform_f64 cell (u is not the swapped-shift value)"),
     _p("s02", "Seeding the sample stream on sequence 54 instead of the purpose id",
        "every seeded stream differs from Python's",
        "hand_example_sampling", _T_SAMPLE + "hand_example_sampling",
        [(_S, "stream",
          'return Pcg32(child_seed(seed, purpose), _u64(purpose, "purpose"))',
          "return Pcg32(child_seed(seed, purpose), 54)")],
-       "08_worked_examples", "the hand example's u = 0.80209 and token 3"),
+       "08_worked_examples", "1. One sampled token: u = 0.80209 and token 3"),
     _p("s03", "Taking the logprob after temperature",
        "logprobs change with T; OpenAI clients get wrong values",
        "sampler_matches_l81_golden", _T_SAMPLE + "sampler_matches_l81_golden",
@@ -153,12 +153,12 @@ PITFALLS: dict[str, Pitfall] = {p.id: p for p in [
          "    t = j if kept is None else int(kept[j])\n    logprob = (float(l[t]) - M) - log_Z\n",
          "    t = j if kept is None else int(kept[j])\n"
          "    logprob = (float(q[t]) - q_max) - math.log(_lsum(_exp(q - q_max)))\n")],
-       "07_sampler", "s03: the logprob is the same at every T"),
+       "07_sampler", "Four pitfalls, seen in numbers: s03, the logprob at every T"),
     _p("s04", "> instead of >= in the nucleus walk",
        "the token that reaches p is dropped",
        "top_p_keeps_the_crossing_token", _T_SAMPLE + "top_p_keeps_the_crossing_token",
        [(_S, "_nucleus", "hit = cum >= p", "hit = cum > p")],
-       "07_sampler", "s04: four equal logits and top_p 0.5 keep ids 0 and 1", probe="nucleus_edge"),
+       "07_sampler", "Four pitfalls, seen in numbers: s04, four equal logits and top_p 0.5", probe="nucleus_edge"),
     _p("s05", "Walking the CDF in probability order",
        "correct distribution, different ids for the same seed",
        "sampler_matches_l81_golden", _T_SAMPLE + "sampler_matches_l81_golden",
@@ -166,7 +166,7 @@ PITFALLS: dict[str, Pitfall] = {p.id: p for p in [
          "    probs = _softmax_over(w, kept)\n    cdf = np.cumsum(probs)\n",
          "    kept = _all(kept, V)[np.argsort(-_softmax_over(w, kept), kind=\"stable\")]\n"
          "    probs = _softmax_over(w, kept)\n    cdf = np.cumsum(probs)\n")],
-       "07_sampler", "s05: the same u picks ids in ascending id order"),
+       "07_sampler", "Four pitfalls, seen in numbers: s05, the same u in id order"),
     _p("s06", "Presence and frequency penalties over the prompt",
        "prompt words become unlikely in the answer",
        "penalties_follow_hf_and_openai_semantics", _T_SAMPLE + "penalties_follow_hf_and_openai_semantics",
@@ -174,12 +174,12 @@ PITFALLS: dict[str, Pitfall] = {p.id: p for p in [
          "        if output.size:\n            ids, counts = np.unique(output, return_counts=True)\n",
          "        if prompt.size or output.size:\n"
          "            ids, counts = np.unique(np.concatenate([prompt, output]), return_counts=True)\n")],
-       "07_sampler", "s06 and s07: the penalised logits of a prompt and an output"),
+       "07_sampler", "Four pitfalls, seen in numbers: s06 and s07, the penalties"),
     _p("s07", "Dividing negative logits by the repetition penalty",
        "repeated unlikely tokens become MORE likely",
        "penalties_follow_hf_and_openai_semantics", _T_SAMPLE + "penalties_follow_hf_and_openai_semantics",
        [(_S, "_penalise", "l[seen] = np.where(v > 0, v / r, v * r)", "l[seen] = v / r")],
-       "07_sampler", "s06 and s07: the penalised logits of a prompt and an output"),
+       "07_sampler", "Four pitfalls, seen in numbers: s06 and s07, the penalties"),
     _p("s08", "Truncating instead of rounding to f16",
        "a drift of half an ulp per cached value",
        "f16_rounds_to_nearest_even", "tests/test_quant.py::test_f16_rounds_to_nearest_even",
@@ -188,7 +188,7 @@ PITFALLS: dict[str, Pitfall] = {p.id: p for p in [
          "        h = x.astype(np.float16).view(np.uint16)\n"
          "        h -= np.abs(h.view(np.float16).astype(np.float32)) > np.abs(x)\n"),
         (_Q, "explain_f32_to_f16", "h = field + r.result", "h = field + r.kept")],
-       "03_numbers", "the ties of section 3 (1 + 2^-11 and 1 + 3 * 2^-11)", probe="f16_drift"),
+       "08_worked_examples", "3. f16 rounding: the ties of section 3", probe="f16_drift"),
     _p("s09", "The odd column in the low nibble",
        "int4 files from your Python decode to noise",
        "int4_hand_example", "tests/test_quant.py::test_int4_hand_example",
@@ -198,7 +198,7 @@ PITFALLS: dict[str, Pitfall] = {p.id: p for p in [
         (_Q, "_int4_pair_table",
          "np.stack([(lo ^ 8) - 8, (hi ^ 8) - 8], axis=1)",
          "np.stack([(hi ^ 8) - 8, (lo ^ 8) - 8], axis=1)")],
-       "06_int4", "the packing cell: [-8, 7, 1, -1] packs to 0x78 0xF1"),
+       "06_int4", "Two values per byte: [-8, 7, 1, -1] packs to 0x78 0xF1"),
     _p("s10", "Rounding int4 with the f32 scale, storing the f16 one",
        "some weights off by one level",
        "int4_hand_example", "tests/test_quant.py::test_int4_hand_example",
@@ -213,7 +213,7 @@ PITFALLS: dict[str, Pitfall] = {p.id: p for p in [
        [(_M, "SafeTensors.raw",
          "offset = self.layout.data_start + t.data_offsets[0]",
          "offset = t.data_offsets[0]")],
-       "02_model_directory", "the bigram's file read through the reader"),
+       "02_model_directory", "A safetensors file, byte by byte: the tensors read back"),
     _p("s12", "Reading BF16 as F16",
        "SmolLM2 weights come out wildly wrong",
        "safetensors_reader_rules",
@@ -228,7 +228,7 @@ PITFALLS: dict[str, Pitfall] = {p.id: p for p in [
        [(_F, "llama_forward",
          "cos, sin = rope_cos_sin(step.pos, D, c.rope_theta)",
          "cos, sin = rope_cos_sin(step.pos - np.repeat(step.starts, np.diff(step.offsets)), D, c.rope_theta)")],
-       "05_forward", "chunk invariance: a prompt in pieces against one prefill", probe="decode_vs_prefill"),
+       "05_forward", "6. Chunk invariance: a prompt in pieces against one prefill", probe="decode_vs_prefill"),
     _p("s14", "q_offset 0 for a decode step",
        "the new token sees only key 0",
        "incremental_decode_equals_full_prefill", _T_RUNNER + "incremental_decode_equals_full_prefill",
@@ -237,45 +237,45 @@ PITFALLS: dict[str, Pitfall] = {p.id: p for p in [
          "                o[r], a = attend(q[r], K, V, p, return_weights=True)",
          "o[r] = attend(q[r], K, V, 0)\n            else:\n"
          "                o[r], a = attend(q[r], K, V, 0, return_weights=True)")],
-       "05_forward", "chunk invariance: a prompt in pieces against one prefill", probe="decode_vs_prefill"),
+       "05_forward", "6. Chunk invariance: a prompt in pieces against one prefill", probe="decode_vs_prefill"),
     _p("s15", "K written to the V slab",
        "logits far from HF",
        "tiny_llama_logits_match_hf", _T_RUNNER + "tiny_llama_logits_match_hf",
        [(_F, "write_kv",
          "data[blk, layer, 0, :, slot, :] = f32_to_f16(k)\n    data[blk, layer, 1, :, slot, :] = f32_to_f16(v)",
          "data[blk, layer, 1, :, slot, :] = f32_to_f16(k)\n    data[blk, layer, 0, :, slot, :] = f32_to_f16(v)")],
-       "05_forward", "the logits against Hugging Face's", probe="hf_logits"),
+       "05_forward", "7. The f16 bound: the logits against Hugging Face's", probe="hf_logits"),
     _p("s16", "Skipping the final norm",
        "logits scaled wrong",
        "tiny_llama_logits_match_hf", _T_RUNNER + "tiny_llama_logits_match_hf",
        [(_F, "lm_head", "h = rms_norm(x_last, weights.norm, c.rms_norm_eps)", "h = x_last")],
-       "05_forward", "the logits against Hugging Face's", probe="hf_logits"),
+       "05_forward", "7. The f16 bound: the logits against Hugging Face's", probe="hf_logits"),
     _p("s17", "Not giving temporary blocks back",
        "the pool drains a little per embedding call",
        "run_once_returns_its_blocks", _T_RUNNER + "run_once_returns_its_blocks",
        [(_R, "ModelRunner.run_once",
          "        finally:\n            for b in blocks:\n                self.pool.release(b)\n",
          "        finally:\n            pass\n")],
-       probe="pool_drain"),
+       "10_pitfalls", "the pool drained call by call", probe="pool_drain"),
     _p("s18", "Evicting the newest prefix instead of the oldest",
        "a useful recent prefix disappears early",
        "kv_pool_evicts_the_oldest_cached_block", "tests/test_kv.py::test_kv_pool_evicts_the_oldest_cached_block",
        [(_K, "KvPool.alloc",
          "b, _ = self._lru.popitem(last=False)  # the least recently released",
          "b, _ = self._lru.popitem(last=True)  # the most recently released")],
-       "04_kv_pool", "the LRU cell: released blocks evicted oldest first", probe="lru_eviction"),
+       "04_kv_pool", "4. The block map and the prefix-cache story: LRU eviction", probe="lru_eviction"),
     _p("s19", "Accepting a zero-block pool",
        "the first allocation fails far from the invalid configuration",
        "kv_pool_rejects_zero_capacity", "tests/test_kv.py::test_kv_pool_rejects_zero_capacity",
        [(_K, "KvCfg.validate", "            if v <= 0:\n", '            if v <= 0 and name != "n_blocks":\n')],
-       "04_kv_pool", "the refusal of a zero-block pool"),
+       "04_kv_pool", "1. One buffer, many blocks: a zero-block pool refused"),
     _p("s20", "Reversing RoPE frequency order",
        "Llama logits differ from the reference",
        "tiny_llama_logits_match_hf", _T_RUNNER + "tiny_llama_logits_match_hf",
        [(_F, "rope_inv_freq",
          "return np.float32(1.0) / (np.float32(theta) ** exponent)",
          "return np.float32(1.0) / (np.float32(theta) ** exponent[::-1])")],
-       "05_forward", "RoPE: the frequencies fall with i", probe="rope_freqs"),
+       "05_forward", "2. RoPE: the frequencies fall with i", probe="rope_freqs"),
     _p("s21", "Not checking token ids against the vocabulary",
        "an invalid id reaches the embedding lookup",
        "forward_refuses_bad_batches", _T_RUNNER + "forward_refuses_bad_batches",
@@ -291,7 +291,7 @@ PITFALLS: dict[str, Pitfall] = {p.id: p for p in [
        [(_F, "llama_forward",
          "linear(silu(linear(h2, layer.gate_proj)) * linear(h2, layer.up_proj), layer.down_proj)",
          "linear(linear(h2, layer.gate_proj) * silu(linear(h2, layer.up_proj)), layer.down_proj)")],
-       "05_forward", "the logits against Hugging Face's", probe="hf_logits"),
+       "05_forward", "7. The f16 bound: the logits against Hugging Face's", probe="hf_logits"),
 ]}
 
 
@@ -639,14 +639,14 @@ def _probe_bf16_read() -> dict:
 
 
 def _probe_decode_vs_prefill() -> dict:
-    """Prefill 12 prompt tokens, then decode 20 one per step; at each step the max |logit| gap to a
+    """Prefill 10 prompt tokens, then decode 14 one per step; at each step the max |logit| gap to a
     full prefill of the same tokens (run_once). The correct code stays near 0 all the way."""
     import numpy as np
 
     from tl_lab.runner import ForwardBatch, ForwardSeq
 
     runner = _tiny_runner()
-    tokens, n_prompt = list(b"The KV cache holds every key of the past."), 12
+    tokens, n_prompt = list(b"The KV cache holds keys."), 10
     blocks = runner.pool.alloc(-(-len(tokens) // runner.block_tokens))
     gaps = []
     z = runner.forward(ForwardBatch([ForwardSeq(tokens[:n_prompt], 0, blocks)])).row(0)

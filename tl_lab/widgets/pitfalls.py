@@ -80,7 +80,6 @@ def _bf16_read(ax, off, on):
     ax.scatter(off["values"], on["values"], s=6, color="#c0392b")
     ax.set_xlabel("embedding value read as BF16 (right)")
     ax.set_ylabel("the same bits read as F16 (s12)")
-    ax.set_yscale("symlog")
 
 
 def _decode_vs_prefill(ax, off, on, pid="the pitfall"):
