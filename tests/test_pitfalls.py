@@ -40,13 +40,18 @@ def _test_defs() -> set[str]:
     return names
 
 
-def _run_python(code: str, pitfall: str | None) -> subprocess.CompletedProcess:
+def _run(args: list[str], pitfall: str | None) -> subprocess.CompletedProcess:
+    """`python *args` in a subprocess with TL_LAB_PITFALL=pitfall (unset when None)."""
     env = {k: v for k, v in os.environ.items() if k != pf.ENV}
     env["PYTHONPATH"] = str(REPO_ROOT)
     if pitfall:
         env[pf.ENV] = pitfall
-    return subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True,
+    return subprocess.run([sys.executable, *args], cwd=REPO_ROOT, env=env, capture_output=True,
                           text=True, timeout=120)
+
+
+def _run_python(code: str, pitfall: str | None) -> subprocess.CompletedProcess:
+    return _run(["-c", code], pitfall)
 
 
 # ------------------------------------------------------------------ the registry
@@ -151,6 +156,15 @@ def test_a_patched_module_really_behaves_differently():
     assert off["lru"] == on["lru"] == [2, 0, 3, 1]
     assert off["taken"] == [4, 5, 2, 0, 3, 1]  # free blocks first, then the oldest released
     assert on["taken"] == [4, 5, 1, 3, 0, 2]  # the newest released goes first
+
+
+def test_generate_on_the_command_line_runs_the_broken_code():
+    args = ["-m", "tl_lab", "generate", "--model", "tiny-llama", "--prompt", "The KV cache",
+            "--temperature", "0", "--max-tokens", "16"]
+    off, again, on = _run(args, None), _run(args, None), _run(args, "s20")
+    assert off.returncode == again.returncode == on.returncode == 0, on.stderr
+    assert off.stdout == again.stdout  # greedy: the same text every time ...
+    assert on.stdout != off.stdout  # ... except with RoPE's frequencies reversed
 
 
 def test_run_test_reports_pass_fail_and_errors_apart():
