@@ -74,6 +74,6 @@ def test_draw_measures_the_symptom_from_the_broken_code():
 
 
 def test_a_pitfall_without_a_picture_says_so():
-    lab = PitfallLab("s21")
-    assert pf.get("s21").probe is None and lab.draw_button.disabled
+    lab = PitfallLab("s09")
+    assert pf.get("s09").probe is None and lab.draw_button.disabled
     assert lab.draw() is None and "No picture" in plain(lab.picture.value)

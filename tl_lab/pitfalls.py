@@ -138,7 +138,7 @@ PITFALLS: dict[str, Pitfall] = {p.id: p for p in [
        [(_S, "Pcg32.uniform_f64",
          "return ((a >> 5) * 67108864 + (b >> 6))",
          "return ((a >> 6) * 67108864 + (b >> 5))")],
-       "07_sampler", "PCG32: the uniform_f64 cell (u is not the swapped-shift value)"),
+       "07_sampler", "3. A uniform double from two outputs"),
     _p("s02", "Seeding the sample stream on sequence 54 instead of the purpose id",
        "every seeded stream differs from Python's",
        "hand_example_sampling", _T_SAMPLE + "hand_example_sampling",
@@ -205,7 +205,7 @@ PITFALLS: dict[str, Pitfall] = {p.id: p for p in [
        [(_Q, "QLinear.quantize",
          "s = f16_to_f32(s_bits)[:, :, None]  # the stored value, widened back",
          "s = (np.abs(Wg).max(axis=2) / np.float32(7))[:, :, None]  # the f32 scale, not the stored one")],
-       "06_int4", "the stored-scale pitfall (s10), made visible"),
+       "06_int4", "The hand example, step by step; the stored-scale pitfall (s10), made visible"),
     _p("s11", "data_offsets from the start of the file",
        "garbage weights",
        "safetensors_reader_rules",
@@ -221,7 +221,7 @@ PITFALLS: dict[str, Pitfall] = {p.id: p for p in [
        [(_M, "SafeTensors.f32",
          'if t.dtype == "BF16":\n            return bf16_to_f32(bits)',
          'if t.dtype == "BF16":\n            return f16_to_f32(bits)')],
-       "02_model_directory", "pitfall s12: BF16 read as F16", probe="bf16_read"),
+       "02_model_directory", "Memory-mapped: opening reads only the header (the values read)", probe="bf16_read"),
     _p("s13", "RoPE positions relative to the step",
        "decode tokens all at position 0; output degrades after the prompt",
        "incremental_decode_equals_full_prefill", _T_RUNNER + "incremental_decode_equals_full_prefill",
@@ -244,12 +244,12 @@ PITFALLS: dict[str, Pitfall] = {p.id: p for p in [
        [(_F, "write_kv",
          "data[blk, layer, 0, :, slot, :] = f32_to_f16(k)\n    data[blk, layer, 1, :, slot, :] = f32_to_f16(v)",
          "data[blk, layer, 1, :, slot, :] = f32_to_f16(k)\n    data[blk, layer, 0, :, slot, :] = f32_to_f16(v)")],
-       "05_forward", "7. The f16 bound: the logits against Hugging Face's", probe="hf_logits"),
+       "05_forward", "1. One step's shapes; 7. The f16 bound", probe="hf_logits"),
     _p("s16", "Skipping the final norm",
        "logits scaled wrong",
        "tiny_llama_logits_match_hf", _T_RUNNER + "tiny_llama_logits_match_hf",
        [(_F, "lm_head", "h = rms_norm(x_last, weights.norm, c.rms_norm_eps)", "h = x_last")],
-       "05_forward", "7. The f16 bound: the logits against Hugging Face's", probe="hf_logits"),
+       "10_pitfalls", "3. The symptoms: the logits against Hugging Face's", probe="hf_logits"),
     _p("s17", "Not giving temporary blocks back",
        "the pool drains a little per embedding call",
        "run_once_returns_its_blocks", _T_RUNNER + "run_once_returns_its_blocks",
@@ -268,14 +268,14 @@ PITFALLS: dict[str, Pitfall] = {p.id: p for p in [
        "the first allocation fails far from the invalid configuration",
        "kv_pool_rejects_zero_capacity", "tests/test_kv.py::test_kv_pool_rejects_zero_capacity",
        [(_K, "KvCfg.validate", "            if v <= 0:\n", '            if v <= 0 and name != "n_blocks":\n')],
-       "04_kv_pool", "1. One buffer, many blocks: a zero-block pool refused"),
+       "10_pitfalls", "3. The symptoms: a refusal that moves, a refusal that vanishes", probe="zero_pool"),
     _p("s20", "Reversing RoPE frequency order",
        "Llama logits differ from the reference",
        "tiny_llama_logits_match_hf", _T_RUNNER + "tiny_llama_logits_match_hf",
        [(_F, "rope_inv_freq",
          "return np.float32(1.0) / (np.float32(theta) ** exponent)",
          "return np.float32(1.0) / (np.float32(theta) ** exponent[::-1])")],
-       "05_forward", "2. RoPE: the frequencies fall with i", probe="rope_freqs"),
+       "05_forward", "2. RoPE: pairs turning at their own speeds", probe="rope_freqs"),
     _p("s21", "Not checking token ids against the vocabulary",
        "an invalid id reaches the embedding lookup",
        "forward_refuses_bad_batches", _T_RUNNER + "forward_refuses_bad_batches",
@@ -284,14 +284,15 @@ PITFALLS: dict[str, Pitfall] = {p.id: p for p in [
          "            if bad.size:\n"
          '                raise BatchError(f"seq {i}: token {int(toks[bad[0]])} at index {int(bad[0])} "\n'
          '                                 f"is outside the vocabulary [0, {c.vocab_size})")\n',
-         "")]),
+         "")],
+       "10_pitfalls", "3. The symptoms: a refusal that moves, a refusal that vanishes", probe="bad_token"),
     _p("s22", "silu applied to the up projection",
        "close-looking, wrong logits",
        "tiny_llama_logits_match_hf", _T_RUNNER + "tiny_llama_logits_match_hf",
        [(_F, "llama_forward",
          "linear(silu(linear(h2, layer.gate_proj)) * linear(h2, layer.up_proj), layer.down_proj)",
          "linear(linear(h2, layer.gate_proj) * silu(linear(h2, layer.up_proj)), layer.down_proj)")],
-       "05_forward", "7. The f16 bound: the logits against Hugging Face's", probe="hf_logits"),
+       "05_forward", "8. Int4 weights (its greedy tokens against f32)", probe="hf_logits"),
 ]}
 
 
@@ -737,6 +738,38 @@ def _probe_nucleus_edge() -> dict:
             "counts": np.bincount(draws, minlength=5).tolist(), "p": 0.5}
 
 
+def _probe_zero_pool() -> dict:
+    """A pool of zero blocks: where is it refused, and with what message?"""
+    from tl_lab.errors import KvError
+    from tl_lab.kv import KvCfg, KvPool
+
+    try:
+        pool = KvPool(KvCfg(0, 16, 1, 1, 4))
+    except KvError as exc:
+        return {"refused_at": "KvPool(KvCfg(n_blocks=0, ...))", "error": str(exc)}
+    try:
+        pool.alloc(1)
+    except KvError as exc:
+        return {"refused_at": "pool.alloc(1), later", "error": str(exc)}
+    return {"refused_at": None, "error": ""}
+
+
+def _probe_bad_token() -> dict:
+    """A forward of [5, 256] (the tiny vocabulary is 256) and of [5, -1]: refused, crashed or run?"""
+    from tl_lab.runner import ForwardBatch, ForwardSeq
+
+    runner = _tiny_runner(n_blocks=4)
+    blocks = runner.pool.alloc(1)
+    out = {}
+    for name, tokens in (("[5, 256]", [5, 256]), ("[5, -1]", [5, -1])):
+        try:
+            runner.forward(ForwardBatch([ForwardSeq(tokens, 0, blocks)]))
+            out[name] = {"raised": None, "error": "ran: logits from a wrapped-around embedding row"}
+        except Exception as exc:  # noqa: BLE001  (what the broken code raises is the measurement)
+            out[name] = {"raised": type(exc).__name__, "error": str(exc)[:160]}
+    return out
+
+
 PROBES = {
     "f16_drift": _probe_f16_drift,
     "bf16_read": _probe_bf16_read,
@@ -746,6 +779,8 @@ PROBES = {
     "lru_eviction": _probe_lru_eviction,
     "rope_freqs": _probe_rope_freqs,
     "nucleus_edge": _probe_nucleus_edge,
+    "zero_pool": _probe_zero_pool,
+    "bad_token": _probe_bad_token,
 }
 
 

@@ -132,9 +132,30 @@ def _nucleus_edge(ax, off, on):
     ax.set_ylabel("draws of 400 seeds")
 
 
+def _words(ax, lines):
+    """A picture in words: (label, text, colour) lines, for symptoms that are messages, not numbers."""
+    ax.axis("off")
+    for k, (label, text, colour) in enumerate(lines):
+        ax.text(0.0, 1.0 - 0.2 * k, f"{label}: {text}", color=colour, fontsize=9, va="top", family="monospace",
+                transform=ax.transAxes)
+
+
+def _zero_pool(ax, off, on):
+    _words(ax, [("correct", f"refused at {off['refused_at']}", "#1e8449"), ("  ", off["error"][:90], "#1e8449"),
+                ("s19", f"refused at {on['refused_at']}", "#c0392b"), ("  ", on["error"][:90], "#c0392b")])
+
+
+def _bad_token(ax, off, on):
+    lines = []
+    for name in off:
+        for label, data, colour in (("correct", off[name], "#1e8449"), ("s21", on[name], "#c0392b")):
+            lines.append((f"{name} {label}", f"{data['raised'] or 'no error'}: {data['error'][:70]}", colour))
+    _words(ax, lines)
+
+
 DRAW = {"f16_drift": _f16_drift, "bf16_read": _bf16_read, "decode_vs_prefill": _decode_vs_prefill,
         "hf_logits": _hf_logits, "pool_drain": _pool_drain, "lru_eviction": _lru_eviction,
-        "rope_freqs": _rope_freqs, "nucleus_edge": _nucleus_edge}
+        "rope_freqs": _rope_freqs, "nucleus_edge": _nucleus_edge, "zero_pool": _zero_pool, "bad_token": _bad_token}
 _LABELLED = ("decode_vs_prefill", "hf_logits")  # shared by several pitfalls: the legend names the one on
 
 
