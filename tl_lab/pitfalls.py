@@ -323,8 +323,8 @@ def module_path(module: str) -> Path:
     return PACKAGE_DIR.joinpath(*parts[1:]).with_suffix(".py")
 
 
-def function_span(source: str, qualname: str) -> tuple[int, int]:
-    """Character span [begin, end) of function `qualname` ("f" or "Class.method") in `source`."""
+def function_span(source: str, qualname: str) -> tuple[int, int] | None:
+    """Character span [begin, end) of function `qualname` ("f" or "Class.method") in `source`, or None."""
     tree = ast.parse(source)
     body, node = tree.body, None
     for name in qualname.split("."):
