@@ -196,3 +196,39 @@ def test_every_pitfall_is_caught(capsys):
     assert len(rows) == 22
     assert [r.id for r in rows if not r.caught] == [], table
     assert table.endswith("22 of 22 caught")
+
+
+def test_switched_on_changes_the_engine_in_process_and_puts_it_back():
+    import importlib
+    import inspect
+
+    import numpy as np
+
+    import tl_lab
+    import tl_lab.kv as kv_before
+    import tl_lab.runner as runner_before
+    from tl_lab.paths import DATA_DIR
+
+    off = pf.PROBES["lru_eviction"]()
+    z_off = runner_before.ModelRunner.load(DATA_DIR / "tiny-llama").run_once([1, 2, 3])[1]
+    with pf.switched_on("s18,s20") as ids:
+        assert ids == ("s18", "s20") and pf.active() == ids
+        on = pf.PROBES["lru_eviction"]()  # imports tl_lab.kv inside the block: the patched one
+        runner_in = importlib.import_module("tl_lab.runner")
+        assert runner_in is not runner_before
+        # the runner is bound to the patched forward, not to the one imported before the block
+        assert runner_in.llama_forward is sys.modules["tl_lab.forward"].llama_forward
+        assert runner_in.llama_forward is not runner_before.llama_forward
+        z_on = runner_in.ModelRunner.load(DATA_DIR / "tiny-llama").run_once([1, 2, 3])[1]
+        with pytest.raises(pf.PitfallError, match="already on"):
+            with pf.switched_on("s01"):
+                pass
+    assert off["taken"] == [4, 5, 2, 0, 3, 1] and on["taken"] == [4, 5, 1, 3, 0, 2]
+    assert np.abs(z_on - z_off).max() > 0.1  # RoPE reversed: the engine path really changed
+    # afterwards: the very same module objects, the correct code, nothing left switched on
+    assert pf.active() == () and sys.modules["tl_lab.kv"] is kv_before and tl_lab.kv is kv_before
+    assert importlib.import_module("tl_lab.runner") is runner_before
+    assert pf.PROBES["lru_eviction"]() == off
+    assert "last=False" in inspect.getsource(kv_before.KvPool.alloc)  # no broken text left in linecache
+    z_after = runner_before.ModelRunner.load(DATA_DIR / "tiny-llama").run_once([1, 2, 3])[1]
+    assert np.array_equal(z_after, z_off)

@@ -13,9 +13,11 @@ edits applied, under its real filename (tracebacks show the buggy line). When a 
 found exactly once in its function, switching the pitfall on is refused with a PitfallError naming
 it: the lab cannot drift silently as the code changes, and `check` in CI keeps every edit honest.
 
-Inside a notebook an imported module cannot honestly be swapped (other modules already hold its
+Inside a notebook an imported module cannot simply be swapped (other modules already hold its
 functions), so the notebook runs broken code in a subprocess: `run_test` (one pytest node with the
-pitfall on or off) and `probe` (a small measurement returning JSON, for the lab's pictures).
+pitfall on or off) and `probe` (a small measurement returning JSON, for the lab's pictures). In
+process, `with switched_on("s13"):` imports every tl_lab module afresh for the block (the edited
+ones patched) and puts the originals back after it.
 
 Command line: `python -m tl_lab pitfalls` lists them, `python -m tl_lab pitfalls --check [ID ...]`
 runs each pitfall's test off (must pass) and on (must fail).
@@ -24,6 +26,7 @@ runs each pitfall's test off (must pass) and on (must fail).
 from __future__ import annotations
 
 import ast
+import contextlib
 import difflib
 import hashlib
 import importlib.abc
@@ -57,6 +60,7 @@ __all__ = [
     "patched_source",
     "function_diff",
     "install",
+    "switched_on",
     "active",
     "run_test",
     "check",
@@ -458,12 +462,74 @@ def install(ids) -> tuple[str, ...]:
         raise PitfallError(f"pitfalls {', '.join(ids)}: {', '.join(loaded)} is already imported, so the edit "
                            f"could not reach it; set {ENV} before importing tl_lab")
     sources = {m: patched_source(m, ids) for m in modules}
-    cache = str(numba_cache_dir(ids))
-    os.environ["NUMBA_CACHE_DIR"] = cache
-    if "numba" in sys.modules:  # numba read its config at import: point the live config there too
-        sys.modules["numba"].config.CACHE_DIR = cache
+    _set_numba_cache(str(numba_cache_dir(ids)))
     sys.meta_path.insert(0, PitfallFinder(ids, sources))
     return ids
+
+
+# Modules no pitfall edits and that import none that is edited: they stay as they are inside
+# `switched_on`, so their classes (the errors above all) are the same objects inside and outside.
+_STAY = ("tl_lab", "tl_lab.errors", "tl_lab.paths", "tl_lab.checks", "tl_lab.pitfalls")
+
+
+def _tl_modules() -> dict:
+    return {n: m for n, m in sys.modules.items() if n.startswith("tl_lab.") and n not in _STAY}
+
+
+def _bind(name: str, module) -> None:
+    """Make `module` (or nothing, when None) the attribute of its parent package, as import does."""
+    parent, _, child = name.rpartition(".")
+    if parent in sys.modules:
+        if module is None:
+            sys.modules[parent].__dict__.pop(child, None)
+        else:
+            setattr(sys.modules[parent], child, module)
+
+
+@contextlib.contextmanager
+def switched_on(ids):
+    """Pitfalls `ids` on in THIS process, for the block only; yields the ids.
+
+    Inside the block every tl_lab module is imported afresh (those the pitfalls edit from their
+    patched source), so what is imported inside (`from tl_lab.runner import ModelRunner`) is the
+    engine with the mistake in it, every module bound to the others' new copies. Names bound
+    before the block still point at the correct modules: import inside the block. On exit the
+    original module objects come back exactly as they were.
+    """
+    ids = parse_ids(ids if isinstance(ids, str) else ",".join(ids))
+    if not ids or active():
+        raise PitfallError("switched_on needs pitfall ids, and no pitfall already on in this process "
+                           f"(on: {', '.join(active()) or 'none'})")
+    modules = dict.fromkeys(m for i in ids for m in get(i).modules)
+    finder = PitfallFinder(ids, {m: patched_source(m, ids) for m in modules})
+    saved, numba_before = _tl_modules(), os.environ.get("NUMBA_CACHE_DIR")
+    for name in saved:
+        del sys.modules[name]
+    _set_numba_cache(str(numba_cache_dir(ids)))
+    sys.meta_path.insert(0, finder)
+    try:
+        yield ids
+    finally:
+        sys.meta_path.remove(finder)
+        for name in _tl_modules():
+            del sys.modules[name]
+            _bind(name, None)
+        for name in sorted(saved):  # parents first
+            sys.modules[name] = saved[name]
+            _bind(name, saved[name])
+        for m in modules:  # the broken text must not linger in tracebacks of the correct code
+            linecache.cache.pop(str(module_path(m)), None)
+        _set_numba_cache(numba_before)
+
+
+def _set_numba_cache(path: str | None) -> None:
+    """NUMBA_CACHE_DIR (and numba's live config, when numba is imported already) to `path`."""
+    if path is None:
+        os.environ.pop("NUMBA_CACHE_DIR", None)
+    else:
+        os.environ["NUMBA_CACHE_DIR"] = path
+    if "numba" in sys.modules:
+        sys.modules["numba"].config.CACHE_DIR = path or ""
 
 
 def install_from_env() -> tuple[str, ...]:
