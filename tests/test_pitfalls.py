@@ -185,6 +185,11 @@ def test_cli_lists_the_22(capsys):
     assert lines[12].startswith("s13") and "tl_lab.forward" in lines[12]
     assert "test_incremental_decode_equals_full_prefill" in lines[12]
     assert main(["pitfalls", "--check", "s77"]) == 1  # an unknown id is a refusal (exit 1)
+    capsys.readouterr()
+    assert main(["pitfalls", "--check", "s18", "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "s18  test_kv_pool_evicts_the_oldest_cached_block" in out and "passed  failed" in out
+    assert "1 of 1 caught" in out
 
 
 def test_every_pitfall_is_caught(capsys):
