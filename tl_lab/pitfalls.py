@@ -248,7 +248,7 @@ PITFALLS: dict[str, Pitfall] = {p.id: p for p in [
        [(_F, "write_kv",
          "data[blk, layer, 0, :, slot, :] = f32_to_f16(k)\n    data[blk, layer, 1, :, slot, :] = f32_to_f16(v)",
          "data[blk, layer, 1, :, slot, :] = f32_to_f16(k)\n    data[blk, layer, 0, :, slot, :] = f32_to_f16(v)")],
-       "05_forward", "1. One step's shapes; 7. The f16 bound", probe="hf_logits"),
+       "05_forward", "1. One step's shapes (the keys read back from the pool); 7. The f16 bound", probe="hf_logits"),
     _p("s16", "Skipping the final norm",
        "logits scaled wrong",
        "tiny_llama_logits_match_hf", _T_RUNNER + "tiny_llama_logits_match_hf",
@@ -296,7 +296,7 @@ PITFALLS: dict[str, Pitfall] = {p.id: p for p in [
        [(_F, "llama_forward",
          "linear(silu(linear(h2, layer.gate_proj)) * linear(h2, layer.up_proj), layer.down_proj)",
          "linear(linear(h2, layer.gate_proj) * silu(linear(h2, layer.up_proj)), layer.down_proj)")],
-       "05_forward", "8. Int4 weights (its greedy tokens against f32)", probe="hf_logits"),
+       "05_forward", "8. Int4 weights: the int4 logits against f32 (their correlation)", probe="hf_logits"),
 ]}
 
 
