@@ -1,7 +1,7 @@
 """tl_lab/sample.py: PCG32 and the sampler (chapter L10.1, sections 2.6, 3 and 4).
 
-The chapter's tests (hand_example_sampling, pcg32_reference_vectors, sampler_matches_l81_golden ->
-test_sampler_matches_golden, greedy_takes_no_draw_and_sampling_takes_one,
+The chapter's tests (hand_example_sampling, pcg32_reference_vectors, sampler_matches_l81_golden,
+greedy_takes_no_draw_and_sampling_takes_one,
 top_p_keeps_the_crossing_token, penalties_follow_hf_and_openai_semantics,
 seeded_sampling_matches_the_distribution), then the two implementations against each other, the
 spec's edge rules and the refusals. Every sampler test runs BOTH `sample` and `sample_reference`.
@@ -148,7 +148,7 @@ def _params(case):
 
 
 @pytest.mark.parametrize("fn", SAMPLERS)
-def test_sampler_matches_golden(fn):
+def test_sampler_matches_l81_golden(fn):
     g, tables = _golden()
     assert len(g["cases"]) == 12 and all(len(c["tokens"]) == 12 for c in g["cases"])
     assert max(len(t[0]) for t in tables.values()) == 49152

