@@ -30,7 +30,7 @@ def test_the_lab_shows_the_chapters_row_and_the_edit():
 
 def test_a_removed_check_shows_as_removed_lines():
     lines = plain(diff_html("s21")).splitlines()
-    assert any(s.startswith("-            bad = np.flatnonzero((toks < 0)") for s in lines)
+    assert any(s.startswith("-        bad = np.flatnonzero((toks < 0)") for s in lines)
     assert not any(s.startswith("+") for s in lines)
     assert "tl_lab/quant.py" in plain(diff_html("s08")) and "explain_f32_to_f16" in plain(diff_html("s08"))
 

@@ -132,6 +132,7 @@ _M = "tl_lab.model"
 _F = "tl_lab.forward"
 _R = "tl_lab.runner"
 _K = "tl_lab.kv"
+_B = "tl_lab.blocks"
 _T_SAMPLE = "tests/test_sample.py::test_"
 _T_RUNNER = "tests/test_runner.py::test_"
 
@@ -257,9 +258,9 @@ PITFALLS: dict[str, Pitfall] = {p.id: p for p in [
     _p("s17", "Not giving temporary blocks back",
        "the pool drains a little per embedding call",
        "run_once_returns_its_blocks", _T_RUNNER + "run_once_returns_its_blocks",
-       [(_R, "ModelRunner.run_once",
-         "        finally:\n            for b in blocks:\n                self.pool.release(b)\n",
-         "        finally:\n            pass\n")],
+       [(_B, "BlockManager.temporary",
+         "self.give_back(table)  # temporary blocks go back to the pool, every time",
+         "pass  # the temporary blocks are kept: nobody gives them back")],
        "10_pitfalls", "the pool drained call by call", probe="pool_drain"),
     _p("s18", "Evicting the newest prefix instead of the oldest",
        "a useful recent prefix disappears early",
@@ -271,7 +272,9 @@ PITFALLS: dict[str, Pitfall] = {p.id: p for p in [
     _p("s19", "Accepting a zero-block pool",
        "the first allocation fails far from the invalid configuration",
        "kv_pool_rejects_zero_capacity", "tests/test_kv.py::test_kv_pool_rejects_zero_capacity",
-       [(_K, "KvCfg.validate", "            if v <= 0:\n", '            if v <= 0 and name != "n_blocks":\n')],
+       [(_K, "KvCfg.validate",
+         'as_int(self.n_blocks, "KvCfg.n_blocks", lo=1, error=KvError)  # a pool of no blocks is refused here',
+         'as_int(self.n_blocks, "KvCfg.n_blocks", lo=0, error=KvError)  # zero blocks let through')],
        "10_pitfalls", "3. The symptoms: a refusal that moves, a refusal that vanishes", probe="zero_pool"),
     _p("s20", "Reversing RoPE frequency order",
        "Llama logits differ from the reference",
@@ -283,11 +286,11 @@ PITFALLS: dict[str, Pitfall] = {p.id: p for p in [
     _p("s21", "Not checking token ids against the vocabulary",
        "an invalid id reaches the embedding lookup",
        "forward_refuses_bad_batches", _T_RUNNER + "forward_refuses_bad_batches",
-       [(_R, "ModelRunner._check",
-         "            bad = np.flatnonzero((toks < 0) | (toks >= c.vocab_size))\n"
-         "            if bad.size:\n"
-         '                raise BatchError(f"seq {i}: token {int(toks[bad[0]])} at index {int(bad[0])} "\n'
-         '                                 f"is outside the vocabulary [0, {c.vocab_size})")\n',
+       [(_R, "ModelRunner._check_tokens",
+         "        bad = np.flatnonzero((toks < 0) | (toks >= c.vocab_size))  # every id inside the vocabulary\n"
+         "        if bad.size:\n"
+         '            raise BatchError(f"seq {i}: token {int(toks[bad[0]])} at index {int(bad[0])} "\n'
+         '                             f"is outside the vocabulary [0, {c.vocab_size})")\n',
          "")],
        "10_pitfalls", "3. The symptoms: a refusal that moves, a refusal that vanishes", probe="bad_token"),
     _p("s22", "silu applied to the up projection",
