@@ -253,7 +253,7 @@ def control(out, a: Act):
     raise LabError(f"unknown action {a.do!r}")
 
 
-def act(page, a: Act, timeout_ms: int = 30_000) -> str:
+def act(page, a: Act, timeout_ms: int = 90_000) -> str:
     """Do `a` and wait until the kernel's answer is on the page; -> the watched text afterwards."""
     from playwright.sync_api import expect
 

@@ -47,6 +47,21 @@ WIDGETS = {
         Act("bm = BlockMap()", "click", "back", watch=".widget-html"),
         Act("view = show(pool, {", "type", "position", "20", watch=".tl-where"),
     ],
+    "10_pitfalls.ipynb": [
+        # pick s17, press the red button: the kernel runs the test in a subprocess with the pitfall on and
+        # the failing verdict, with the test's own assertion, must appear (issue 9: see it fail on the page)
+        Act('lab = PitfallLab("s13")', "select", "pitfall", "s17 · Not giving temporary blocks back",
+            watch=".tl-diff", expect="self.give_back(table)"),
+        Act('lab = PitfallLab("s13")', "click", "Run its test with the pitfall on", watch=".tl-verdict-box",
+            expect="CAUGHT: test_run_once_returns_its_blocks FAILS with s17 on"),
+    ],
+    "06_int4.ipynb": [
+        # 1, 2, 3, 4 in one group: s = f16(4 / 7) = 0x3892, q = 2, 4, 5, 7 packed as 0x42 0x75
+        Act("int4_widget = Int4Widget()", "type", "weights W", "1, 2, 3, 4", watch=".widget-html",
+            expect="0x42 0x75"),
+        Act("int4_widget = Int4Widget()", "type", "weights W", "abc", watch=".widget-html",
+            expect="not a number"),
+    ],
     "07_sampler.ipynb": [
         # section 3's example keeps {1, 3}; top-k 4 lets id 2 into the nucleus (q1 + q3 = 0.799 < 0.8)
         Act("pg = SamplerPlayground()", "slider", "top-k", watch=".tl-token", expect="kept 3 of 5: {1, 2, 3}"),
@@ -57,6 +72,12 @@ WIDGETS = {
         # the status line describes the new state, not the last press (issue 11, item 8)
         Act("mp.sample_button.click()", "click", "clear appended tokens", watch=".tl-status",
             expect="cleared the appended tokens"),
+    ],
+    "11_interface.ipynb": [
+        Act("picker = widgets.Dropdown(", "click", "run it", watch=".widget-html", expect="PASSED"),
+    ],
+    "12_where_next.ipynb": [
+        Act("steps, results = EngineSteps.run(", "click", "next ▶", watch=".tl-step"),
     ],
 }
 

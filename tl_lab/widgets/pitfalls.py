@@ -206,7 +206,7 @@ class PitfallLab(widgets.VBox):
                                          layout=widgets.Layout(width="280px"))
         self.off_button = widgets.Button(description="... with it off", layout=widgets.Layout(width="140px"))
         self.draw_button = widgets.Button(description="Draw the symptom", layout=widgets.Layout(width="160px"))
-        self.verdict = widgets.HTML()
+        self.verdict = widgets.HTML().add_class("tl-verdict-box")  # a stable handle for the browser test
         self.picture = widgets.HTML()
         self.result: pf.TestRun | None = None
         self.picture_data: dict | None = None
