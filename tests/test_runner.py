@@ -273,8 +273,10 @@ def test_run_once_hidden_is_the_final_normed_state():
 
 
 def test_int4_runner_matches_its_dequantized_model():
-    """Quantize-at-load equals the int4 file (data/tiny-llama-int4) bit for bit; both equal the f32
-    model holding the dequantized weights (the int4 product is the f32 product on W_hat)."""
+    """Quantize-at-load equals the int4 file (data/tiny-llama-int4) bit for bit; both agree with the
+    f32 model holding the dequantized weights within CHUNK_TOL: the int4 kernel computes the same
+    products on W_hat as the f32 kernel, summed in another order (nibbles, then s per group), and a
+    key a few ulps off can round to the neighbouring f16 in the cache, as in chunk invariance."""
     q_load = tiny(quant=Int4(32))
     q_file = ModelRunner.load(DATA_DIR / "tiny-llama-int4", EngineConfig(kv=KvConfig(64)))
     assert q_file.quant == q_load.quant == Int4(32)
@@ -292,7 +294,7 @@ def test_int4_runner_matches_its_dequantized_model():
         _, c = dq.run_once(toks)
         _, d = f32.run_once(toks)
         assert np.array_equal(a, b), f"{len(toks)} tokens: quantize-at-load and the int4 file differ"
-        np.testing.assert_allclose(a, c, rtol=0, atol=1e-5 * float(np.abs(c).max()))
+        np.testing.assert_allclose(a, c, rtol=0, atol=CHUNK_TOL * float(np.abs(c).max()))
         assert np.abs(a - d).max() > 0  # int4 moves the logits (the notebook draws by how much)
         assert np.corrcoef(a, d)[0, 1] > 0.9
 
