@@ -705,8 +705,8 @@ def test_linear_forward_is_x_times_w_transposed():
     rng = np.random.default_rng(0)
     lin = Linear(rng.standard_normal((5, 8)).astype(np.float32))
     x = rng.standard_normal((3, 8)).astype(np.float32)
-    np.testing.assert_array_equal(lin.forward(x), x @ lin.w.T)
-    rows = lin.forward(x, rowwise=True)
+    rows = lin.forward(x)  # the compiled kernel: x @ w.T up to the order of the sum
+    np.testing.assert_allclose(rows, x @ lin.w.T, rtol=1e-6, atol=1e-6)
     for i in range(3):
         np.testing.assert_array_equal(rows[i], lin.forward(x[i : i + 1])[0])
     with pytest.raises(ValueError, match=r"\(m, 8\)"):
@@ -824,3 +824,25 @@ def test_load_weights_refuses_a_directory_without_model_safetensors(tmp_path):
     shutil.copy(DATA_DIR / "tiny-llama" / "config.json", tmp_path / "config.json")
     with pytest.raises(FormatError, match="no such safetensors file"):
         load_weights(tmp_path)
+
+
+def test_load_refuses_non_finite_weights(tmp_path):
+    """A NaN or an infinite weight is refused while widening, naming the tensor and where it is
+    (issue 12), in every stored dtype; the finite tensors of the same file still load."""
+    for bad in (np.nan, np.inf, -np.inf):
+        w = np.ones(15, np.float32)
+        w[11] = bad
+        bf16 = (w.view(np.uint32) >> 16).astype(np.uint16)  # NaN and inf keep their top half
+        parts = {"ok": ("F32", np.ones(4, np.float32)), "w32": ("F32", w), "w16": ("F16", w.astype(np.float16)),
+                 "wbf": ("BF16", bf16)}
+        header, data = {}, b""
+        for name, (dtype, a) in parts.items():
+            header[name] = entry(dtype, [a.size], len(data), len(data) + a.nbytes)
+            data += a.tobytes()
+        p = tmp_path / "w.safetensors"
+        p.write_bytes(craft(header, data))
+        with SafeTensors.open(p) as f:
+            assert np.array_equal(f.f32("ok"), np.ones(4, np.float32))
+            for name in ("w32", "w16", "wbf"):
+                with pytest.raises(FormatError, match=rf"tensor '{name}' holds a non-finite weight .* index 11"):
+                    f.f32(name)

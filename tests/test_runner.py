@@ -226,6 +226,30 @@ def test_batched_forward_equals_single_smollm2_shaped():
     assert not bad, f"(batch size, seq, new tokens) that changed bits: {bad[:10]}"
 
 
+def test_batched_forward_equals_single_at_1_and_2_threads_with_the_same_bits():
+    """The kernels fix each sum's order in compiled code, so invariance holds at every thread
+    count, and the logits are the same bits at 1 and at 2 threads (a BLAS product's are not)."""
+    import numba
+
+    from tl_lab.kernels import set_threads
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.fail("this test needs 2 cores for numba's thread pool")
+    before = numba.get_num_threads()
+    logits = []
+    try:
+        for n in (1, 2):
+            assert set_threads(n) == n
+            runner = tiny(n_blocks=256, threads=n)
+            bad = check_batch_invariance(runner, 8, [8, 5, 2], seed=4)
+            assert not bad, f"{n} threads: (batch size, seq, new tokens) that changed bits: {bad[:10]}"
+            seqs = make_sequences(runner, np.random.default_rng(9), 6)
+            logits.append(runner.forward(ForwardBatch(seqs)).data)
+    finally:
+        set_threads(before)
+    assert np.array_equal(logits[0], logits[1])
+
+
 def test_plain_product_forward_is_not_batch_invariant():
     """The same check with plain x @ W.T products fails: the tiles are what buys invariance."""
     runner = tiny(n_blocks=256, product="plain")

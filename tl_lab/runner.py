@@ -23,8 +23,9 @@ Decisions where the chapter is silent:
   an engine loop can allocate blocks the same way for both architectures.
 - EngineConfig.max_batch_tokens, max_seqs and prefill_chunk are the scheduler's (tl_lab.generate):
   forward runs whatever batch it is given.
-- EngineConfig.threads sets the BLAS thread count for the whole process (OpenBLAS has one pool).
-  The bits of a product depend on it, so batch invariance holds for one thread count, not across.
+- EngineConfig.threads sets the thread count of the compiled kernels (numba's pool) and of BLAS for
+  the whole process. The engine's products and attention are compiled loops whose bits do not
+  depend on it; BLAS is left to the "plain" product and the numpy references.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import numpy as np
 
 from tl_lab.errors import BatchError
 from tl_lab.forward import PRODUCTS, Scratch, Step, bigram_forward, llama_forward
+from tl_lab.kernels import set_threads
 from tl_lab.kv import BlockState, KvCfg, KvPool
 from tl_lab.model import Int4, ModelConfig, load_weights
 
@@ -160,6 +162,7 @@ class ModelRunner:
             raise ValueError(f"EngineConfig.product must be one of {PRODUCTS}, got {cfg.product!r}")
         if cfg.threads is not None:
             set_blas_threads(cfg.threads)
+            set_threads(cfg.threads)  # the compiled kernels' pool: their bits do not depend on it
         self.weights = weights
         self.engine = cfg
         self.product = cfg.product
