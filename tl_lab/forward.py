@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tl_lab.kernels import attend_paged, product_f32
+from tl_lab.kernels import QUERY_TILE, attend_paged, product_f32
 from tl_lab.model import Linear, LlamaWeights
 from tl_lab.quant import _F16_TABLE, QLinear, f16_to_f32, f32_to_f16
 
@@ -435,6 +435,8 @@ class PoolKv:
             self.tables[s, : len(t)] = t
         self.seq_of = np.repeat(np.arange(step.n_seqs), np.diff(step.offsets))  # (N,)
         self.firsts = np.ascontiguousarray(step.offsets[:-1])  # (S,) first row of each sequence
+        cuts = [np.arange(a, b, QUERY_TILE) for a, b in zip(step.offsets[:-1], step.offsets[1:])]
+        self.tiles = np.append(np.concatenate(cuts), step.offsets[-1]).astype(np.int64)  # query tiles
 
     def write(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
         write_kv(self.data, layer, self.blk, self.slot, k, v)
@@ -444,7 +446,7 @@ class PoolKv:
         N, H, D = q.shape
         o = np.empty((N, H * D), dtype=np.float32)
         attend_paged(np.ascontiguousarray(q), self.data, layer, self.tables, self.seq_of,
-                     self.step.starts, self.firsts, _F16_TABLE, o)
+                     self.step.starts, self.firsts, self.tiles, _F16_TABLE, o)
         return o
 
     def read(self, layer: int, s: int) -> tuple[np.ndarray, np.ndarray]:

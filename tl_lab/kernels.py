@@ -7,10 +7,11 @@ depends on nothing decided at run time: not on how many rows share the call, not
 sits among them, not on how many threads there are (a thread takes whole output features, never a
 piece of a sum). numpy's ``x @ W.T`` gives that order to OpenBLAS, which picks it from the shape.
 
-The kernels work on blocks of ROWS x 4 (batch rows x output features): each weight value read
+The f32 kernel works on blocks of ROWS x 4 (batch rows x output features): each weight value read
 from memory serves ROWS rows, which is what makes a batch of 8 decodes cost little more than one.
 A block always has ROWS rows: the caller pads x with zero rows (`padded_rows`), so a row alone runs
-through the very same code as a row in a batch. Every kernel takes C-contiguous arrays only (numba
+through the very same code as a row in a batch. The int4 kernel takes one row at a time through
+one loop (its cost is decoding nibbles, which padding would multiply). Every kernel takes C-contiguous arrays only (numba
 compiles a different loop for strided arrays, and that one may add in another order).
 
 Compiled with numba, ``cache=True``: the first process compiles (seconds), later ones load the
@@ -24,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-__all__ = ["ROWS", "FASTMATH", "padded_rows", "matmul_f32", "matmul_q4", "attend_paged", "product_f32",
+__all__ = ["ROWS", "FASTMATH", "padded_rows", "matmul_f32", "matmul_q4", "attend_paged", "QUERY_TILE", "product_f32",
            "product_q4", "set_threads"]
 
 ROWS = 4
@@ -71,13 +72,16 @@ def matmul_f32(x, W, y):  # pragma: no cover (compiled)
 def matmul_q4(x, xsum, P, S, f16, y):  # pragma: no cover (compiled)
     """y = x W_hat^T straight from the packed nibbles (section 2.5); no f32 weight is ever made.
 
-    x: (M, K) float32, M a multiple of ROWS; xsum: (M, G) float32, the sum of each group of g = K / G
-    columns of x; P: (N, K / 2) uint8 in the kernel layout of `quant.to_planar` (per group, byte b
-    holds column b in its low nibble and column b + g/2 in its high one, each as q + 8); S: (N, G)
-    uint16, the f16 scales; f16: (65536,) float32, every f16 widened; y: (M, N) float32, written.
+    x: (M, K) float32 (any M: rows go one at a time, each through the same loop); xsum: (M, G)
+    float32, the sum of each group of g = K / G columns of x; P: (N, K / 2) uint8 in the kernel
+    layout of `quant.to_planar` (per group, byte b holds column b in its low nibble and column
+    b + g/2 in its high one, each as q + 8); S: (N, G) uint16, the f16 scales; f16: (65536,)
+    float32, every f16 widened; y: (M, N) float32, written.
 
     With n = q + 8, a group's share is s * (sum_c n_c x_c - 8 * sum_c x_c): the nibble is used as
-    it is, and the -8 is one subtraction per group instead of a sign fix per weight.
+    it is, and the -8 is one subtraction per group instead of a sign fix per weight. Four output
+    features per iteration share each x value read; a decode step is bound by decoding nibbles,
+    not by memory, so rows are not blocked here (a padded row would cost as much as a real one).
     """
     M, K = x.shape
     N, G = S.shape
@@ -85,77 +89,105 @@ def matmul_q4(x, xsum, P, S, f16, y):  # pragma: no cover (compiled)
     for nb in prange((N + 3) // 4):
         n0 = nb * 4
         nn = min(4, N - n0)
-        for m0 in range(0, M, ROWS):
-            acc = np.zeros((ROWS, 4), dtype=np.float32)
+        r0, r1, r2, r3 = n0, n0 + min(1, nn - 1), n0 + min(2, nn - 1), n0 + min(3, nn - 1)  # short block: repeat
+        for m in range(M):
+            a0 = a1 = a2 = a3 = np.float32(0.0)
             for g in range(G):
                 c0 = g * 2 * half  # first column of the group
-                part = np.zeros((ROWS, 4), dtype=np.float32)
+                p0 = p1 = p2 = p3 = np.float32(0.0)
                 for b in range(half):
-                    for j in range(4):
-                        byte = P[n0 + min(j, nn - 1), g * half + b]  # a short block repeats its last feature
-                        lo = np.float32(byte & 15)
-                        hi = np.float32(byte >> 4)
-                        for i in range(ROWS):
-                            part[i, j] += lo * x[m0 + i, c0 + b] + hi * x[m0 + i, c0 + half + b]
-                for j in range(4):
-                    s = f16[S[n0 + min(j, nn - 1), g]]
-                    for i in range(ROWS):
-                        acc[i, j] += s * (part[i, j] - np.float32(8.0) * xsum[m0 + i, g])
-            for i in range(ROWS):
-                for j in range(nn):
-                    y[m0 + i, n0 + j] = acc[i, j]
+                    lo, hi = x[m, c0 + b], x[m, c0 + half + b]
+                    n = P[r0, g * half + b]
+                    p0 += np.float32(n & 15) * lo + np.float32(n >> 4) * hi
+                    n = P[r1, g * half + b]
+                    p1 += np.float32(n & 15) * lo + np.float32(n >> 4) * hi
+                    n = P[r2, g * half + b]
+                    p2 += np.float32(n & 15) * lo + np.float32(n >> 4) * hi
+                    n = P[r3, g * half + b]
+                    p3 += np.float32(n & 15) * lo + np.float32(n >> 4) * hi
+                x8 = np.float32(8.0) * xsum[m, g]
+                a0 += f16[S[r0, g]] * (p0 - x8)
+                a1 += f16[S[r1, g]] * (p1 - x8)
+                a2 += f16[S[r2, g]] * (p2 - x8)
+                a3 += f16[S[r3, g]] * (p3 - x8)
+            for j, a in enumerate((a0, a1, a2, a3)):
+                if j < nn:
+                    y[m, n0 + j] = a
+
+
+QUERY_TILE = 16
+"""Queries of one sequence per attention task: each key read from the pool (and widened from f16)
+serves up to QUERY_TILE x rep queries, instead of being read again for every query of a prefill."""
 
 
 @njit(parallel=True, fastmath=FASTMATH, cache=True)
-def attend_paged(q, data, layer, tables, seq_of, starts, firsts, f16, o):  # pragma: no cover (compiled)
+def attend_paged(q, data, layer, tables, seq_of, starts, firsts, tiles, f16, o):  # pragma: no cover
     """Grouped-query causal attention read from the pool's blocks in place (section 2.4, "going
     further": PagedAttention). Nothing is gathered: key j of sequence s is read where it lives,
-    block tables[s, j // B], slot j % B, and widened from f16 one element at a time.
+    block tables[s, j // B], slot j % B, widened from f16 once per tile of queries.
 
     q: (N, H, D) float32, the step's queries after RoPE; data: the pool (n_blocks, n_layers, 2, H_kv,
     B, D) uint16; tables: (S, T) int64 block tables (padded); seq_of: (N,) the sequence of each row;
-    starts: (S,) p_s; firsts: (S,) the first row of each sequence; f16: (65536,) float32;
+    starts: (S,) p_s; firsts: (S,) the first row of each sequence; tiles: (n_tiles + 1,) row
+    boundaries of the query tiles (a tile never spans two sequences); f16: (65536,) float32;
     o: (N, H * D) float32, written.
 
-    Query t (the i-th new token of s) visits exactly the keys j <= pos(t) = p_s + i; the rep = H / H_kv
-    query heads of one KV head share each key read. Each (t, KV head) is one thread's loop.
+    Query t (the i-th new token of s) visits exactly the keys j <= pos(t) = p_s + i. Each (tile, KV
+    head) is one thread's task; inside it every query runs the same loops in the same order
+    whatever its tile, so a query's bits depend only on its own sequence.
     """
     N, H, D = q.shape
     H_kv, B = data.shape[3], data.shape[4]
     rep = H // H_kv
     scale = np.float32(1.0) / np.sqrt(np.float32(D))
-    for task in prange(N * H_kv):
-        t, g = task // H_kv, task % H_kv
-        s = seq_of[t]
-        last = starts[s] + (t - firsts[s])  # q_offset = p_s: query i of s sees keys 0 .. p_s + i
-        w = np.empty((rep, last + 1), dtype=np.float32)
-        for j in range(last + 1):
+    n_tiles = tiles.size - 1
+    for task in prange(n_tiles * H_kv):
+        tile, g = task // H_kv, task % H_kv
+        t0, nq = tiles[tile], tiles[tile + 1] - tiles[tile]
+        s = seq_of[t0]
+        last = np.empty(nq, dtype=np.int64)
+        for i in range(nq):
+            last[i] = starts[s] + (t0 + i - firsts[s])  # q_offset = p_s: the i-th new token sees keys 0 .. p_s + i
+        L = last[nq - 1] + 1  # the tile's last query sees the most keys
+        w = np.zeros((nq, rep, L), dtype=np.float32)
+        kv = np.empty(D, dtype=np.float32)
+        for j in range(L):
             K = data[tables[s, j // B], layer, 0, g, j % B]  # (D,) f16 bits of key j, in place
+            for d in range(D):
+                kv[d] = f16[K[d]]
+            for i in range(nq):
+                if j <= last[i]:
+                    for r in range(rep):
+                        dot = np.float32(0.0)
+                        for d in range(D):
+                            dot += q[t0 + i, g * rep + r, d] * kv[d]
+                        w[i, r, j] = dot * scale
+        for i in range(nq):
             for r in range(rep):
-                dot = np.float32(0.0)
-                for d in range(D):
-                    dot += q[t, g * rep + r, d] * f16[K[d]]
-                w[r, j] = dot * scale
-        for r in range(rep):
-            top = w[r, 0]
-            for j in range(1, last + 1):
-                top = max(top, w[r, j])
-            total = np.float32(0.0)
-            for j in range(last + 1):
-                w[r, j] = np.exp(w[r, j] - top)
-                total += w[r, j]
-            for j in range(last + 1):
-                w[r, j] /= total
-        out = np.zeros((rep, D), dtype=np.float32)
-        for j in range(last + 1):
+                top = w[i, r, 0]
+                for j in range(1, last[i] + 1):
+                    top = max(top, w[i, r, j])
+                total = np.float32(0.0)
+                for j in range(last[i] + 1):
+                    w[i, r, j] = np.exp(w[i, r, j] - top)
+                    total += w[i, r, j]
+                for j in range(last[i] + 1):
+                    w[i, r, j] /= total
+        out = np.zeros((nq, rep, D), dtype=np.float32)
+        for j in range(L):
             V = data[tables[s, j // B], layer, 1, g, j % B]  # (D,) f16 bits of value j, in place
             for d in range(D):
-                v = f16[V[d]]
-                for r in range(rep):
-                    out[r, d] += w[r, j] * v
-        for r in range(rep):
-            for d in range(D):
-                o[t, (g * rep + r) * D + d] = out[r, d]
+                kv[d] = f16[V[d]]
+            for i in range(nq):
+                if j <= last[i]:
+                    for r in range(rep):
+                        p = w[i, r, j]
+                        for d in range(D):
+                            out[i, r, d] += p * kv[d]
+        for i in range(nq):
+            for r in range(rep):
+                for d in range(D):
+                    o[t0 + i, (g * rep + r) * D + d] = out[i, r, d]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -174,12 +206,12 @@ def product_f32(x: np.ndarray, W: np.ndarray) -> np.ndarray:
 def product_q4(x: np.ndarray, planar: np.ndarray, scales: np.ndarray, f16: np.ndarray) -> np.ndarray:
     """y = x W_hat^T with `matmul_q4`. x: (M, K) float32, planar: (N, K / 2) uint8, scales: (N, G)
     uint16 -> (M, N) float32."""
-    xp = padded_rows(x)
+    x = np.ascontiguousarray(x, dtype=np.float32)
     G = scales.shape[1]
-    xsum = xp.reshape(xp.shape[0], G, -1).sum(axis=2, dtype=np.float32)  # (Mp, G), one per group
-    y = np.empty((xp.shape[0], planar.shape[0]), dtype=np.float32)
-    matmul_q4(xp, np.ascontiguousarray(xsum), _c(planar), _c(scales), f16, y)
-    return y[: x.shape[0]]
+    xsum = np.ascontiguousarray(x.reshape(x.shape[0], G, -1).sum(axis=2, dtype=np.float32))  # (M, G)
+    y = np.empty((x.shape[0], planar.shape[0]), dtype=np.float32)
+    matmul_q4(x, xsum, _c(planar), _c(scales), f16, y)
+    return y
 
 
 def set_threads(n: int) -> int:
