@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tl_lab.forward import PoolKv, Step, attend_reference, write_kv
-from tl_lab.kernels import ROWS, product_f32, set_threads
+from tl_lab.kernels import ROWS, head_f32, product_f32, set_threads
 from tl_lab.quant import QLinear, f32_to_f16
 
 SHAPES = [(64, 32), (576, 192), (576, 1536), (1536, 576), (64, 7)]  # (K, N); N % 4 != 0 included
@@ -42,18 +42,21 @@ def test_f32_kernel_equals_the_product_within_float_tolerance(K, N):
         np.testing.assert_allclose(Y, X.astype(np.float64) @ W.T.astype(np.float64), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("product", [product_f32, head_f32])
 @pytest.mark.parametrize("K,N", SHAPES)
-def test_f32_kernel_is_row_invariant(K, N):
-    """A probe row gives the same bits alone and at every place of batches of 1 to 17 rows."""
+def test_f32_kernels_are_row_invariant(K, N, product):
+    """A probe row gives the same bits alone and at every place of batches of 1 to 17 rows, and
+    each kernel equals the product within float tolerance."""
     rng = np.random.default_rng(1)
     W = rng.standard_normal((N, K)).astype(np.float32)
     probe = rng.standard_normal((1, K)).astype(np.float32)
-    alone = product_f32(probe, W)[0]
+    alone = product(probe, W)[0]
+    np.testing.assert_allclose(alone, W.astype(np.float64) @ probe[0].astype(np.float64), rtol=1e-5, atol=1e-4)
     for M in range(1, 18):
         X = rng.standard_normal((M, K)).astype(np.float32)
         for r in {0, M // 2, M - 1}:
             X[r] = probe[0]
-            assert np.array_equal(product_f32(X, W)[r], alone), f"({K}->{N}) row {r} of {M}"
+            assert np.array_equal(product(X, W)[r], alone), f"({K}->{N}) row {r} of {M}"
 
 
 def test_q4_kernel_is_row_invariant_and_close_to_the_dequantized_product():
@@ -154,7 +157,7 @@ def test_kernels_give_the_same_bits_at_1_and_2_threads(restore_threads):
     outs = []
     for n in (1, 2, 1):
         assert _threads(n) == n
-        outs.append((product_f32(X, W), layer.forward(X), PoolKv(data, step).attend(0, q)))
+        outs.append((product_f32(X, W), head_f32(X, W), layer.forward(X), PoolKv(data, step).attend(0, q)))
     for a, b in zip(outs[0], outs[1]):
         assert np.array_equal(a, b)
     for a, b in zip(outs[0], outs[2]):

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tl_lab.kernels import QUERY_TILE, attend_paged, product_f32
+from tl_lab.kernels import QUERY_TILE, attend_paged, head_f32
 from tl_lab.model import Linear, LlamaWeights
 from tl_lab.quant import _F16_TABLE, QLinear, f16_to_f32, f32_to_f16
 
@@ -555,14 +555,15 @@ def llama_layer(layer, l: int, x: np.ndarray, cos: np.ndarray, sin: np.ndarray, 
 def lm_head(weights: LlamaWeights, x_last: np.ndarray, product: str = "invariant") -> np.ndarray:
     """Final RMSNorm and the LM head (the embedding when tied). x_last: (S, d) -> (S, V) float32.
 
-    The invariant product here is the compiled `kernels.matmul_f32`, as for every layer linear."""
+    The invariant product here is the compiled `kernels.matvec_f32`: one row per sequence, each
+    through the same loop, the weight read from memory once per step."""
     c = weights.config
     h = rms_norm(x_last, weights.norm, c.rms_norm_eps)  # the final norm
     if product == "plain":
         return h @ weights.head_weight.T
     if product != "invariant":
         raise ValueError(f"product must be one of {PRODUCTS}, got {product!r}")
-    return product_f32(h, weights.head_weight)
+    return head_f32(h, weights.head_weight)
 
 
 def llama_forward(weights: LlamaWeights, step: Step, data: np.ndarray | None, *,

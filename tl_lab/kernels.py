@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-__all__ = ["ROWS", "FASTMATH", "padded_rows", "matmul_f32", "matmul_q4", "attend_paged", "QUERY_TILE", "product_f32",
+__all__ = ["ROWS", "FASTMATH", "padded_rows", "matmul_f32", "matmul_q4", "matvec_f32", "attend_paged", "QUERY_TILE", "product_f32", "head_f32",
            "product_q4", "set_threads"]
 
 ROWS = 4
@@ -66,6 +66,33 @@ def matmul_f32(x, W, y):  # pragma: no cover (compiled)
             for i in range(ROWS):
                 for j in range(nn):
                     y[m0 + i, n0 + j] = acc[i, j]
+
+
+@njit(parallel=True, fastmath=FASTMATH, cache=True)
+def matvec_f32(x, W, y):  # pragma: no cover (compiled)
+    """y = x W^T one row at a time: x: (M, K) float32 (any M), W: (N, K) float32, y: (M, N) float32.
+
+    For the LM head, which sees one row per sequence: four output features per iteration share
+    each x value, and the rows take turns over the four weight rows while they sit in the cache,
+    so the weight comes from memory once per step. Every row runs the same loop (no padding).
+    """
+    M, K = x.shape
+    N = W.shape[0]
+    for nb in prange((N + 3) // 4):
+        n0 = nb * 4
+        nn = min(4, N - n0)
+        r0, r1, r2, r3 = n0, n0 + min(1, nn - 1), n0 + min(2, nn - 1), n0 + min(3, nn - 1)  # short block: repeat
+        for m in range(M):
+            a0 = a1 = a2 = a3 = np.float32(0.0)
+            for k in range(K):
+                xv = x[m, k]
+                a0 += xv * W[r0, k]
+                a1 += xv * W[r1, k]
+                a2 += xv * W[r2, k]
+                a3 += xv * W[r3, k]
+            for j, a in enumerate((a0, a1, a2, a3)):
+                if j < nn:
+                    y[m, n0 + j] = a
 
 
 @njit(parallel=True, fastmath=FASTMATH, cache=True)
@@ -201,6 +228,14 @@ def product_f32(x: np.ndarray, W: np.ndarray) -> np.ndarray:
     y = np.empty((xp.shape[0], W.shape[0]), dtype=np.float32)
     matmul_f32(xp, _c(W), y)
     return y[: x.shape[0]]
+
+
+def head_f32(x: np.ndarray, W: np.ndarray) -> np.ndarray:
+    """y = x W^T with `matvec_f32` (the LM head). x: (M, K), W: (N, K) float32 -> (M, N) float32."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    y = np.empty((x.shape[0], W.shape[0]), dtype=np.float32)
+    matvec_f32(x, _c(W), y)
+    return y
 
 
 def product_q4(x: np.ndarray, planar: np.ndarray, scales: np.ndarray, f16: np.ndarray) -> np.ndarray:
