@@ -10,15 +10,20 @@ and the step's hidden states are the rows of x: (N, d), N = sum n_s, in batch or
                 x += o W_o^T;  h2 = RMSNorm(x) w_post;  x += (silu(h2 W_g^T) * (h2 W_u^T)) W_d^T
     logits = RMSNorm(x[last token of s]) w_norm  W_head^T     (W_head = embed when tied)
 
-Every piece is a small pure function (`rms_norm`, `rope`, `attend`, ...) that `llama_forward`
-calls and the notebook reuses to draw the internals; there is no second copy of the forward.
+`llama_forward` reads like the equations: one `llama_layer` per layer over the step's rows, the KV
+cache behind two calls (`PoolKv.write` and `.attend`: the f16 pool, read in place; `F32Kv`: the
+float32 reference), the notebook's trace an optional `Recorder` that costs nothing when absent.
+Every piece is a small pure function (`rms_norm`, `rope`, ...) the notebook reuses; there is no
+second copy of the forward.
 
 Batch invariance (section 2.4) rests on one rule: every operation that mixes numbers either works
 inside one row (the norms, RoPE, SwiGLU, the embedding) or inside one sequence (attention), or is a
-product with a weight matrix, and every such product gives a sequence the same bits whatever else
-is in the step: the layer linears through `product_rows` (8-row tiles, `matmul_rows`), the LM head
-through `matvec_rows` (one gemv per row). See `matmul_rows` for why numpy's plain ``x @ W.T``
-does not have that property and how the tiles restore it.
+product with a weight matrix whose every output is one compiled loop in a fixed order
+(`tl_lab.kernels`: `Linear.forward`, `QLinear.forward`, the LM head), so a sequence gets the same
+bits whatever else is in the step and whatever the thread count. The numpy pieces below
+(`matmul_rows` with its 8-row tiles, `matvec_rows`, `product_rows`, `gather_kv` + `attend`) are the
+readable reference the kernels are tested against, and the lesson of why numpy's plain ``x @ W.T``
+is not invariant (product="plain" runs it, for the notebook and the benchmarks).
 """
 
 from __future__ import annotations
