@@ -22,8 +22,17 @@ finite, so an infinity or NaN still comes out as one.
 
 from __future__ import annotations
 
-import numpy as np
-from numba import njit, prange
+import os
+
+# numba runs prange loops on an OpenMP pool whose idle threads spin by default. On a machine where
+# another process holds a core (a learner's laptop always has one), a spinning thread and a
+# descheduled one turn every one of a step's ~240 parallel loops into a wait: batch-1 decode at 2
+# threads fell from 30 to under 2 tokens/s, measured. Sleeping idle threads cost a wake-up per loop
+# instead. Read once, when numba first starts the pool; a value set by the user wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np  # noqa: E402
+from numba import njit, prange  # noqa: E402
 
 __all__ = ["ROWS", "FASTMATH", "padded_rows", "matmul_f32", "matmul_q4", "matvec_f32", "attend_paged", "QUERY_TILE", "product_f32", "head_f32",
            "product_q4", "set_threads"]
