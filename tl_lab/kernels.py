@@ -77,6 +77,23 @@ def matmul_f32(x, W, y):  # pragma: no cover (compiled)
                     y[m0 + i, n0 + j] = acc[i, j]
 
 
+@njit(inline="always", cache=True)
+def _four_features(nb, N):  # pragma: no cover (compiled)
+    """Block nb of four output features: (n0, r0, r1, r2, r3), the weight rows to read; the last
+    block of a weight whose N is not a multiple of 4 repeats its last feature (never stored)."""
+    n0 = nb * 4
+    last = N - 1
+    return n0, n0, min(n0 + 1, last), min(n0 + 2, last), min(n0 + 3, last)
+
+
+@njit(inline="always", cache=True)
+def _store_four(y, m, n0, N, a0, a1, a2, a3):  # pragma: no cover (compiled)
+    """y[m, n0 .. n0 + 3] = a0 .. a3, the features that exist."""
+    for j, a in enumerate((a0, a1, a2, a3)):
+        if n0 + j < N:
+            y[m, n0 + j] = a
+
+
 @njit(parallel=True, fastmath=FASTMATH, cache=True)
 def matvec_f32(x, W, y):  # pragma: no cover (compiled)
     """y = x W^T one row at a time: x: (M, K) float32 (any M), W: (N, K) float32, y: (M, N) float32.
@@ -88,9 +105,7 @@ def matvec_f32(x, W, y):  # pragma: no cover (compiled)
     M, K = x.shape
     N = W.shape[0]
     for nb in prange((N + 3) // 4):
-        n0 = nb * 4
-        nn = min(4, N - n0)
-        r0, r1, r2, r3 = n0, n0 + min(1, nn - 1), n0 + min(2, nn - 1), n0 + min(3, nn - 1)  # short block: repeat
+        n0, r0, r1, r2, r3 = _four_features(nb, N)
         for m in range(M):
             a0 = a1 = a2 = a3 = np.float32(0.0)
             for k in range(K):
@@ -99,9 +114,7 @@ def matvec_f32(x, W, y):  # pragma: no cover (compiled)
                 a1 += xv * W[r1, k]
                 a2 += xv * W[r2, k]
                 a3 += xv * W[r3, k]
-            for j, a in enumerate((a0, a1, a2, a3)):
-                if j < nn:
-                    y[m, n0 + j] = a
+            _store_four(y, m, n0, N, a0, a1, a2, a3)
 
 
 @njit(parallel=True, fastmath=FASTMATH, cache=True)
@@ -123,9 +136,7 @@ def matmul_q4(x, xsum, P, S, f16, y):  # pragma: no cover (compiled)
     N, G = S.shape
     half = K // G // 2
     for nb in prange((N + 3) // 4):
-        n0 = nb * 4
-        nn = min(4, N - n0)
-        r0, r1, r2, r3 = n0, n0 + min(1, nn - 1), n0 + min(2, nn - 1), n0 + min(3, nn - 1)  # short block: repeat
+        n0, r0, r1, r2, r3 = _four_features(nb, N)
         for m in range(M):
             a0 = a1 = a2 = a3 = np.float32(0.0)
             for g in range(G):
@@ -146,9 +157,28 @@ def matmul_q4(x, xsum, P, S, f16, y):  # pragma: no cover (compiled)
                 a1 += f16[S[r1, g]] * (p1 - x8)
                 a2 += f16[S[r2, g]] * (p2 - x8)
                 a3 += f16[S[r3, g]] * (p3 - x8)
-            for j, a in enumerate((a0, a1, a2, a3)):
-                if j < nn:
-                    y[m, n0 + j] = a
+            _store_four(y, m, n0, N, a0, a1, a2, a3)
+
+
+@njit(inline="always", cache=True)
+def _widen_slot(bits, f16, out):  # pragma: no cover (compiled)
+    """out[:] = the f16 values `bits` (D,) uint16 (one key or value, where it lives in the pool)."""
+    for d in range(bits.size):
+        out[d] = f16[bits[d]]
+
+
+@njit(inline="always", cache=True)
+def _softmax(w):  # pragma: no cover (compiled)
+    """w (L,) float32 -> softmax(w) in place, the maximum subtracted first."""
+    top = w[0]
+    for j in range(1, w.size):
+        top = max(top, w[j])
+    total = np.float32(0.0)
+    for j in range(w.size):
+        w[j] = np.exp(w[j] - top)
+        total += w[j]
+    for j in range(w.size):
+        w[j] /= total
 
 
 QUERY_TILE = 16
@@ -188,9 +218,7 @@ def attend_paged(q, data, layer, tables, seq_of, starts, firsts, tiles, f16, o):
         w = np.zeros((nq, rep, L), dtype=np.float32)
         kv = np.empty(D, dtype=np.float32)
         for j in range(L):
-            K = data[tables[s, j // B], layer, 0, g, j % B]  # (D,) f16 bits of key j, in place
-            for d in range(D):
-                kv[d] = f16[K[d]]
+            _widen_slot(data[tables[s, j // B], layer, 0, g, j % B], f16, kv)  # key j, read in place
             for i in range(nq):
                 if j <= last[i]:
                     for r in range(rep):
@@ -200,20 +228,10 @@ def attend_paged(q, data, layer, tables, seq_of, starts, firsts, tiles, f16, o):
                         w[i, r, j] = dot * scale
         for i in range(nq):
             for r in range(rep):
-                top = w[i, r, 0]
-                for j in range(1, last[i] + 1):
-                    top = max(top, w[i, r, j])
-                total = np.float32(0.0)
-                for j in range(last[i] + 1):
-                    w[i, r, j] = np.exp(w[i, r, j] - top)
-                    total += w[i, r, j]
-                for j in range(last[i] + 1):
-                    w[i, r, j] /= total
+                _softmax(w[i, r, : last[i] + 1])
         out = np.zeros((nq, rep, D), dtype=np.float32)
         for j in range(L):
-            V = data[tables[s, j // B], layer, 1, g, j % B]  # (D,) f16 bits of value j, in place
-            for d in range(D):
-                kv[d] = f16[V[d]]
+            _widen_slot(data[tables[s, j // B], layer, 1, g, j % B], f16, kv)  # value j, read in place
             for i in range(nq):
                 if j <= last[i]:
                     for r in range(rep):
