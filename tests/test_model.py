@@ -846,3 +846,27 @@ def test_load_refuses_non_finite_weights(tmp_path):
             for name in ("w32", "w16", "wbf"):
                 with pytest.raises(FormatError, match=rf"tensor '{name}' holds a non-finite weight .* index 11"):
                     f.f32(name)
+
+
+def test_widening_makes_no_full_size_temporary(tmp_path):
+    """Widening a 32 MiB BF16 (or F16) tensor allocates the 64 MiB result and chunk-sized
+    temporaries only (issue 12: bf16_to_f32 used to make a full-size uint32 copy first)."""
+    import tracemalloc
+
+    from tl_lab.model import WIDEN_CHUNK
+
+    n = 16 * 2**20
+    bits = np.full(n, 0x3F80, np.uint16)  # 1.0 in bf16
+    for dtype, want in (("BF16", 1.0), ("F16", 1.875)):
+        p = tmp_path / f"{dtype}.safetensors"
+        p.write_bytes(craft({"t": entry(dtype, [n], 0, 2 * n)}, bits.tobytes()))
+        with SafeTensors.open(p) as f:
+            tracemalloc.start()
+            try:
+                out = f.f32("t")
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+        assert out.dtype == np.float32 and out[0] == out[-1] == want
+        # chunk-sized temporaries: the f16 lookup's indices as intp (8 bytes each), isfinite's mask
+        assert peak <= out.nbytes + 3 * WIDEN_CHUNK * 4, f"{dtype}: peak {peak / 2**20:.1f} MiB"

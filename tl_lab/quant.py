@@ -242,7 +242,8 @@ def f16_to_f32(h, out: np.ndarray | None = None):
     a float32 array of that shape, when given: no other full-size array is made)."""
     if not isinstance(h, np.ndarray):
         return f16_to_f32_scalar(_as_int(h, "h"))
-    return np.asarray(np.take(_F16_TABLE, _bits16(h, "h"), out=out))  # asarray: a 0-d input stays 0-d
+    # mode="clip": every uint16 is a valid index, and "raise" would buffer `out` in a copy
+    return np.asarray(np.take(_F16_TABLE, _bits16(h, "h"), out=out, mode="clip"))  # a 0-d input stays 0-d
 
 
 def bf16_to_f32(h, out: np.ndarray | None = None):
