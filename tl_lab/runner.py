@@ -72,7 +72,8 @@ class EngineConfig:
     kv: the pool; prefix_cache: the pool keeps released registered blocks; quant: None (as
     stored) or Int4(group) to quantize a float checkpoint's layer linears at load; threads: the
     compiled kernels' and BLAS's thread count (None: leave them; numba's default is every core);
-    product: "invariant" (the engine) or "plain" (``x @ W.T``, to measure what invariance costs). max_batch_tokens, max_seqs, prefill_chunk: the scheduler's.
+    product: "invariant" (the engine) or "plain" (``x @ W.T``, to measure what invariance costs).
+    max_batch_tokens, max_seqs, prefill_chunk: the scheduler's.
     """
 
     kv: KvConfig = field(default_factory=KvConfig)
