@@ -69,6 +69,8 @@ def test_q4_kernel_is_row_invariant_and_close_to_the_dequantized_product():
     for r in range(11):
         assert np.array_equal(layer.forward(X[r : r + 1])[0], Y[r]), f"row {r}"
         assert np.array_equal(layer.forward(X[: r + 1])[r], Y[r]), f"row {r} of {r + 1}"
+    # The int4 product is the head's f32 loop on W_hat, bit for bit: the same sum in the same order.
+    assert np.array_equal(Y, head_f32(X, layer.dequantize()))
 
 
 def test_kernels_refuse_a_strided_weight():

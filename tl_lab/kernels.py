@@ -10,8 +10,8 @@ piece of a sum). numpy's ``x @ W.T`` gives that order to OpenBLAS, which picks i
 The f32 kernel works on blocks of ROWS x 4 (batch rows x output features): each weight value read
 from memory serves ROWS rows, which is what makes a batch of 8 decodes cost little more than one.
 A block always has ROWS rows: the caller pads x with zero rows (`padded_rows`), so a row alone runs
-through the very same code as a row in a batch. The int4 kernel takes one row at a time through
-one loop (its cost is decoding nibbles, which padding would multiply). Every kernel takes C-contiguous arrays only (numba
+through the very same code as a row in a batch. The LM head and the int4 kernel take one row at a
+time through one loop, each block of weights read once per step while it sits in the cache. Every kernel takes C-contiguous arrays only (numba
 compiles a different loop for strided arrays, and that one may add in another order).
 
 Compiled with numba, ``cache=True``: the first process compiles (seconds), later ones load the
@@ -118,45 +118,42 @@ def matvec_f32(x, W, y):  # pragma: no cover (compiled)
 
 
 @njit(parallel=True, fastmath=FASTMATH, cache=True)
-def matmul_q4(x, xsum, P, S, f16, y):  # pragma: no cover (compiled)
+def matmul_q4(x, P, S, f16, y):  # pragma: no cover (compiled)
     """y = x W_hat^T straight from the packed nibbles (section 2.5); no f32 weight is ever made.
 
-    x: (M, K) float32 (any M: rows go one at a time, each through the same loop); xsum: (M, G)
-    float32, the sum of each group of g = K / G columns of x; P: (N, K / 2) uint8 in the kernel
-    layout of `quant.to_planar` (per group, byte b holds column b in its low nibble and column
-    b + g/2 in its high one, each as q + 8); S: (N, G) uint16, the f16 scales; f16: (65536,)
-    float32, every f16 widened; y: (M, N) float32, written.
+    x: (M, K) float32 (any M); P: (N, K / 2) uint8 in the kernel layout of `quant.to_planar` (per
+    group of g columns, byte b holds column b in its low nibble and column b + g/2 in its high one,
+    each as q + 8); S: (N, G) uint16, the f16 scales; f16: (65536,) float32, every f16 widened;
+    y: (M, N) float32, written.
 
-    With n = q + 8, a group's share is s * (sum_c n_c x_c - 8 * sum_c x_c): the nibble is used as
-    it is, and the -8 is one subtraction per group instead of a sign fix per weight. Four output
-    features per iteration share each x value read; a decode step is bound by decoding nibbles,
-    not by memory, so rows are not blocked here (a padded row would cost as much as a real one).
+    Per block of four output features, the thread widens their W_hat = (n - 8) s into a 4 x K tile
+    that stays in its cache (exact: a 4-bit q times an f16 s fits in f32), every row of the step
+    reads the tile, and the next block overwrites it: nothing larger than four rows of W_hat ever
+    exists. Each row then runs the loop of `matvec_f32`, so the int4 product of a row is bit for
+    bit `matvec_f32` on W_hat, whatever the batch or the thread count.
     """
     M, K = x.shape
     N, G = S.shape
     half = K // G // 2
     for nb in prange((N + 3) // 4):
         n0, r0, r1, r2, r3 = _four_features(nb, N)
+        tile = np.empty((4, K), dtype=np.float32)
+        for j, r in enumerate((r0, r1, r2, r3)):
+            for g in range(G):
+                s = f16[S[r, g]]
+                c0 = g * 2 * half  # first column of the group
+                for b in range(half):
+                    n = P[r, g * half + b]
+                    tile[j, c0 + b] = np.float32((n & 15) - 8) * s  # offset binary: q = n - 8
+                    tile[j, c0 + half + b] = np.float32((n >> 4) - 8) * s
         for m in range(M):
             a0 = a1 = a2 = a3 = np.float32(0.0)
-            for g in range(G):
-                c0 = g * 2 * half  # first column of the group
-                p0 = p1 = p2 = p3 = np.float32(0.0)
-                for b in range(half):
-                    lo, hi = x[m, c0 + b], x[m, c0 + half + b]
-                    n = P[r0, g * half + b]
-                    p0 += np.float32(n & 15) * lo + np.float32(n >> 4) * hi
-                    n = P[r1, g * half + b]
-                    p1 += np.float32(n & 15) * lo + np.float32(n >> 4) * hi
-                    n = P[r2, g * half + b]
-                    p2 += np.float32(n & 15) * lo + np.float32(n >> 4) * hi
-                    n = P[r3, g * half + b]
-                    p3 += np.float32(n & 15) * lo + np.float32(n >> 4) * hi
-                x8 = np.float32(8.0) * xsum[m, g]
-                a0 += f16[S[r0, g]] * (p0 - x8)
-                a1 += f16[S[r1, g]] * (p1 - x8)
-                a2 += f16[S[r2, g]] * (p2 - x8)
-                a3 += f16[S[r3, g]] * (p3 - x8)
+            for k in range(K):
+                xv = x[m, k]
+                a0 += xv * tile[0, k]
+                a1 += xv * tile[1, k]
+                a2 += xv * tile[2, k]
+                a3 += xv * tile[3, k]
             _store_four(y, m, n0, N, a0, a1, a2, a3)
 
 
@@ -269,10 +266,8 @@ def product_q4(x: np.ndarray, planar: np.ndarray, scales: np.ndarray, f16: np.nd
     """y = x W_hat^T with `matmul_q4`. x: (M, K) float32, planar: (N, K / 2) uint8, scales: (N, G)
     uint16 -> (M, N) float32."""
     x = np.ascontiguousarray(x, dtype=np.float32)
-    G = scales.shape[1]
-    xsum = np.ascontiguousarray(x.reshape(x.shape[0], G, -1).sum(axis=2, dtype=np.float32))  # (M, G)
     y = np.empty((x.shape[0], planar.shape[0]), dtype=np.float32)
-    matmul_q4(x, xsum, _c(planar), _c(scales), f16, y)
+    matmul_q4(x, _c(planar), _c(scales), f16, y)
     return y
 
 
