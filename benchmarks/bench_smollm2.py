@@ -27,6 +27,14 @@ f32's, the fraction of f32's tokens before that point, int4's argmax along f32's
 forcing), and the last-prompt-token logit error: max |l4 - l32|, relative to max |l32|, its shift
 (mean of l4 - l32, which softmax ignores), its spread (standard deviation) and KL(f32 || int4).
 tests/test_smollm2_int4.py pins these with a floor.
+
+Two more sections: the busy-machine rows (tl_lab f32 at the default thread count, EngineConfig(threads=None),
+quiet and with a competing busy loop process on one core, and their ratio) and a profile of one batch-1
+decode step (`measure_profile`: the share of the products, attention, KV write, norms, RoPE, silu, LM head
+and sampling, f32 and int4), written to results/smollm2.json under "decode_profile".
+
+Threads: EngineConfig(threads=N) sets the compiled kernels' pool (numba) and OpenBLAS; --threads 0 means
+the default (every core).
 """
 
 from __future__ import annotations
@@ -87,7 +95,7 @@ def measure_tl(weights: str, threads: int, quick: bool) -> dict:
     d = model_dir()
     quant = Int4(32) if weights == "int4" else None
     t0 = time.perf_counter()
-    runner = ModelRunner.load(d, EngineConfig(kv=KvConfig(n_blocks=160), threads=threads, quant=quant))
+    runner = ModelRunner.load(d, EngineConfig(kv=KvConfig(n_blocks=160), threads=threads or None, quant=quant))
     load_s = time.perf_counter() - t0
     rss_loaded, peak_load = current_rss_mb(), peak_rss_mb()
     w = runner.weights
@@ -230,6 +238,69 @@ def measure_agreement(threads: int) -> dict:
     return {"rows": rows, "summary": summary}
 
 
+# ------------------------------------------------------------------ one decode step, piece by piece
+
+
+PIECES = ("products", "attention", "kv write", "norms", "rope", "silu", "head", "sampling")
+
+
+def measure_profile(weights: str, threads: int, steps: int = 16) -> dict:
+    """Seconds per batch-1 decode step spent in each piece (PIECES; "other" is the rest: the
+    embedding gather, residual adds, the runner's checks). The pieces are timed by wrapping the
+    functions the forward looks up at call time, so the step runs the engine's own code."""
+    import tl_lab.forward as fw
+    from tl_lab.model import Linear
+    from tl_lab.quant import QLinear
+    from tl_lab.runner import EngineConfig, ForwardBatch, ForwardSeq, Int4, KvConfig, ModelRunner
+    from tl_lab.sample import PURPOSE_SAMPLE, SamplingParams, sample, stream
+
+    runner = ModelRunner.load(model_dir(), EngineConfig(kv=KvConfig(n_blocks=64), threads=threads or None,
+                                                        quant=Int4(32) if weights == "int4" else None))
+    spent = dict.fromkeys(PIECES, 0.0)
+
+    def timed(piece, fn):
+        def wrapper(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[piece] += time.perf_counter() - t0
+        return wrapper
+
+    patches = [(Linear, "forward", "products"), (QLinear, "forward", "products"), (fw.PoolKv, "attend", "attention"),
+               (fw.PoolKv, "write", "kv write"), (fw, "rms_norm", "norms"), (fw, "rope", "rope"),
+               (fw, "rope_cos_sin", "rope"), (fw, "silu", "silu"), (fw, "head_f32", "head")]
+    V, rng = runner.config.vocab_size, np.random.default_rng(0)
+    table = runner.pool.alloc(-(-(PROMPT + 2 * steps + 2) // runner.block_tokens))
+    runner.forward(ForwardBatch([ForwardSeq(rng.integers(0, V, PROMPT).tolist(), 0, table)]))
+    params, gen, out = SamplingParams(), stream(0, PURPOSE_SAMPLE), []
+
+    def step(pos):
+        z = runner.forward(ForwardBatch([ForwardSeq([out[-1] if out else 1], pos, table)])).row(0)
+        t0 = time.perf_counter()
+        out.append(sample(z, params, [], out, gen)[0])
+        spent["sampling"] += time.perf_counter() - t0
+
+    for i in range(steps):  # warm-up, unpatched
+        step(PROMPT + i)
+    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
+    for obj, name, piece in patches:
+        setattr(obj, name, timed(piece, getattr(obj, name)))
+    spent.update(dict.fromkeys(PIECES, 0.0))
+    t0 = time.perf_counter()
+    try:
+        for i in range(steps):
+            step(PROMPT + steps + i)
+    finally:
+        for obj, name, fn in saved:
+            setattr(obj, name, fn)
+    total = (time.perf_counter() - t0) / steps
+    per = {k: v / steps for k, v in spent.items()}
+    per["other"] = total - sum(per.values())
+    return {"weights": weights, "threads": threads, "step_ms": 1000 * total,
+            **{f"{k} %": 100 * v / total for k, v in per.items()}}
+
+
 # ------------------------------------------------------------------ the driver
 
 
@@ -239,6 +310,29 @@ def run_child(args: list[str]) -> dict:
     if p.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{p.stderr[-3000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def busy_rows(repeat: int, quick: list[str]) -> list[dict]:
+    """tl_lab f32 at the default thread count (EngineConfig(threads=None): every core), quiet and
+    with a competing busy loop on one core (a process of its own, started and stopped here)."""
+    out = {}
+    for k in range(repeat):
+        for label in ("quiet", "one core busy"):
+            busy = None
+            if label != "quiet":
+                busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            try:
+                res = run_child(["tl", "f32", "--threads", "0"] + quick)
+            finally:
+                if busy is not None:
+                    busy.kill()
+                    busy.wait()
+            print(f"tl_lab f32, default threads, {label}, run {k + 1}: {res}", file=sys.stderr, flush=True)
+            out.setdefault(label, []).append(res)
+    rows = [{"engine": "tl_lab", "weights": f"f32, {label}", "threads": "default", **best_run(r)} for label, r in out.items()]
+    rows.append({"engine": "busy / quiet", "weights": "ratio", "threads": "default",
+                 **{k: rows[1][k] / rows[0][k] for k in ("prefill_tok_s", "decode_b1_tok_s", "decode_b8_tok_s")}})
+    return rows
 
 
 def best_run(results: list[dict]) -> dict:
@@ -253,7 +347,7 @@ def best_run(results: list[dict]) -> dict:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", default="1",
-                    help="OpenBLAS threads for tl_lab and torch.set_num_threads for transformers; a comma list "
+                    help="kernel (numba) and OpenBLAS threads for tl_lab, torch.set_num_threads for transformers; a comma list "
                          "runs every configuration at each count (default 1; the agreement uses the first)")
     ap.add_argument("--quick", action="store_true", help="fewer rounds")
     ap.add_argument("--repeat", type=int, default=2, help="runs of each configuration, interleaved; the best counts")
@@ -267,6 +361,8 @@ def main(argv: list[str] | None = None) -> None:
             res = measure_tl(args.one[1], threads, args.quick)
         elif kind == "hf":
             res = measure_hf(threads, args.quick)
+        elif kind == "profile":
+            res = measure_profile(args.one[1], threads)
         else:
             res = measure_agreement(threads)
         print(json.dumps(res))
@@ -291,16 +387,20 @@ def main(argv: list[str] | None = None) -> None:
             done += [{"engine": f"tl_lab {r['weights']} / transformers", "weights": "ratio", "threads": threads,
                       **{k: r[k] / hf[k] for k in speed + ("load_s", "peak_rss_MB")}} for r in done[:2]]
         rows += done
+    rows += busy_rows(args.repeat, quick)
+    profile = [run_child(["profile", w, "--threads", str(t)]) for t in thread_counts for w in ("f32", "int4")]
+    print_table("smollm2: one batch-1 decode step, share of each piece", profile)
     agreement = run_child(["agree", "--threads", str(thread_counts[0])] + quick)
     notes = (f"SmolLM2-135M-Instruct (tl_lab.fetch's BF16 conversion); prefill: one {PREFILL}-token prompt, last-token "
              f"logits only; decode: {PROMPT}-token prompts, greedy, batch 1 and the aggregate of batch {BATCH}; "
-             f"threads: OpenBLAS for tl_lab, torch.set_num_threads for transformers, the same count; best of "
+             f"threads: numba and OpenBLAS for tl_lab, torch.set_num_threads for transformers, the same count; best of "
              f"several rounds and {args.repeat} interleaved runs; ratio rows: tl_lab / transformers (above 1: "
              "tl_lab faster, or for load_s and peak_rss_MB: slower, larger). Int4 agreement: 'agreement' (six chat "
              "prompts, 32 greedy tokens).")
     out = report("smollm2", rows, notes)
     data = json.loads(out.read_text())
     data["agreement"] = agreement
+    data["decode_profile"] = profile
     out.write_text(json.dumps(data, indent=2))
     cols = ["prompt", "prompt_tokens", "f32_tokens", "parts_at", "agree_before", "teacher_forced", "max_abs_err",
             "rel_err", "shift", "spread", "kl_f32_int4"]

@@ -10,10 +10,12 @@ import pytest
 from tl_lab.forward import (
     LONG_ROWS,
     TILE,
+    Step,
     attend,
     causal_mask,
     gather_kv,
     kv_location,
+    llama_forward,
     matmul_rows,
     matvec_rows,
     plan_rows,
@@ -363,3 +365,50 @@ def test_attend_matches_a_loop_over_heads_and_visible_keys():
             ref[t, h] = p @ V[g, :vis]
             assert np.all(w[h, t, vis:] == 0)
     np.testing.assert_allclose(o.reshape(n, H, D), ref, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# The forward on the kernels against the numpy reference
+# ---------------------------------------------------------------------------------------------
+
+
+def _tiny_runner(**kw):
+    from tl_lab.paths import DATA_DIR
+    from tl_lab.runner import EngineConfig, KvConfig, ModelRunner
+
+    return ModelRunner.load(DATA_DIR / "tiny-llama", EngineConfig(kv=KvConfig(n_blocks=32), **kw))
+
+
+def test_kernel_forward_equals_the_numpy_reference_forward(monkeypatch):
+    """The engine's forward (compiled products, paged attention) against the same graph on numpy's
+    plain products and the gather-and-mask attention: the same logits within float tolerance."""
+    import tl_lab.forward as fw
+
+    runner = _tiny_runner()
+    toks = list(b"The kernels and the reference agree.")
+    table = runner.pool.alloc(3)
+    step = Step.of([(toks[:20], 0, table)])
+    z_kernel = llama_forward(runner.weights, step, runner.pool.data)
+    monkeypatch.setattr(fw.PoolKv, "attend", lambda self, layer, q: fw.attend_reference(self, layer, q))
+    z_ref = llama_forward(runner.weights, step, runner.pool.data, product="plain")
+    np.testing.assert_allclose(z_kernel, z_ref, rtol=0, atol=1e-4 * float(np.abs(z_ref).max()))
+
+
+def test_trace_records_the_internals_and_costs_nothing_when_absent(monkeypatch):
+    import tl_lab.forward as fw
+
+    runner = _tiny_runner()
+    c = runner.config
+    table = runner.pool.alloc(2)
+    step = Step.of([(list(b"trace me"), 0, table)])
+    calls = []
+    real = fw.attend_reference
+    monkeypatch.setattr(fw, "attend_reference", lambda *a: calls.append(1) or real(*a))
+    z = llama_forward(runner.weights, step, runner.pool.data)
+    assert calls == []  # no recorder: no reference attention, no copies
+    trace = {}
+    assert np.array_equal(llama_forward(runner.weights, step, runner.pool.data, trace=trace), z)
+    L = c.num_hidden_layers
+    assert len(trace["x"]) == L + 1 and len(trace["q"]) == len(trace["attn"]) == L and len(calls) == L
+    assert trace["q"][0].shape == (8, c.num_attention_heads, c.head_dim)
+    assert trace["attn"][0][0].shape == (c.num_attention_heads, 8, 8)

@@ -21,6 +21,8 @@ from tl_lab.quant import (
     pack_int4,
     round_half_even,
     unpack_int4,
+    to_planar,
+    from_planar,
 )
 
 ALL16 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
@@ -275,16 +277,31 @@ def test_q4_linear_matches_its_dequantized_weights():
 
     x = rng.standard_normal((5, 96)).astype(np.float32)
     reference = x.astype(np.float64) @ W_hat.T.astype(np.float64)
-    for rowwise in (False, True):
-        y = layer.forward(x, rowwise=rowwise)
-        assert y.dtype == np.float32 and y.shape == (5, 48)
-        np.testing.assert_allclose(y, reference, rtol=1e-5, atol=1e-5)
-    # Row-wise products do not depend on the batch: a row alone equals the same row in a batch.
-    batch = layer.forward(x, rowwise=True)
+    y = layer.forward(x)  # the compiled kernel, reading the nibbles where they are
+    assert y.dtype == np.float32 and y.shape == (5, 48)
+    np.testing.assert_allclose(y, reference, rtol=1e-5, atol=1e-5)
+    # The kernel's products do not depend on the batch: a row alone equals the same row in a batch.
     for i in range(5):
-        assert np.array_equal(layer.forward(x[i : i + 1], rowwise=True)[0], batch[i])
+        assert np.array_equal(layer.forward(x[i : i + 1])[0], y[i])
     # Resident bytes: the packed weights and scales, well under 1/5 of the f32 weights.
     assert layer.nbytes <= w.nbytes / 5
+    with pytest.raises(ValueError, match=r"\(m, 96\)"):
+        layer.forward(np.ones((2, 95), np.float32))
+
+
+def test_planar_layout_round_trips_and_is_offset_binary():
+    """The kernel's layout (made once at load) holds the same nibbles as the chapter's packing:
+    byte b of a group is column b (low) and column b + g/2 (high), each as q + 8."""
+    rng = np.random.default_rng(3)
+    q = rng.integers(-8, 8, size=(3, 64)).astype(np.int8)
+    packed = pack_int4(q, 3, 64)
+    planar = to_planar(packed, 32)
+    assert planar.shape == packed.shape and planar.dtype == np.uint8
+    assert np.array_equal(from_planar(planar, 32), packed)
+    assert int(planar[1, 16 + 5]) & 0xF == int(q[1, 32 + 5]) + 8  # group 1, byte 5, low: column 37
+    assert int(planar[1, 16 + 5]) >> 4 == int(q[1, 32 + 16 + 5]) + 8  # high: column 53
+    layer = QLinear(3, 64, 32, packed, np.zeros((3, 2), np.uint16))
+    assert np.array_equal(layer.qweight, packed) and np.array_equal(layer.planar, planar)
 
 
 def test_quantize_zero_groups_and_exact_ties():

@@ -10,15 +10,20 @@ and the step's hidden states are the rows of x: (N, d), N = sum n_s, in batch or
                 x += o W_o^T;  h2 = RMSNorm(x) w_post;  x += (silu(h2 W_g^T) * (h2 W_u^T)) W_d^T
     logits = RMSNorm(x[last token of s]) w_norm  W_head^T     (W_head = embed when tied)
 
-Every piece is a small pure function (`rms_norm`, `rope`, `attend`, ...) that `llama_forward`
-calls and the notebook reuses to draw the internals; there is no second copy of the forward.
+`llama_forward` reads like the equations: one `llama_layer` per layer over the step's rows, the KV
+cache behind two calls (`PoolKv.write` and `.attend`: the f16 pool, read in place; `F32Kv`: the
+float32 reference), the notebook's trace an optional `Recorder` that costs nothing when absent.
+Every piece is a small pure function (`rms_norm`, `rope`, ...) the notebook reuses; there is no
+second copy of the forward.
 
 Batch invariance (section 2.4) rests on one rule: every operation that mixes numbers either works
 inside one row (the norms, RoPE, SwiGLU, the embedding) or inside one sequence (attention), or is a
-product with a weight matrix, and every such product gives a sequence the same bits whatever else
-is in the step: the layer linears through `product_rows` (8-row tiles, `matmul_rows`), the LM head
-through `matvec_rows` (one gemv per row). See `matmul_rows` for why numpy's plain ``x @ W.T``
-does not have that property and how the tiles restore it.
+product with a weight matrix whose every output is one compiled loop in a fixed order
+(`tl_lab.kernels`: `Linear.forward`, `QLinear.forward`, the LM head), so a sequence gets the same
+bits whatever else is in the step and whatever the thread count. The numpy pieces below
+(`matmul_rows` with its 8-row tiles, `matvec_rows`, `product_rows`, `gather_kv` + `attend`) are the
+readable reference the kernels are tested against, and the lesson of why numpy's plain ``x @ W.T``
+is not invariant (product="plain" runs it, for the notebook and the benchmarks).
 """
 
 from __future__ import annotations
@@ -27,9 +32,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tl_lab.kernels import QUERY_TILE, attend_paged, head_f32
 from tl_lab.kv import key_location
 from tl_lab.model import Linear, LlamaWeights
-from tl_lab.quant import QLinear, f16_to_f32, f32_to_f16
+from tl_lab.quant import _F16_TABLE, QLinear, f16_to_f32, f32_to_f16
 
 __all__ = [
     "TILE",
@@ -56,6 +62,12 @@ __all__ = [
     "softmax",
     "attend",
     "Step",
+    "PoolKv",
+    "F32Kv",
+    "attend_reference",
+    "Recorder",
+    "linear_fn",
+    "llama_layer",
     "llama_forward",
     "lm_head",
     "bigram_forward",
@@ -405,17 +417,158 @@ class Step:
         return slice(int(self.offsets[s]), int(self.offsets[s + 1]))
 
 
+# ---------------------------------------------------------------------------------------------
+# The KV cache of one step, behind two calls: write and attend
+# ---------------------------------------------------------------------------------------------
+
+
+class PoolKv:
+    """The step's view of the f16 KV pool (the engine): `write` puts each new token's k and v into
+    its sequence's blocks, `attend` runs attention reading the blocks in place (`kernels.attend_paged`).
+
+    data: the pool (n_blocks, n_layers, 2, H_kv, B, D) uint16, written in place; step: the step.
+    `read(layer, s)` gathers one sequence's keys and values back (the numpy reference, for the trace).
+    """
+
+    def __init__(self, data: np.ndarray, step: Step) -> None:
+        self.data, self.step, B = data, step, data.shape[4]
+        locs = [kv_location(step.tables[s], step.pos[step.rows(s)], B) for s in range(step.n_seqs)]
+        self.blk, self.slot = (np.concatenate(part) for part in zip(*locs, strict=True))
+        width = max(len(t) for t in step.tables)
+        self.tables = np.zeros((step.n_seqs, width), dtype=np.int64)  # padding is never visited
+        for s, t in enumerate(step.tables):
+            self.tables[s, : len(t)] = t
+        self.seq_of = np.repeat(np.arange(step.n_seqs), np.diff(step.offsets))  # (N,)
+        self.firsts = np.ascontiguousarray(step.offsets[:-1])  # (S,) first row of each sequence
+        cuts = [np.arange(a, b, QUERY_TILE) for a, b in zip(step.offsets[:-1], step.offsets[1:])]
+        self.tiles = np.append(np.concatenate(cuts), step.offsets[-1]).astype(np.int64)  # query tiles
+
+    def write(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
+        write_kv(self.data, layer, self.blk, self.slot, k, v)
+
+    def attend(self, layer: int, q: np.ndarray) -> np.ndarray:
+        """q: (N, H, D) float32 -> o: (N, H * D) float32, each query over its visible keys only."""
+        N, H, D = q.shape
+        o = np.empty((N, H * D), dtype=np.float32)
+        attend_paged(np.ascontiguousarray(q), self.data, layer, self.tables, self.seq_of,
+                     self.step.starts, self.firsts, self.tiles, _F16_TABLE, o)
+        return o
+
+    def read(self, layer: int, s: int) -> tuple[np.ndarray, np.ndarray]:
+        r = self.step.rows(s)
+        return gather_kv(self.data, layer, self.step.tables[s], int(self.step.starts[s]) + r.stop - r.start)
+
+
+class F32Kv:
+    """The float32 reference cache: nothing is rounded and nothing outlives the step, so every
+    sequence attends over its own step's keys and must start at position 0."""
+
+    def __init__(self, step: Step) -> None:
+        if np.any(step.starts != 0):
+            raise ValueError("kv='f32' keeps no cache between steps: every sequence must start at 0")
+        self.step, self.kv = step, {}
+
+    def write(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
+        self.kv[layer] = (k, v)
+
+    def read(self, layer: int, s: int) -> tuple[np.ndarray, np.ndarray]:
+        k, v = self.kv[layer]
+        r = self.step.rows(s)
+        return k[r].transpose(1, 0, 2), v[r].transpose(1, 0, 2)
+
+    def attend(self, layer: int, q: np.ndarray) -> np.ndarray:
+        return attend_reference(self, layer, q)
+
+
+def attend_reference(cache, layer: int, q: np.ndarray, weights: list | None = None) -> np.ndarray:
+    """Attention of every sequence through numpy (`gather_kv`, `attend` with its mask): the readable
+    reference the kernel is tested against. q: (N, H, D) -> (N, H * D); `weights` collects each
+    sequence's (H, n, L) attention weights when given."""
+    step = cache.step
+    o = np.empty((q.shape[0], q.shape[1] * q.shape[2]), dtype=np.float32)
+    for s in range(step.n_seqs):
+        r = step.rows(s)
+        K, V = cache.read(layer, s)  # (H_kv, L, D) each
+        if weights is None:
+            o[r] = attend(q[r], K, V, int(step.starts[s]))
+        else:
+            o[r], w = attend(q[r], K, V, int(step.starts[s]), return_weights=True)
+            weights.append(w)
+    return o
+
+
+# ---------------------------------------------------------------------------------------------
+# The trace: what the notebook draws, recorded only when asked for
+# ---------------------------------------------------------------------------------------------
+
+
+class Recorder:
+    """Collects the internals of a forward into a dict (the notebook's `trace`): x after the
+    embedding and after each layer (N, d), q (N, H, D), k and v (N, H_kv, D) per layer, and per
+    layer a list of each sequence's attention weights (H, n, L). Without a recorder the forward
+    does none of this work."""
+
+    def __init__(self, into: dict) -> None:
+        self.d = into
+        self.d.update(x=[], q=[], k=[], v=[], attn=[])
+
+    def embed(self, x: np.ndarray) -> None:
+        self.d["x"].append(x.copy())
+
+    def layer(self, cache, l: int, q, k, v, x) -> None:
+        weights = []
+        attend_reference(cache, l, q, weights)
+        for name, val in (("q", q), ("k", k), ("v", v), ("x", x)):
+            self.d[name].append(val.copy())
+        self.d["attn"].append(weights)
+
+
+# ---------------------------------------------------------------------------------------------
+# The forward of one step
+# ---------------------------------------------------------------------------------------------
+
+
+def linear_fn(product: str = "invariant", scratch: Scratch | None = None):
+    """The product of a step: "invariant" (each linear's own compiled `forward`, row-invariant,
+    the engine's) or "plain" (numpy's ``x @ W.T``, the batch-dependent baseline)."""
+    if product == "invariant":
+        return lambda h, lin: lin.forward(h)
+    if product == "plain":
+        return lambda h, lin: h @ weight_t(lin, scratch)
+    raise ValueError(f"product must be one of {PRODUCTS}, got {product!r}")
+
+
+def llama_layer(layer, l: int, x: np.ndarray, cos: np.ndarray, sin: np.ndarray, cache, linear,
+                c, rec: Recorder | None = None) -> np.ndarray:
+    """One decoder layer (section 2.4) on the step's rows x: (N, d) float32 -> (N, d) float32."""
+    N, H, H_kv, D, eps = x.shape[0], c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps
+    h = rms_norm(x, layer.input_layernorm, eps)                          # (N, d)
+    q = rope(linear(h, layer.q_proj).reshape(N, H, D), cos, sin)         # (N, H, D)
+    k = rope(linear(h, layer.k_proj).reshape(N, H_kv, D), cos, sin)      # (N, H_kv, D)
+    v = linear(h, layer.v_proj).reshape(N, H_kv, D)                      # (N, H_kv, D)
+    cache.write(l, k, v)                                                 # f16 into the blocks
+    o = cache.attend(l, q)                                               # (N, H * D), keys j <= pos(t)
+    x = x + linear(o, layer.o_proj)                                      # (N, d)
+    h2 = rms_norm(x, layer.post_attention_layernorm, eps)                # (N, d)
+    gate = silu(linear(h2, layer.gate_proj))                             # (N, I), silu on the GATE
+    x = x + linear(gate * linear(h2, layer.up_proj), layer.down_proj)    # (N, d)
+    if rec is not None:
+        rec.layer(cache, l, q, k, v, x)
+    return x
+
+
 def lm_head(weights: LlamaWeights, x_last: np.ndarray, product: str = "invariant") -> np.ndarray:
     """Final RMSNorm and the LM head (the embedding when tied). x_last: (S, d) -> (S, V) float32.
 
-    The invariant product here is `matvec_rows` (one gemv per row, the weight in cached chunks)."""
+    The invariant product here is the compiled `kernels.matvec_f32`: one row per sequence, each
+    through the same loop, the weight read from memory once per step."""
     c = weights.config
-    h = rms_norm(x_last, weights.norm, c.rms_norm_eps)
+    h = rms_norm(x_last, weights.norm, c.rms_norm_eps)  # the final norm
     if product == "plain":
         return h @ weights.head_weight.T
     if product != "invariant":
         raise ValueError(f"product must be one of {PRODUCTS}, got {product!r}")
-    return matvec_rows(h, weights.head_weight.T)
+    return head_f32(h, weights.head_weight)
 
 
 def llama_forward(weights: LlamaWeights, step: Step, data: np.ndarray | None, *,
@@ -428,61 +581,25 @@ def llama_forward(weights: LlamaWeights, step: Step, data: np.ndarray | None, *,
     -> logits (S, V) float32, or (logits, hidden) with return_hidden, hidden (N, d) float32 the
     final-normed hidden state of every new token (what Hugging Face calls last_hidden_state).
 
-    kv="pool" is the engine: K and V go through the f16 pool. kv="f32" is the float32 reference
-    the f16 bound is measured against: nothing is written, each sequence attends over its own
-    step's f32 keys, so every sequence must start at position 0.
-    product: "invariant" (`product_rows`) or "plain" (``x @ W.T``, for the benchmarks and the
-    notebook's comparison). trace: a dict that collects the internals for the notebook.
+    kv="pool" is the engine (`PoolKv`); kv="f32" the float32 reference (`F32Kv`) the f16 bound is
+    measured against. product: "invariant" (the compiled kernels) or "plain" (``x @ W.T``).
+    trace: a dict that collects the internals for the notebook (`Recorder`).
     """
     c = weights.config
-    H, H_kv, D, eps = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps
     if kv not in ("pool", "f32"):
         raise ValueError(f"kv must be 'pool' or 'f32', got {kv!r}")
-    if kv == "f32" and np.any(step.starts != 0):
-        raise ValueError("kv='f32' keeps no cache between steps: every sequence must start at 0")
-    N, plan = len(step.tokens), step.plan
-
-    def linear(h: np.ndarray, lin) -> np.ndarray:
-        return product_rows(h, weight_t(lin, scratch), plan, product)
-
-    cos, sin = rope_cos_sin(step.pos, D, c.rope_theta)
-    if kv == "pool":
-        B = data.shape[4]
-        locs = [kv_location(step.tables[s], step.pos[step.rows(s)], B) for s in range(step.n_seqs)]
-        blk, slot = (np.concatenate(part) for part in zip(*locs, strict=True))
-    x = weights.embed[step.tokens]  # (N, d), a gather: a copy, row by row
-    if trace is not None:
-        trace.update(x=[x.copy()], q=[], k=[], v=[], attn=[])
+    linear = linear_fn(product, scratch)
+    cache = PoolKv(data, step) if kv == "pool" else F32Kv(step)
+    rec = None if trace is None else Recorder(trace)
+    cos, sin = rope_cos_sin(step.pos, c.head_dim, c.rope_theta)  # (N, D): RoPE at absolute pos(t)
+    x = weights.embed[step.tokens]                                 # (N, d), a gather: a copy
+    if rec is not None:
+        rec.embed(x)
     for l, layer in enumerate(weights.layers):
-        h = rms_norm(x, layer.input_layernorm, eps)
-        q = rope(linear(h, layer.q_proj).reshape(N, H, D), cos, sin)
-        k = rope(linear(h, layer.k_proj).reshape(N, H_kv, D), cos, sin)
-        v = linear(h, layer.v_proj).reshape(N, H_kv, D)
-        if kv == "pool":
-            write_kv(data, l, blk, slot, k, v)
-        o = np.empty((N, H * D), dtype=np.float32)
-        weights_l = []
-        for s in range(step.n_seqs):
-            r, p = step.rows(s), int(step.starts[s])
-            if kv == "pool":
-                K, V = gather_kv(data, l, step.tables[s], p + r.stop - r.start)
-            else:
-                K, V = k[r].transpose(1, 0, 2), v[r].transpose(1, 0, 2)
-            if trace is None:
-                o[r] = attend(q[r], K, V, p)
-            else:
-                o[r], a = attend(q[r], K, V, p, return_weights=True)
-                weights_l.append(a)
-        x = x + linear(o, layer.o_proj)
-        h2 = rms_norm(x, layer.post_attention_layernorm, eps)
-        x = x + linear(silu(linear(h2, layer.gate_proj)) * linear(h2, layer.up_proj), layer.down_proj)
-        if trace is not None:
-            for name, val in (("q", q), ("k", k), ("v", v), ("x", x)):
-                trace[name].append(val.copy())
-            trace["attn"].append(weights_l)
-    logits = lm_head(weights, x[step.last], product)
+        x = llama_layer(layer, l, x, cos, sin, cache, linear, c, rec)
+    logits = lm_head(weights, x[step.last], product)               # (S, V)
     if return_hidden:
-        return logits, rms_norm(x, weights.norm, eps)
+        return logits, rms_norm(x, weights.norm, c.rms_norm_eps)
     return logits
 
 

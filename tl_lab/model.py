@@ -29,8 +29,9 @@ import numpy as np
 
 from tl_lab.errors import ConfigError, FormatError
 from tl_lab.checks import as_float, as_int, is_int
+from tl_lab.kernels import product_f32
 from tl_lab.paths import FORMATS_DIR, open_regular, read_regular
-from tl_lab.quant import QLinear, bf16_to_f32, f16_to_f32, linear_product
+from tl_lab.quant import QLinear, _rows, bf16_to_f32, f16_to_f32
 
 __all__ = [
     "CONFIG_SCHEMA_PATH",
@@ -385,6 +386,17 @@ DTYPES: dict[str, tuple[str, int]] = {
 FLOAT_DTYPES = ("F32", "F16", "BF16")  # what `.f32` widens
 
 
+def _copy_f32(bits: np.ndarray, out: np.ndarray) -> np.ndarray:
+    out[...] = bits
+    return out
+
+
+# How `.f32` widens each stored dtype (section 2.3): bf16(h) is the f32 with bits h << 16, f16 has
+# its own exponent bias and subnormals.
+_WIDEN = {"F32": _copy_f32, "F16": f16_to_f32, "BF16": bf16_to_f32}
+WIDEN_CHUNK = 1 << 20  # elements per widening chunk: 4 MB of f32, the largest temporary of a load
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     """One header entry: dtype, shape, and [begin, end) counted from the start of the data buffer."""
@@ -643,21 +655,40 @@ class SafeTensors:
     def f32(self, name: str, shape=None) -> np.ndarray:
         """Tensor `name` as a new float32 array: F32 copied, F16 and BF16 widened (each as itself).
 
-        `shape`, when given, must equal the stored shape (FormatError otherwise).
+        `shape`, when given, must equal the stored shape (FormatError otherwise). The widening runs
+        in chunks straight into the result, so the only full-size array is the result; each chunk
+        is checked finite (a NaN or infinite weight is a FormatError naming the tensor), and the
+        file's pages are handed back to the OS once read (they stay in the page cache).
         """
         t = self.info(name)
         if shape is not None and tuple(shape) != t.shape:
             raise FormatError(f"tensor {name!r} has shape {t.shape}, expected {tuple(shape)}")
-        bits = self.raw(name)
-        if t.dtype == "F32":
-            return np.array(bits, dtype=np.float32)
-        if t.dtype == "F16":
-            return f16_to_f32(bits)
-        if t.dtype == "BF16":
-            return bf16_to_f32(bits)
-        raise FormatError(
-            f"tensor {name!r} is {t.dtype}; .f32 widens only {', '.join(FLOAT_DTYPES)} (use .raw)"
-        )
+        if t.dtype not in _WIDEN:
+            raise FormatError(
+                f"tensor {name!r} is {t.dtype}; .f32 widens only {', '.join(FLOAT_DTYPES)} (use .raw)"
+            )
+        widen = _WIDEN[t.dtype]
+        bits, out = self.raw(name).reshape(-1), np.empty(t.shape, dtype=np.float32)
+        flat = out.reshape(-1)
+        for a in range(0, t.numel, WIDEN_CHUNK):
+            chunk = flat[a : a + WIDEN_CHUNK]
+            widen(bits[a : a + WIDEN_CHUNK], out=chunk)
+            if not np.isfinite(chunk).all():
+                i = a + int(np.flatnonzero(~np.isfinite(chunk))[0])
+                raise FormatError(f"tensor {name!r} holds a non-finite weight {flat[i]} at flat index {i}")
+        self._drop_pages(t)
+        return out
+
+    def _drop_pages(self, t: TensorInfo) -> None:
+        """Tell the OS this process is done with tensor t's bytes (MADV_DONTNEED on a read-only
+        map): they leave this process's resident set, so loading never holds the file AND the
+        widened copy. A later read pages them in again from the page cache."""
+        if not isinstance(self._mm, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED") or t.nbytes == 0:
+            return
+        a = self.layout.data_start + t.data_offsets[0]
+        b = self.layout.data_start + t.data_offsets[1]
+        a -= a % mmap.PAGESIZE
+        self._mm.madvise(mmap.MADV_DONTNEED, a, b - a)
 
     def q4(self, name: str, out: int, inp: int, group: int) -> QLinear:
         """The int4 linear `name` from `<name>.qweight` (U8) and `<name>.scales` (F16 bits). Section 2.5."""
@@ -674,11 +705,14 @@ class SafeTensors:
                 raise FormatError(
                     f"tensor '{name}.{suffix}' is {t.dtype} {t.shape}, expected {dtype} {shape}"
                 )
-            parts[suffix] = np.array(self.raw(f"{name}.{suffix}"), dtype=np.uint8 if dtype == "U8" else np.uint16)
+            parts[suffix] = self.raw(f"{name}.{suffix}")  # views of the map: QLinear repacks them
         try:
-            return QLinear(out, inp, group, parts["qweight"], parts["scales"])
+            lin = QLinear(out, inp, group, parts["qweight"], np.array(parts["scales"], dtype=np.uint16))
         except ValueError as exc:  # e.g. a negative or infinite scale
             raise FormatError(f"tensor {name!r}: {exc}") from None
+        for suffix in parts:
+            self._drop_pages(self.info(f"{name}.{suffix}"))
+        return lin
 
 
 # ---------------------------------------------------------------------------------------------
@@ -709,9 +743,10 @@ class Linear:
     def nbytes(self) -> int:
         return self.w.nbytes
 
-    def forward(self, x, rowwise: bool = False) -> np.ndarray:
-        """y = x W^T. x: float32 (m, inp) -> y: float32 (m, out); see `quant.linear_product`."""
-        return linear_product(x, self.w.T, rowwise)
+    def forward(self, x) -> np.ndarray:
+        """y = x W^T. x: float32 (m, inp) -> y: float32 (m, out), by `kernels.matmul_f32`: equal to
+        x @ w.T within float tolerance, and row-invariant (a row's bits do not depend on the others)."""
+        return product_f32(_rows(x, self.inp), self.w)
 
 
 AnyLinear = Union[Linear, QLinear]

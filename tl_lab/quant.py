@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tl_lab.kernels import product_q4
+
 F16_MAX = 65504.0
 F16_INF = 0x7C00
 F16_QUIET = 0x0200  # the top mantissa bit: set, a NaN is quiet
@@ -49,7 +51,8 @@ __all__ = [
     "pack_int4",
     "unpack_int4",
     "QLinear",
-    "linear_product",
+    "to_planar",
+    "from_planar",
 ]
 
 
@@ -234,18 +237,27 @@ def _check_bits(h, name: str) -> None:
 _F16_TABLE = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 
 
-def f16_to_f32(h):
-    """f16 bits -> value. int -> float; uint16 array -> float32 array of the same shape."""
+def f16_to_f32(h, out: np.ndarray | None = None):
+    """f16 bits -> value. int -> float; uint16 array -> float32 array of the same shape (into `out`,
+    a float32 array of that shape, when given: no other full-size array is made)."""
     if not isinstance(h, np.ndarray):
         return f16_to_f32_scalar(_as_int(h, "h"))
-    return np.asarray(np.take(_F16_TABLE, _bits16(h, "h")))  # asarray: a 0-d input stays 0-d
+    # mode="clip": every uint16 is a valid index, and "raise" would buffer `out` in a copy
+    return np.asarray(np.take(_F16_TABLE, _bits16(h, "h"), out=out, mode="clip"))  # a 0-d input stays 0-d
 
 
-def bf16_to_f32(h):
-    """bf16 bits -> value. int -> float; uint16 array -> float32 array of the same shape."""
+def bf16_to_f32(h, out: np.ndarray | None = None):
+    """bf16 bits -> value. int -> float; uint16 array -> float32 array of the same shape (into `out`,
+    a float32 array of that shape, when given).
+
+    The f32 whose bits are h << 16, shifted straight into the result's bits: numpy widens the
+    uint16 input to uint32 in small internal buffers, so no full-size temporary is made.
+    """
     if not isinstance(h, np.ndarray):
         return bf16_to_f32_scalar(_as_int(h, "h"))
-    return (_bits16(h, "h").astype(np.uint32) << 16).view(np.float32)
+    out = np.empty(h.shape, dtype=np.float32) if out is None else out
+    np.left_shift(_bits16(h, "h"), np.uint32(16), out=out.view(np.uint32))
+    return out
 
 
 def f32_to_f16(x):
@@ -381,39 +393,45 @@ _INT4_PAIRS_F32 = _int4_pair_table(np.float32)
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass(eq=False)
 class QLinear:
     """y = x W_hat^T with W_hat = q s: int4 weights in groups of `group` columns (section 2.5).
 
-    qweight: uint8 (out, inp // 2), two int4 values per byte (see `pack_int4`).
+    qweight: uint8 (out, inp // 2), two int4 values per byte (see `pack_int4`): the chapter's layout,
+             the file's.
     scales:  uint16 (out, inp // group), the f16 bit pattern of each group's scale.
 
-    Only these stay resident (0.5625 bytes per weight for group 32, 9/64 of f32);
-    `forward` widens the weights into a temporary on each call.
+    At construction the nibbles are repacked ONCE into the kernel's layout, `planar` (see
+    `to_planar`), and only that and the scales stay resident (0.5625 bytes per weight for group 32,
+    9/64 of f32). `forward` reads the nibbles where they are (`kernels.matmul_q4`): no f32 copy of
+    the weight is made. `qweight` gives the chapter's layout back, computed on demand.
     """
 
-    out: int
-    inp: int
-    group: int
-    qweight: np.ndarray
-    scales: np.ndarray
-
-    def __post_init__(self) -> None:
-        _check_dims(self.out, self.inp, self.group)
-        _check_array("qweight", self.qweight, np.uint8, (self.out, self.inp // 2))
-        _check_array("scales", self.scales, np.uint16, (self.out, self.inp // self.group))
-        bad = ((self.scales & 0x7C00) == 0x7C00) | ((self.scales & 0x8000) != 0)
+    def __init__(self, out: int, inp: int, group: int, qweight: np.ndarray, scales: np.ndarray) -> None:
+        _check_dims(out, inp, group)
+        _check_array("qweight", qweight, np.uint8, (out, inp // 2))
+        _check_array("scales", scales, np.uint16, (out, inp // group))
+        bad = ((scales & 0x7C00) == 0x7C00) | ((scales & 0x8000) != 0)
         if bad.any():
             r, g = np.argwhere(bad)[0]
             raise ValueError(
-                f"scales must be finite non-negative f16, got 0x{int(self.scales[r, g]):04X} "
-                f"at scales[{r}, {g}]"
+                f"scales must be finite non-negative f16, got 0x{int(scales[r, g]):04X} at scales[{r}, {g}]"
             )
+        self.out, self.inp, self.group = int(out), int(inp), int(group)
+        self.planar = to_planar(qweight, group)
+        self.scales = np.ascontiguousarray(scales)
+
+    def __repr__(self) -> str:
+        return f"QLinear(out={self.out}, inp={self.inp}, group={self.group})"
+
+    @property
+    def qweight(self) -> np.ndarray:
+        """The chapter's packing (column 2b low nibble, 2b + 1 high, two's complement), a new array."""
+        return from_planar(self.planar, self.group)
 
     @property
     def nbytes(self) -> int:
         """Bytes held resident: the packed weights and the scales."""
-        return self.qweight.nbytes + self.scales.nbytes
+        return self.planar.nbytes + self.scales.nbytes
 
     @classmethod
     def quantize(cls, w, group: int) -> QLinear:
@@ -438,9 +456,8 @@ class QLinear:
     def dequantize(self, out: np.ndarray | None = None) -> np.ndarray:
         """W_hat = q s: float32 (out, inp), exact (a 4-bit q times an 11-bit s fits in f32).
 
-        A byte -> (low, high) lookup table widens the packed weights in one gather, then each
-        group is scaled in place. `out`, a float32 (out, inp) C-contiguous array, is filled and
-        returned instead of a new array (a scratch buffer reused across calls).
+        For the lesson and the reference product only (the engine never widens an int4 weight).
+        `out`, a float32 (out, inp) C-contiguous array, is filled and returned instead of a new array.
         """
         if out is None:
             out = np.empty((self.out, self.inp), dtype=np.float32)
@@ -454,37 +471,41 @@ class QLinear:
         groups *= f16_to_f32(self.scales)[:, :, None]
         return out
 
-    def forward(self, x, rowwise: bool = False) -> np.ndarray:
-        """y = x W_hat^T. x: float32 (m, inp) -> y: float32 (m, out).
+    def forward(self, x) -> np.ndarray:
+        """y = x W_hat^T. x: float32 (m, inp) -> y: float32 (m, out), by `kernels.matmul_q4`.
 
-        W_hat is widened into a temporary for this call only (no f32 copy is kept); see
-        `linear_product` for rowwise.
+        Equal to x @ dequantize().T within float tolerance (another order of the same sum), and
+        row-invariant: a row's bits do not depend on the other rows or the thread count.
         """
-        _check_rows(x, self.inp)
-        return linear_product(x, self.dequantize().T, rowwise)
+        return product_q4(_rows(x, self.inp), self.planar, self.scales, _F16_TABLE)
 
 
-def _check_rows(x, inp: int) -> None:
+def to_planar(qweight: np.ndarray, group: int) -> np.ndarray:
+    """The chapter's int4 packing -> the kernel's: uint8 (out, inp // 2) -> uint8 (out, inp // 2).
+
+    Group-planar, offset-binary: byte b of a group holds column b of the group in its low nibble
+    and column b + group/2 in its high one, each stored as q + 8 (0 .. 15). So the kernel widens
+    16 bytes into two runs of 16 contiguous columns with one mask, one shift and one subtraction
+    each, no sign fix per nibble.
+    """
+    out, half_inp = qweight.shape
+    n = (_INT4_PAIRS_I8[qweight].reshape(out, half_inp * 2 // group, 2, group // 2) + 8).astype(np.uint8)
+    return np.ascontiguousarray(n[:, :, 0, :] | (n[:, :, 1, :] << 4)).reshape(out, half_inp)
+
+
+def from_planar(planar: np.ndarray, group: int) -> np.ndarray:
+    """The inverse of `to_planar`: the kernel's layout -> the chapter's packing."""
+    out, half_inp = planar.shape
+    g = planar.reshape(out, half_inp * 2 // group, group // 2)
+    q = np.concatenate([g & 0xF, g >> 4], axis=2).astype(np.int8) - 8  # (out, G, group): columns in order
+    return pack_int4(q, out, half_inp * 2)
+
+
+def _rows(x, inp: int) -> np.ndarray:
     shape = np.shape(x)
     if len(shape) != 2 or shape[1] != inp:
         raise ValueError(f"x must be (m, {inp}), got shape {shape}")
-
-
-def linear_product(x, W_T: np.ndarray, rowwise: bool = False) -> np.ndarray:
-    """y = x W_T, the product of every linear layer. x: float32 (m, inp), W_T: (inp, out) -> (m, out).
-
-    rowwise=True sends each row through its own (1, inp) x (inp, out) product (the chapter's
-    matmul_rows, section 2.4), so a row's result does not depend on which rows share the call.
-    The runner's faster invariant product is `tl_lab.forward.matmul_rows`.
-    """
-    _check_rows(x, W_T.shape[0])
-    x = np.asarray(x).astype(np.float32, copy=False)
-    if not rowwise:
-        return x @ W_T
-    y = np.empty((x.shape[0], W_T.shape[1]), dtype=np.float32)
-    for i in range(x.shape[0]):
-        np.matmul(x[i : i + 1], W_T, out=y[i : i + 1])
-    return y
+    return np.asarray(x).astype(np.float32, copy=False)
 
 
 def _group_scales(Wg: np.ndarray) -> np.ndarray:

@@ -33,8 +33,9 @@ Decisions where the chapter is silent:
 - The blocks a sequence holds are `tl_lab.blocks`' business: the runner only raises the fill of
   the blocks it wrote, and run_once / last_logits borrow temporary blocks from it after checking
   the tokens, so a refused call moves no block.
-- EngineConfig.threads sets the BLAS thread count for the whole process (OpenBLAS has one pool).
-  The bits of a product depend on it, so batch invariance holds for one thread count, not across.
+- EngineConfig.threads sets the thread count of the compiled kernels (numba's pool) and of BLAS for
+  the whole process. The engine's products and attention are compiled loops whose bits do not
+  depend on it; BLAS is left to the "plain" product and the numpy references.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from tl_lab.blocks import BlockManager, blocks_for
 from tl_lab.checks import as_int, is_int
 from tl_lab.errors import BatchError
 from tl_lab.forward import PRODUCTS, Scratch, Step, bigram_forward, llama_forward
+from tl_lab.kernels import set_threads
 from tl_lab.kv import BlockState, KvCfg, KvPool
 from tl_lab.model import Int4, ModelConfig, load_weights
 
@@ -90,10 +92,11 @@ class EngineConfig:
 
     kv: the pool; prefix_cache: the pool keeps released registered blocks; quant: None (as
     stored) or Int4(group) to quantize a float checkpoint's layer linears at load; threads: the
-    BLAS thread count (None: leave it); product: "invariant" (the engine) or "plain" (``x @ W.T``,
-    to measure what invariance costs). max_batch_tokens, max_seqs, prefill_chunk: the scheduler's
-    (tl_lab.generate.Engine reads them; the runner never does). A bad value is a ValueError here,
-    naming the field, not a failure at the first step.
+    compiled kernels' and BLAS's thread count (None: leave them; numba's default is every core);
+    product: "invariant" (the engine) or "plain" (``x @ W.T``, to measure what invariance costs).
+    max_batch_tokens, max_seqs, prefill_chunk: the scheduler's (tl_lab.generate.Engine reads them;
+    the runner never does). A bad value is a ValueError here, naming the field, not a failure at the
+    first step.
     """
 
     kv: KvConfig = field(default_factory=KvConfig)
@@ -231,6 +234,7 @@ class ModelRunner:
             raise ValueError(f"ModelRunner needs an EngineConfig, got {type(cfg).__name__}")
         if cfg.threads is not None:
             set_blas_threads(cfg.threads)
+            set_threads(cfg.threads)  # the compiled kernels' pool: their bits do not depend on it
         self.weights = weights
         self.cfg = cfg
         self.product = cfg.product

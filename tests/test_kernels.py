@@ -1,0 +1,166 @@
+"""tl_lab/kernels.py: the compiled products and the paged attention (chapter L10.1, sections 2.4, 2.5).
+
+Each kernel is held against the readable numpy reference within float tolerance, and for bit-exact
+invariance on its own: a row alone and in any batch, at any place in it, at 1 and 2 threads.
+"""
+
+import numpy as np
+import pytest
+
+from tl_lab.forward import PoolKv, Step, attend_reference, write_kv
+from tl_lab.kernels import ROWS, head_f32, product_f32, set_threads
+from tl_lab.quant import QLinear, f32_to_f16
+
+SHAPES = [(64, 32), (576, 192), (576, 1536), (1536, 576), (64, 7)]  # (K, N); N % 4 != 0 included
+
+
+def _threads(n):
+    import numba
+
+    if numba.config.NUMBA_NUM_THREADS < n:
+        pytest.fail(f"this test needs {n} cores for numba's pool (NUMBA_NUM_THREADS={numba.config.NUMBA_NUM_THREADS})")
+    return set_threads(n)
+
+
+@pytest.fixture
+def restore_threads():
+    import numba
+
+    before = numba.get_num_threads()
+    yield
+    set_threads(before)
+
+
+@pytest.mark.parametrize("K,N", SHAPES)
+def test_f32_kernel_equals_the_product_within_float_tolerance(K, N):
+    rng = np.random.default_rng(K + N)
+    W = rng.standard_normal((N, K)).astype(np.float32)
+    for M in (1, 3, ROWS, 9):
+        X = rng.standard_normal((M, K)).astype(np.float32)
+        Y = product_f32(X, W)
+        assert Y.shape == (M, N) and Y.dtype == np.float32
+        np.testing.assert_allclose(Y, X.astype(np.float64) @ W.T.astype(np.float64), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("product", [product_f32, head_f32])
+@pytest.mark.parametrize("K,N", SHAPES)
+def test_f32_kernels_are_row_invariant(K, N, product):
+    """A probe row gives the same bits alone and at every place of batches of 1 to 17 rows, and
+    each kernel equals the product within float tolerance."""
+    rng = np.random.default_rng(1)
+    W = rng.standard_normal((N, K)).astype(np.float32)
+    probe = rng.standard_normal((1, K)).astype(np.float32)
+    alone = product(probe, W)[0]
+    np.testing.assert_allclose(alone, W.astype(np.float64) @ probe[0].astype(np.float64), rtol=1e-5, atol=1e-4)
+    for M in range(1, 18):
+        X = rng.standard_normal((M, K)).astype(np.float32)
+        for r in {0, M // 2, M - 1}:
+            X[r] = probe[0]
+            assert np.array_equal(product(X, W)[r], alone), f"({K}->{N}) row {r} of {M}"
+
+
+def test_q4_kernel_is_row_invariant_and_close_to_the_dequantized_product():
+    rng = np.random.default_rng(2)
+    layer = QLinear.quantize(rng.standard_normal((200, 576)).astype(np.float32) * 0.05, group=32)
+    X = rng.standard_normal((11, 576)).astype(np.float32)
+    Y = layer.forward(X)
+    np.testing.assert_allclose(Y, X.astype(np.float64) @ layer.dequantize().T.astype(np.float64),
+                               rtol=1e-5, atol=1e-4)
+    for r in range(11):
+        assert np.array_equal(layer.forward(X[r : r + 1])[0], Y[r]), f"row {r}"
+        assert np.array_equal(layer.forward(X[: r + 1])[r], Y[r]), f"row {r} of {r + 1}"
+    # The int4 product is the head's f32 loop on W_hat, bit for bit: the same sum in the same order.
+    assert np.array_equal(Y, head_f32(X, layer.dequantize()))
+
+
+def test_kernels_refuse_a_strided_weight():
+    W = np.ones((8, 16), np.float32)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        product_f32(np.ones((1, 8), np.float32), W.T)
+
+
+# ------------------------------------------------------------------ paged attention
+
+
+def _pool(rng, n_blocks=12, n_layers=2, H_kv=2, B=4, D=8):
+    """A pool full of random f16 keys and values."""
+    vals = rng.standard_normal((n_blocks, n_layers, 2, H_kv, B, D)).astype(np.float32)
+    return f32_to_f16(vals)
+
+
+def _step(rng, data, seqs):
+    """seqs: (start, n, table) -> a Step whose new tokens' k, v are already in the pool."""
+    return Step.of([(rng.integers(0, 10, n).tolist(), start, table) for start, n, table in seqs])
+
+
+SEQS = [(5, 1, [3, 7]), (0, 6, [0, 1]), (9, 3, [4, 2, 8]), (0, 1, [5]), (2, 5, [6, 9])]
+
+
+def test_paged_attention_equals_the_gather_and_mask_reference():
+    rng = np.random.default_rng(4)
+    data = _pool(rng)
+    step = _step(rng, data, SEQS)
+    cache = PoolKv(data, step)
+    H, D = 6, 8  # rep = 3 query heads per KV head
+    q = rng.standard_normal((len(step.tokens), H, D)).astype(np.float32)
+    for layer in (0, 1):
+        o = cache.attend(layer, q)
+        assert o.shape == (len(step.tokens), H * D) and o.dtype == np.float32
+        np.testing.assert_allclose(o, attend_reference(cache, layer, q), rtol=1e-5, atol=1e-6)
+
+
+def test_paged_attention_visits_only_the_visible_keys():
+    """NaN in every slot a query may not see (past pos(t) = p_s + i) changes nothing: the kernel
+    never reads them. (The gather-and-mask reference would: NaN * 0 is NaN.)"""
+    rng = np.random.default_rng(5)
+    data = _pool(rng)
+    step = _step(rng, data, SEQS)
+    q = rng.standard_normal((len(step.tokens), 6, 8)).astype(np.float32)
+    clean = PoolKv(data, step).attend(1, q)
+    B = data.shape[4]
+    for s, (start, n, table) in enumerate(SEQS):
+        for t in range(n):
+            dirty = data.copy()
+            for j in range(start + t + 1, len(table) * B):  # keys query t of s may not see
+                dirty[table[j // B], 1, :, :, j % B, :] = 0x7E00  # f16 NaN, K and V
+            row = int(step.offsets[s]) + t
+            got = PoolKv(dirty, step).attend(1, q)[row]
+            assert np.array_equal(got, clean[row]), f"seq {s}, query {t} read a key past pos(t)"
+
+
+def test_paged_attention_reads_what_write_kv_wrote():
+    rng = np.random.default_rng(6)
+    data = np.zeros((4, 1, 2, 1, 4, 2), np.uint16)
+    step = Step.of([([1, 2, 3], 0, [2])])
+    k = rng.standard_normal((3, 1, 2)).astype(np.float32)
+    v = rng.standard_normal((3, 1, 2)).astype(np.float32)
+    cache = PoolKv(data, step)
+    cache.write(0, k, v)
+    q = np.zeros((3, 1, 2), np.float32)  # equal scores: each query averages its visible values
+    o = cache.attend(0, q)
+    v16 = f32_to_f16(v).view(np.float16).astype(np.float32)[:, 0]
+    np.testing.assert_allclose(o, np.cumsum(v16, axis=0) / np.arange(1, 4)[:, None], rtol=1e-6)
+    ref = np.zeros_like(data)
+    write_kv(ref, 0, np.array([2, 2, 2]), np.arange(3), k, v)
+    assert np.array_equal(data, ref)
+
+
+# ------------------------------------------------------------------ threads
+
+
+def test_kernels_give_the_same_bits_at_1_and_2_threads(restore_threads):
+    rng = np.random.default_rng(7)
+    W = rng.standard_normal((1536, 576)).astype(np.float32)
+    layer = QLinear.quantize(W * 0.05, group=32)
+    X = rng.standard_normal((9, 576)).astype(np.float32)
+    data = _pool(rng)
+    step = _step(rng, data, SEQS)
+    q = rng.standard_normal((len(step.tokens), 6, 8)).astype(np.float32)
+    outs = []
+    for n in (1, 2, 1):
+        assert _threads(n) == n
+        outs.append((product_f32(X, W), head_f32(X, W), layer.forward(X), PoolKv(data, step).attend(0, q)))
+    for a, b in zip(outs[0], outs[1]):
+        assert np.array_equal(a, b)
+    for a, b in zip(outs[0], outs[2]):
+        assert np.array_equal(a, b)
