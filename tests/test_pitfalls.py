@@ -138,12 +138,16 @@ def test_the_env_var_switches_the_real_module_in_a_subprocess():
     code = ("import json, os, inspect, tl_lab.pitfalls as p, tl_lab.kv as kv;"
             "print(json.dumps([p.active(), os.environ.get('NUMBA_CACHE_DIR'), kv.__file__,"
             " 'last=True' in inspect.getsource(kv.KvPool.alloc)]))")
-    on = _run_python(code, "s18,s13")
+    on = _run_python(code, "s18,s14")
     assert on.returncode == 0, on.stderr
     ids, numba_dir, path, buggy = json.loads(on.stdout)
-    assert ids == ["s18", "s13"] and buggy
+    assert ids == ["s18", "s14"] and buggy
     assert path == str(REPO_ROOT / "tl_lab" / "kv.py")  # compiled under its real filename
-    assert "numba-pitfalls" in numba_dir and "s18-s13-" in numba_dir
+    # s14 edits a compiled kernel: its machine code is cached apart from the correct kernel's
+    assert "numba-pitfalls" in numba_dir and "s18-s14-" in numba_dir
+    no_kernel = _run_python(code, "s18,s13")  # no kernel edited: the normal cache is the right code
+    assert no_kernel.returncode == 0, no_kernel.stderr
+    assert json.loads(no_kernel.stdout)[:2] == [["s18", "s13"], None]
     off = _run_python(code, None)
     assert json.loads(off.stdout)[0] == [] and json.loads(off.stdout)[3] is False
     # a bad id stops `import tl_lab` itself, naming it

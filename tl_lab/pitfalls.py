@@ -133,6 +133,7 @@ _F = "tl_lab.forward"
 _R = "tl_lab.runner"
 _K = "tl_lab.kv"
 _B = "tl_lab.blocks"
+_KE = "tl_lab.kernels"
 _T_SAMPLE = "tests/test_sample.py::test_"
 _T_RUNNER = "tests/test_runner.py::test_"
 
@@ -224,24 +225,22 @@ PITFALLS: dict[str, Pitfall] = {p.id: p for p in [
        "safetensors_reader_rules",
        "tests/test_model.py::test_safetensors_reader_rules_bf16_and_f16_each_read_as_itself",
        [(_M, "SafeTensors.f32",
-         'if t.dtype == "BF16":\n            return bf16_to_f32(bits)',
-         'if t.dtype == "BF16":\n            return f16_to_f32(bits)')],
+         "widen = _WIDEN[t.dtype]",
+         'widen = _WIDEN["F16" if t.dtype == "BF16" else t.dtype]')],
        "02_model_directory", "Memory-mapped: opening reads only the header (the values read)", probe="bf16_read"),
     _p("s13", "RoPE positions relative to the step",
        "decode tokens all at position 0; output degrades after the prompt",
        "incremental_decode_equals_full_prefill", _T_RUNNER + "incremental_decode_equals_full_prefill",
        [(_F, "llama_forward",
-         "cos, sin = rope_cos_sin(step.pos, D, c.rope_theta)",
-         "cos, sin = rope_cos_sin(step.pos - np.repeat(step.starts, np.diff(step.offsets)), D, c.rope_theta)")],
+         "cos, sin = rope_cos_sin(step.pos, c.head_dim, c.rope_theta)",
+         "cos, sin = rope_cos_sin(step.pos - np.repeat(step.starts, np.diff(step.offsets)), c.head_dim, c.rope_theta)")],
        "05_forward", "6. Chunk invariance: a prompt in pieces against one prefill", probe="decode_vs_prefill"),
     _p("s14", "q_offset 0 for a decode step",
        "the new token sees only key 0",
        "incremental_decode_equals_full_prefill", _T_RUNNER + "incremental_decode_equals_full_prefill",
-       [(_F, "llama_forward",
-         "o[r] = attend(q[r], K, V, p)\n            else:\n"
-         "                o[r], a = attend(q[r], K, V, p, return_weights=True)",
-         "o[r] = attend(q[r], K, V, 0)\n            else:\n"
-         "                o[r], a = attend(q[r], K, V, 0, return_weights=True)")],
+       [(_KE, "attend_paged",
+         "last[i] = starts[s] + (t0 + i - firsts[s])  # q_offset = p_s",
+         "last[i] = 0 + (t0 + i - firsts[s])  # q_offset = 0")],
        "05_forward", "6. Chunk invariance: a prompt in pieces against one prefill", probe="decode_vs_prefill"),
     _p("s15", "K written to the V slab",
        "logits far from HF",
@@ -296,9 +295,11 @@ PITFALLS: dict[str, Pitfall] = {p.id: p for p in [
     _p("s22", "silu applied to the up projection",
        "close-looking, wrong logits",
        "tiny_llama_logits_match_hf", _T_RUNNER + "tiny_llama_logits_match_hf",
-       [(_F, "llama_forward",
-         "linear(silu(linear(h2, layer.gate_proj)) * linear(h2, layer.up_proj), layer.down_proj)",
-         "linear(linear(h2, layer.gate_proj) * silu(linear(h2, layer.up_proj)), layer.down_proj)")],
+       [(_F, "llama_layer",
+         "gate = silu(linear(h2, layer.gate_proj))                             # (N, I), silu on the GATE\n"
+         "    x = x + linear(gate * linear(h2, layer.up_proj), layer.down_proj)",
+         "gate = linear(h2, layer.gate_proj)                             # (N, I), no silu here\n"
+         "    x = x + linear(gate * silu(linear(h2, layer.up_proj)), layer.down_proj)")],
        "05_forward", "8. Int4 weights: the int4 logits against f32 (their correlation)", probe="hf_logits"),
 ]}
 
@@ -441,7 +442,9 @@ def numba_cache_dir(ids) -> Path:
 
     numba keys its on-disk cache by source file and function, not by the code compiled; a patched
     kernel shares its file with the correct one, so it must be cached elsewhere or it would be
-    served the correct machine code (or leave broken code for the normal runs)."""
+    served the correct machine code (or leave broken code for the normal runs). Only a pitfall that
+    edits tl_lab.kernels needs one: the other edits leave the kernel file as it is, and its normal
+    cache is then the right code (and saves each such run a compile of every kernel)."""
     from tl_lab.paths import cache_dir
 
     h = hashlib.sha256(repr([get(i).edits for i in ids]).encode()).hexdigest()[:12]
@@ -465,7 +468,8 @@ def install(ids) -> tuple[str, ...]:
         raise PitfallError(f"pitfalls {', '.join(ids)}: {', '.join(loaded)} is already imported, so the edit "
                            f"could not reach it; set {ENV} before importing tl_lab")
     sources = {m: patched_source(m, ids) for m in modules}
-    _set_numba_cache(str(numba_cache_dir(ids)))
+    if _KE in modules:
+        _set_numba_cache(str(numba_cache_dir(ids)))
     sys.meta_path.insert(0, PitfallFinder(ids, sources))
     return ids
 
@@ -508,7 +512,8 @@ def switched_on(ids):
     saved, numba_before = _tl_modules(), os.environ.get("NUMBA_CACHE_DIR")
     for name in saved:
         del sys.modules[name]
-    _set_numba_cache(str(numba_cache_dir(ids)))
+    if _KE in modules:
+        _set_numba_cache(str(numba_cache_dir(ids)))
     sys.meta_path.insert(0, finder)
     try:
         yield ids
