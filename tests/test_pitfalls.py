@@ -241,3 +241,12 @@ def test_switched_on_changes_the_engine_in_process_and_puts_it_back():
     assert "last=False" in inspect.getsource(kv_before.KvPool.alloc)  # no broken text left in linecache
     z_after = runner_before.ModelRunner.load(DATA_DIR / "tiny-llama").run_once([1, 2, 3])[1]
     assert np.array_equal(z_after, z_off)
+
+
+def test_a_verdict_is_plain_text_even_when_the_kernel_forces_colour(monkeypatch):
+    """A notebook kernel sets FORCE_COLOR; pytest would then colour its report, and the lab would show
+    escape codes on the page (seen in the README's picture before this was fixed)."""
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    run = pf.run_test(pf.get("s18").test, "s18")
+    assert run.outcome == "failed", run
+    assert "x1B" not in run.message and "\x1b" not in run.message, run.message

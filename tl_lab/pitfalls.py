@@ -568,6 +568,9 @@ class TestRun:
 def _env(ids) -> dict:
     env = dict(os.environ)
     env.pop(ENV, None)
+    # a notebook kernel sets FORCE_COLOR, which makes pytest colour even its report; plain text here
+    env.pop("FORCE_COLOR", None)
+    env["PY_COLORS"] = "0"
     if ids:
         env[ENV] = ",".join(ids)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])

@@ -43,7 +43,11 @@ SHOTS = [
           Act("bm = BlockMap()", "type", "position", "9", watch=".tl-where, .tl-message", expect="pool block 2"))),
     Shot("numbers.png", "03_numbers.ipynb", "numbers = NumbersWidget(",
          (Act("numbers = NumbersWidget(", "type", "x =", "0.1", watch=".widget-html", expect="0x2E66"),)),
-    # Shot("pitfall_lab.png", "10_pitfalls.ipynb", "<the pitfall lab's cell>"),  # once notebook 10 exists
+    Shot("pitfall_lab.png", "10_pitfalls.ipynb", 'lab = PitfallLab("s13")',
+         (Act('lab = PitfallLab("s13")', "select", "pitfall", "s18 · Evicting the newest prefix instead of the oldest",
+              watch=".tl-diff", expect="last=True"),
+          Act('lab = PitfallLab("s13")', "click", "Run its test with the pitfall on", watch=".tl-verdict-box",
+              expect="CAUGHT"))),
 ]
 
 
