@@ -44,7 +44,7 @@ WIDGETS = {
         Act("numbers = NumbersWidget(", "type", "x =", "abc", watch=".widget-html", expect="Not a number"),
     ],
     "04_kv_pool.ipynb": [
-        Act("bm = BlockMap()", "click", "back", watch=".widget-html"),
+        Act("bm = BlockMap()", "click", "next", watch=".widget-html"),  # after Run All the story is at step 0
         Act("view = show(pool, {", "type", "position", "20", watch=".tl-where"),
     ],
     "10_pitfalls.ipynb": [
