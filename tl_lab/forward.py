@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tl_lab.kernels import QUERY_TILE, attend_paged, head_f32
+from tl_lab.kernels import QUERY_TILE, attend_paged, head_f32, rows_f32
 from tl_lab.kv import key_location
 from tl_lab.model import Linear, LlamaWeights
 from tl_lab.quant import _F16_TABLE, QLinear, f16_to_f32, f32_to_f16
@@ -66,6 +66,7 @@ __all__ = [
     "F32Kv",
     "attend_reference",
     "Recorder",
+    "linear_rows",
     "linear_fn",
     "llama_layer",
     "llama_forward",
@@ -528,11 +529,34 @@ class Recorder:
 # ---------------------------------------------------------------------------------------------
 
 
-def linear_fn(product: str = "invariant", scratch: Scratch | None = None):
-    """The product of a step: "invariant" (each linear's own compiled `forward`, row-invariant,
-    the engine's) or "plain" (numpy's ``x @ W.T``, the batch-dependent baseline)."""
+def linear_rows(h: np.ndarray, lin: Linear | QLinear, plan: RowPlan | None = None) -> np.ndarray:
+    """The engine's product of a step's rows, h: (N, K) float32 -> (N, out) float32 (section 2.4).
+
+    An int4 linear runs `QLinear.forward` (one row at a time, any N). A float32 one sends the rows
+    of short sequences (decodes, short chunks) through `kernels.rows_f32`, one row at a time, the
+    fastest when the weight's bytes are the cost; a sequence of LONG_ROWS or more new tokens (a
+    prefill) goes through `Linear.forward`'s blocks of ROWS rows, which do four times less loading
+    per product. Both kernels are row-invariant, and which one a row meets depends only on its own
+    sequence's length, so a sequence's bits still do not depend on the rest of the batch.
+    plan=None: every row is short.
+    """
+    if isinstance(lin, QLinear):
+        return lin.forward(h)
+    if plan is None or not plan.spans:
+        return rows_f32(h, lin.w)
+    y = np.empty((h.shape[0], lin.out), dtype=np.float32)
+    if plan.short.size:
+        y[plan.short] = rows_f32(h[plan.short], lin.w)
+    for a, b in plan.spans:
+        y[a:b] = lin.forward(h[a:b])
+    return y
+
+
+def linear_fn(product: str = "invariant", scratch: Scratch | None = None, plan: RowPlan | None = None):
+    """The product of a step: "invariant" (`linear_rows`: the compiled kernels, row-invariant, the
+    engine's) or "plain" (numpy's ``x @ W.T``, the batch-dependent baseline)."""
     if product == "invariant":
-        return lambda h, lin: lin.forward(h)
+        return lambda h, lin: linear_rows(h, lin, plan)
     if product == "plain":
         return lambda h, lin: h @ weight_t(lin, scratch)
     raise ValueError(f"product must be one of {PRODUCTS}, got {product!r}")
@@ -588,7 +612,7 @@ def llama_forward(weights: LlamaWeights, step: Step, data: np.ndarray | None, *,
     c = weights.config
     if kv not in ("pool", "f32"):
         raise ValueError(f"kv must be 'pool' or 'f32', got {kv!r}")
-    linear = linear_fn(product, scratch)
+    linear = linear_fn(product, scratch, step.plan)
     cache = PoolKv(data, step) if kv == "pool" else F32Kv(step)
     rec = None if trace is None else Recorder(trace)
     cos, sin = rope_cos_sin(step.pos, c.head_dim, c.rope_theta)  # (N, D): RoPE at absolute pos(t)
