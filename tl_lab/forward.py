@@ -566,16 +566,19 @@ def llama_layer(layer, l: int, x: np.ndarray, cos: np.ndarray, sin: np.ndarray, 
                 c, rec: Recorder | None = None) -> np.ndarray:
     """One decoder layer (section 2.4) on the step's rows x: (N, d) float32 -> (N, d) float32."""
     N, H, H_kv, D, eps = x.shape[0], c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps
+    I, a, b = c.intermediate_size, H * D, (H + H_kv) * D  # where q, k, v end in the stacked outputs
     h = rms_norm(x, layer.input_layernorm, eps)                          # (N, d)
-    q = rope(linear(h, layer.q_proj).reshape(N, H, D), cos, sin)         # (N, H, D)
-    k = rope(linear(h, layer.k_proj).reshape(N, H_kv, D), cos, sin)      # (N, H_kv, D)
-    v = linear(h, layer.v_proj).reshape(N, H_kv, D)                      # (N, H_kv, D)
+    qkv = linear(h, layer.qkv)                                           # (N, (H + 2 H_kv) D): W_q, W_k, W_v stacked
+    q = rope(qkv[:, :a].reshape(N, H, D), cos, sin)                      # (N, H, D)
+    k = rope(qkv[:, a:b].reshape(N, H_kv, D), cos, sin)                  # (N, H_kv, D)
+    v = qkv[:, b:].reshape(N, H_kv, D)                                   # (N, H_kv, D)
     cache.write(l, k, v)                                                 # f16 into the blocks
     o = cache.attend(l, q)                                               # (N, H * D), keys j <= pos(t)
     x = x + linear(o, layer.o_proj)                                      # (N, d)
     h2 = rms_norm(x, layer.post_attention_layernorm, eps)                # (N, d)
-    gate = silu(linear(h2, layer.gate_proj))                             # (N, I), silu on the GATE
-    x = x + linear(gate * linear(h2, layer.up_proj), layer.down_proj)    # (N, d)
+    gu = linear(h2, layer.gate_up)                                       # (N, 2 I): W_gate, W_up stacked
+    gate = silu(gu[:, :I])                                               # (N, I), silu on the GATE
+    x = x + linear(gate * gu[:, I:], layer.down_proj)                    # (N, d)
     if rec is not None:
         rec.layer(cache, l, q, k, v, x)
     return x

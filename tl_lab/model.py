@@ -391,6 +391,15 @@ def _copy_f32(bits: np.ndarray, out: np.ndarray) -> np.ndarray:
     return out
 
 
+def _f32_out(out: np.ndarray | None, shape: tuple, name: str) -> np.ndarray:
+    """The array `.f32` widens into: `out` checked, or a new one."""
+    if out is None:
+        return np.empty(shape, dtype=np.float32)
+    if out.dtype != np.float32 or out.shape != shape or not out.flags.c_contiguous:
+        raise ValueError(f"out for tensor {name!r} must be C-contiguous float32 {shape}, got {out.dtype} {out.shape}")
+    return out
+
+
 # How `.f32` widens each stored dtype (section 2.3): bf16(h) is the f32 with bits h << 16, f16 has
 # its own exponent bias and subnormals.
 _WIDEN = {"F32": _copy_f32, "F16": f16_to_f32, "BF16": bf16_to_f32}
@@ -652,13 +661,15 @@ class SafeTensors:
         offset = self.layout.data_start + t.data_offsets[0]
         return np.frombuffer(self._mm, dtype=dt, count=t.numel, offset=offset).reshape(t.shape)
 
-    def f32(self, name: str, shape=None) -> np.ndarray:
+    def f32(self, name: str, shape=None, out: np.ndarray | None = None) -> np.ndarray:
         """Tensor `name` as a new float32 array: F32 copied, F16 and BF16 widened (each as itself).
 
         `shape`, when given, must equal the stored shape (FormatError otherwise). The widening runs
         in chunks straight into the result, so the only full-size array is the result; each chunk
         is checked finite (a NaN or infinite weight is a FormatError naming the tensor), and the
-        file's pages are handed back to the OS once read (they stay in the page cache).
+        file's pages are handed back to the OS once read (they stay in the page cache). `out`, a
+        C-contiguous float32 array of the tensor's shape (a slice of a stacked weight), is filled
+        and returned instead of a new array.
         """
         t = self.info(name)
         if shape is not None and tuple(shape) != t.shape:
@@ -668,7 +679,7 @@ class SafeTensors:
                 f"tensor {name!r} is {t.dtype}; .f32 widens only {', '.join(FLOAT_DTYPES)} (use .raw)"
             )
         widen = _WIDEN[t.dtype]
-        bits, out = self.raw(name).reshape(-1), np.empty(t.shape, dtype=np.float32)
+        bits, out = self.raw(name).reshape(-1), _f32_out(out, t.shape, name)
         flat = out.reshape(-1)
         for a in range(0, t.numel, WIDEN_CHUNK):
             chunk = flat[a : a + WIDEN_CHUNK]
@@ -763,6 +774,8 @@ LAYER_LINEARS = (
     ("down_proj", "mlp.down_proj"),
 )
 
+STACKS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # run as one product each
+
 
 @dataclass(eq=False)
 class LlamaLayer:
@@ -778,8 +791,36 @@ class LlamaLayer:
     up_proj: AnyLinear
     down_proj: AnyLinear
 
+    qkv: AnyLinear = field(init=False, repr=False)
+    gate_up: AnyLinear = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        """Stack W_q, W_k, W_v into `qkv` and W_gate, W_up into `gate_up`, once: a step then runs
+        one product (one parallel loop, one read of h) for each stack. The seven linears become
+        views of the stacks' rows (no second copy), and each output is the same loop either way."""
+        self.qkv, (self.q_proj, self.k_proj, self.v_proj) = stack_linears([self.q_proj, self.k_proj, self.v_proj])
+        self.gate_up, (self.gate_proj, self.up_proj) = stack_linears([self.gate_proj, self.up_proj])
+
     def linears(self) -> dict[str, AnyLinear]:
         return {f: getattr(self, f) for f, _ in LAYER_LINEARS}
+
+
+def stack_linears(parts: list) -> tuple[AnyLinear, list]:
+    """Linears of one input size stacked along their outputs -> (the stack, each part as a view of
+    its rows). float32 parts that already lie end to end in one buffer (as `load_weights` widens
+    them) are stacked without a copy."""
+    if all(isinstance(p, QLinear) for p in parts):
+        return QLinear.stack(parts)
+    if not all(isinstance(p, Linear) for p in parts) or len({p.inp for p in parts}) != 1:
+        raise ValueError(f"a layer's stacked linears must be all float32 or all int4, of one input size: {parts}")
+    base = parts[0].w.base
+    whole = (base is not None and base.ndim == 2 and base.flags.c_contiguous and base.dtype == np.float32
+             and base.shape[0] == sum(p.out for p in parts)
+             and all(p.w.base is base and p.w.ctypes.data == base.ctypes.data + base.strides[0] * a
+                     for p, a in zip(parts, np.cumsum([0] + [p.out for p in parts]))))
+    W = base if whole else np.concatenate([p.w for p in parts])
+    bounds = np.cumsum([0] + [p.out for p in parts])
+    return Linear(W), [Linear(W[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 @dataclass(eq=False)
@@ -962,11 +1003,11 @@ def _check_names(st: SafeTensors, expected: dict, stored: Int4 | None, config: M
 
 
 def _load_llama(st, config, expected, stored: Int4 | None, quant: Int4 | None) -> LlamaWeights:
-    def linear(module: str) -> AnyLinear:
+    def linear(module: str, into: np.ndarray | None = None) -> AnyLinear:
         out, inp = expected[f"{module}.weight"]
         if stored is not None:
             return st.q4(module, out, inp, stored.group)
-        w = st.f32(f"{module}.weight", (out, inp))
+        w = st.f32(f"{module}.weight", (out, inp), out=into)
         if quant is None:
             return Linear(w)
         try:
@@ -978,7 +1019,11 @@ def _load_llama(st, config, expected, stored: Int4 | None, quant: Int4 | None) -
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}"
         parts = {n: st.f32(f"{p}.{n}.weight", expected[f"{p}.{n}.weight"]) for n in LAYER_NORMS}
-        parts.update({f: linear(f"{p}.{m}") for f, m in LAYER_LINEARS})
+        for group in STACKS:  # float32 parts widened end to end into one buffer: stacked without a copy
+            names = [f"{p}.{dict(LAYER_LINEARS)[f]}" for f in group]
+            slices = _stack_slices([expected[f"{n}.weight"] for n in names], stored is None and quant is None)
+            parts.update({f: linear(n, into) for f, n, into in zip(group, names, slices)})
+        parts["o_proj"], parts["down_proj"] = linear(f"{p}.self_attn.o_proj"), linear(f"{p}.mlp.down_proj")
         layers.append(LlamaLayer(**parts))
     embed = st.f32("model.embed_tokens.weight", expected["model.embed_tokens.weight"])
     norm = st.f32("model.norm.weight", expected["model.norm.weight"])
@@ -986,3 +1031,13 @@ def _load_llama(st, config, expected, stored: Int4 | None, quant: Int4 | None) -
     if not config.tie_word_embeddings:
         lm_head = Linear(st.f32("lm_head.weight", expected["lm_head.weight"]))
     return LlamaWeights(config, embed, layers, norm, lm_head, quant=stored or quant)
+
+
+def _stack_slices(shapes: list[tuple[int, int]], f32: bool) -> list[np.ndarray | None]:
+    """For float32 weights of `shapes` (out, inp): row slices of one new (sum out, inp) buffer, to be
+    widened into; otherwise (int4) None each."""
+    if not f32:
+        return [None] * len(shapes)
+    buf = np.empty((sum(r for r, _ in shapes), shapes[0][1]), dtype=np.float32)
+    bounds = np.cumsum([0] + [r for r, _ in shapes])
+    return [buf[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
