@@ -422,7 +422,8 @@ def test_stacked_linears_give_each_part_its_own_bits(quant):
     """One product of a layer's stack (W_q, W_k, W_v; W_gate, W_up) gives every part's outputs bit
     for bit as the part's own product does, for decode rows and a long prefill span alike; the
     parts are views of the stack's rows (one copy of each weight), and a loaded model's stack is
-    the very buffer its parts were widened into (nothing copied at load)."""
+    the very rows its parts were widened into, in the one buffer of all its float32 weights
+    (nothing copied at load)."""
     from tl_lab.forward import linear_rows
     from tl_lab.model import Linear, LlamaLayer, stack_linears
     from tl_lab.quant import QLinear
@@ -440,7 +441,10 @@ def test_stacked_linears_give_each_part_its_own_bits(quant):
     if quant:
         assert isinstance(layer.qkv, QLinear) and np.shares_memory(layer.q_proj.planar, layer.qkv.planar)
     else:
-        assert layer.q_proj.w.base is layer.qkv.w and layer.up_proj.w.base is layer.gate_up.w
+        w = runner.weights  # one arena holds every float32 weight; a stack is its parts' own rows there
+        assert all(a.base is w.embed.base for a in (layer.qkv.w, layer.gate_up.w, layer.input_layernorm, w.norm))
+        assert layer.q_proj.w.ctypes.data == layer.qkv.w.ctypes.data
+        assert layer.up_proj.w.ctypes.data == layer.gate_up.w.ctypes.data + layer.gate_proj.w.nbytes
     again = LlamaLayer(**{f: getattr(layer, f) for f in LlamaLayer.__dataclass_fields__ if f not in ("qkv", "gate_up")})
     assert again.qkv is not layer.qkv  # a new layer stacks its own linears
     with pytest.raises(ValueError, match="all float32 or all int4"):

@@ -315,11 +315,30 @@ def _no_constants(name: str):
 
 @cache
 def _schema_validator():
-    from jsonschema import Draft202012Validator
-
+    Draft202012Validator = _import_validator()
     schema = json.loads(CONFIG_SCHEMA_PATH.read_text())
     Draft202012Validator.check_schema(schema)
     return Draft202012Validator(schema)
+
+
+def _import_validator():
+    """jsonschema's Draft202012Validator, imported without the optional `rfc3987_syntax`.
+
+    jsonschema imports that package, when installed, for its "iri" format check, and it builds a
+    lark parser at import: 0.75 s, most of a model's load time, measured here. config.schema.json
+    checks no format, so the import is kept out (jsonschema skips the check when it is missing).
+    """
+    import sys
+
+    block = "rfc3987_syntax" not in sys.modules
+    if block:
+        sys.modules["rfc3987_syntax"] = None  # makes `import rfc3987_syntax` raise ImportError
+    try:
+        from jsonschema import Draft202012Validator
+    finally:
+        if block:
+            del sys.modules["rfc3987_syntax"]
+    return Draft202012Validator
 
 
 def config_schema() -> dict:
@@ -329,9 +348,8 @@ def config_schema() -> dict:
 
 def _validate_against_schema(raw) -> None:
     """Raise ConfigError listing every schema violation, each naming its field."""
+    validator = _schema_validator()  # first: it imports jsonschema without its slow optional part
     from jsonschema.exceptions import best_match
-
-    validator = _schema_validator()
     errors = sorted(validator.iter_errors(raw), key=lambda e: (list(map(str, e.absolute_path)), e.message))
     if not errors:
         return
@@ -774,8 +792,6 @@ LAYER_LINEARS = (
     ("down_proj", "mlp.down_proj"),
 )
 
-STACKS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # run as one product each
-
 
 @dataclass(eq=False)
 class LlamaLayer:
@@ -813,13 +829,14 @@ def stack_linears(parts: list) -> tuple[AnyLinear, list]:
         return QLinear.stack(parts)
     if not all(isinstance(p, Linear) for p in parts) or len({p.inp for p in parts}) != 1:
         raise ValueError(f"a layer's stacked linears must be all float32 or all int4, of one input size: {parts}")
-    base = parts[0].w.base
-    whole = (base is not None and base.ndim == 2 and base.flags.c_contiguous and base.dtype == np.float32
-             and base.shape[0] == sum(p.out for p in parts)
-             and all(p.w.base is base and p.w.ctypes.data == base.ctypes.data + base.strides[0] * a
-                     for p, a in zip(parts, np.cumsum([0] + [p.out for p in parts]))))
-    W = base if whole else np.concatenate([p.w for p in parts])
-    bounds = np.cumsum([0] + [p.out for p in parts])
+    ws, bounds = [p.w for p in parts], np.cumsum([0] + [p.out for p in parts])
+    base = ws[0].base
+    if base is not None and all(w.base is base and w.flags.c_contiguous for w in ws) and all(
+            b.ctypes.data == a.ctypes.data + a.nbytes for a, b in zip(ws, ws[1:])):  # end to end already
+        W = np.ndarray((int(bounds[-1]), ws[0].shape[1]), np.float32, buffer=base,
+                       offset=ws[0].ctypes.data - base.ctypes.data)
+    else:
+        W = np.concatenate(ws)
     return Linear(W), [Linear(W[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
@@ -1015,29 +1032,45 @@ def _load_llama(st, config, expected, stored: Int4 | None, quant: Int4 | None) -
         except ValueError as exc:
             raise ValueError(f"cannot quantize {module!r} as {quant.tag}: {exc}") from None
 
+    f32_linears = stored is None and quant is None
+    arena = _Arena(sum(math.prod(shape) for name, shape in expected.items()
+                       if f32_linears or not _is_layer_linear(name)))
+
+    def f32(name: str) -> np.ndarray:
+        return st.f32(name, expected[name], out=arena.take(expected[name]))
+
     layers = []
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}"
-        parts = {n: st.f32(f"{p}.{n}.weight", expected[f"{p}.{n}.weight"]) for n in LAYER_NORMS}
-        for group in STACKS:  # float32 parts widened end to end into one buffer: stacked without a copy
-            names = [f"{p}.{dict(LAYER_LINEARS)[f]}" for f in group]
-            slices = _stack_slices([expected[f"{n}.weight"] for n in names], stored is None and quant is None)
-            parts.update({f: linear(n, into) for f, n, into in zip(group, names, slices)})
-        parts["o_proj"], parts["down_proj"] = linear(f"{p}.self_attn.o_proj"), linear(f"{p}.mlp.down_proj")
+        parts = {n: f32(f"{p}.{n}.weight") for n in LAYER_NORMS}
+        for f, m in LAYER_LINEARS:  # in order: q, k, v (and gate, up) land end to end, stacked without a copy
+            parts[f] = linear(f"{p}.{m}", arena.take(expected[f"{p}.{m}.weight"]) if f32_linears else None)
         layers.append(LlamaLayer(**parts))
-    embed = st.f32("model.embed_tokens.weight", expected["model.embed_tokens.weight"])
-    norm = st.f32("model.norm.weight", expected["model.norm.weight"])
-    lm_head = None
-    if not config.tie_word_embeddings:
-        lm_head = Linear(st.f32("lm_head.weight", expected["lm_head.weight"]))
+    embed, norm = f32("model.embed_tokens.weight"), f32("model.norm.weight")
+    lm_head = None if config.tie_word_embeddings else Linear(f32("lm_head.weight"))
     return LlamaWeights(config, embed, layers, norm, lm_head, quant=stored or quant)
 
 
-def _stack_slices(shapes: list[tuple[int, int]], f32: bool) -> list[np.ndarray | None]:
-    """For float32 weights of `shapes` (out, inp): row slices of one new (sum out, inp) buffer, to be
-    widened into; otherwise (int4) None each."""
-    if not f32:
-        return [None] * len(shapes)
-    buf = np.empty((sum(r for r, _ in shapes), shapes[0][1]), dtype=np.float32)
-    bounds = np.cumsum([0] + [r for r, _ in shapes])
-    return [buf[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+class _Arena:
+    """One float32 buffer for all of a model's resident float32 weights, handed out in order.
+
+    Why an anonymous map of its own and not np.empty (section 2.3, loading): numpy asks the kernel to
+    back every array of 4 MB or more with 2 MiB pages (madvise hugepage), and where the kernel then
+    compacts memory to find them (transparent_hugepage/defrag = madvise, a common default) the
+    first touch of fresh memory costs 3.5x more: 540 MB touched in 0.70 s against 0.20 s in plain
+    pages, measured here, the largest part of SmolLM2's load. The map gets plain pages, faulted in
+    by the kernel in one go (MAP_POPULATE, Linux: 0.25 s against 0.36 s page by page). Its size
+    is exactly the weights', so loading holds nothing else at full size."""
+
+    def __init__(self, n: int) -> None:
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
+        self.buf = np.frombuffer(mmap.mmap(-1, max(4 * n, 1), flags=flags), dtype=np.float32, count=n)
+        self.used = 0
+
+    def take(self, shape: tuple[int, ...]) -> np.ndarray:
+        n = math.prod(shape)
+        if self.used + n > self.buf.size:
+            raise ValueError(f"arena of {self.buf.size} floats exhausted asking for {shape}")
+        a = self.buf[self.used : self.used + n].reshape(shape)
+        self.used += n
+        return a
