@@ -19,8 +19,10 @@ second copy of the forward.
 Batch invariance (section 2.4) rests on one rule: every operation that mixes numbers either works
 inside one row (the norms, RoPE, SwiGLU, the embedding) or inside one sequence (attention), or is a
 product with a weight matrix whose every output is one compiled loop in a fixed order
-(`tl_lab.kernels`: `Linear.forward`, `QLinear.forward`, the LM head), so a sequence gets the same
-bits whatever else is in the step and whatever the thread count. The numpy pieces below
+(`tl_lab.kernels`, through `linear_rows`: the kernel a row meets depends on its own sequence only),
+so a sequence gets the same bits whatever else is in the step and whatever the thread count.
+W_q, W_k, W_v and W_gate, W_up are stacked at load (`LlamaLayer.qkv`, `.gate_up`): one product
+each, whose every output is the same loop as in the part's own product. The numpy pieces below
 (`matmul_rows` with its 8-row tiles, `matvec_rows`, `product_rows`, `gather_kv` + `attend`) are the
 readable reference the kernels are tested against, and the lesson of why numpy's plain ``x @ W.T``
 is not invariant (product="plain" runs it, for the notebook and the benchmarks).

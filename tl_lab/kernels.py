@@ -7,12 +7,17 @@ depends on nothing decided at run time: not on how many rows share the call, not
 sits among them, not on how many threads there are (a thread takes whole output features, never a
 piece of a sum). numpy's ``x @ W.T`` gives that order to OpenBLAS, which picks it from the shape.
 
-The f32 kernel works on blocks of ROWS x 4 (batch rows x output features): each weight value read
-from memory serves ROWS rows, which is what makes a batch of 8 decodes cost little more than one.
-A block always has ROWS rows: the caller pads x with zero rows (`padded_rows`), so a row alone runs
-through the very same code as a row in a batch. The LM head and the int4 kernel take one row at a
-time through one loop, each block of weights read once per step while it sits in the cache. Every kernel takes C-contiguous arrays only (numba
-compiles a different loop for strided arrays, and that one may add in another order).
+Two f32 kernels, each row-invariant on its own. `matvec_f32` takes one row at a time through one
+loop over four output features, the rows taking turns while those four weight rows sit in the cache:
+the weight comes from memory once per step and a lone row does no wasted work, which is what a
+decode step (bound by reading the weights) wants; it runs decode rows, short chunks and the LM head
+(`rows_f32`, `head_f32`). `matmul_f32` works on blocks of ROWS x 4 (batch rows x output features):
+each x value and weight value loaded serves several products, which is what a long prefill (bound
+by arithmetic) wants; a block always has ROWS rows (the caller pads x with zero rows,
+`padded_rows`), so a row runs the same code wherever it sits. The two add in different orders, so
+the forward picks one by the row's own sequence (`forward.linear_rows`), never by the batch. The
+int4 kernel runs `matvec_f32`'s loop on a widened tile. Every kernel takes C-contiguous arrays
+only (numba compiles a different loop for strided arrays, and that one may add in another order).
 
 Compiled with numba, ``cache=True``: the first process compiles (seconds), later ones load the
 machine code from ``__pycache__``. `FASTMATH` lets LLVM reorder a sum into vector lanes
