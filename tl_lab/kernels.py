@@ -33,7 +33,9 @@ import os
 # another process holds a core (a learner's laptop always has one), a spinning thread and a
 # descheduled one turn every one of a step's ~240 parallel loops into a wait: batch-1 decode at 2
 # threads fell from 30 to under 2 tokens/s, measured. Sleeping idle threads cost a wake-up per loop
-# instead. Read once, when numba first starts the pool; a value set by the user wins.
+# instead. Read once, when numba first starts the pool; a value set by the user wins. A short spin
+# before sleeping (GOMP_SPINCOUNT=10000) was tried: batch-1 decode at 2 threads 49 -> 80 tokens/s
+# on a quiet machine, but 27 -> 12 with one core busy, so the threads sleep at once.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np  # noqa: E402
