@@ -249,8 +249,6 @@ def measure_profile(weights: str, threads: int, steps: int = 16) -> dict:
     embedding gather, residual adds, the runner's checks). The pieces are timed by wrapping the
     functions the forward looks up at call time, so the step runs the engine's own code."""
     import tl_lab.forward as fw
-    from tl_lab.model import Linear
-    from tl_lab.quant import QLinear
     from tl_lab.runner import EngineConfig, ForwardBatch, ForwardSeq, Int4, KvConfig, ModelRunner
     from tl_lab.sample import PURPOSE_SAMPLE, SamplingParams, sample, stream
 
@@ -267,7 +265,7 @@ def measure_profile(weights: str, threads: int, steps: int = 16) -> dict:
                 spent[piece] += time.perf_counter() - t0
         return wrapper
 
-    patches = [(Linear, "forward", "products"), (QLinear, "forward", "products"), (fw.PoolKv, "attend", "attention"),
+    patches = [(fw, "linear_rows", "products"), (fw.PoolKv, "attend", "attention"),
                (fw.PoolKv, "write", "kv write"), (fw, "rms_norm", "norms"), (fw, "rope", "rope"),
                (fw, "rope_cos_sin", "rope"), (fw, "silu", "silu"), (fw, "head_f32", "head")]
     V, rng = runner.config.vocab_size, np.random.default_rng(0)

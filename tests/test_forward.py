@@ -412,3 +412,40 @@ def test_trace_records_the_internals_and_costs_nothing_when_absent(monkeypatch):
     assert len(trace["x"]) == L + 1 and len(trace["q"]) == len(trace["attn"]) == L and len(calls) == L
     assert trace["q"][0].shape == (8, c.num_attention_heads, c.head_dim)
     assert trace["attn"][0][0].shape == (c.num_attention_heads, 8, 8)
+
+
+# ------------------------------------------------------------------ stacked q/k/v and gate/up
+
+
+@pytest.mark.parametrize("quant", [None, "int4"])
+def test_stacked_linears_give_each_part_its_own_bits(quant):
+    """One product of a layer's stack (W_q, W_k, W_v; W_gate, W_up) gives every part's outputs bit
+    for bit as the part's own product does, for decode rows and a long prefill span alike; the
+    parts are views of the stack's rows (one copy of each weight), and a loaded model's stack is
+    the very rows its parts were widened into, in the one buffer of all its float32 weights
+    (nothing copied at load)."""
+    from tl_lab.forward import linear_rows
+    from tl_lab.model import Linear, LlamaLayer, stack_linears
+    from tl_lab.quant import QLinear
+    from tl_lab.runner import Int4
+
+    runner = _tiny_runner(**({"quant": Int4(32)} if quant else {}))
+    layer = runner.weights.layers[0]
+    rng = np.random.default_rng(7)
+    h = rng.standard_normal((LONG_ROWS + 3, layer.q_proj.inp)).astype(np.float32)
+    for plan in (None, plan_rows([1, 2, LONG_ROWS])):
+        for stack, parts in ((layer.qkv, ("q_proj", "k_proj", "v_proj")), (layer.gate_up, ("gate_proj", "up_proj"))):
+            together = linear_rows(h, stack, plan)
+            apart = np.concatenate([linear_rows(h, getattr(layer, p), plan) for p in parts], axis=1)
+            assert np.array_equal(together, apart)
+    if quant:
+        assert isinstance(layer.qkv, QLinear) and np.shares_memory(layer.q_proj.planar, layer.qkv.planar)
+    else:
+        w = runner.weights  # one arena holds every float32 weight; a stack is its parts' own rows there
+        assert all(a.base is w.embed.base for a in (layer.qkv.w, layer.gate_up.w, layer.input_layernorm, w.norm))
+        assert layer.q_proj.w.ctypes.data == layer.qkv.w.ctypes.data
+        assert layer.up_proj.w.ctypes.data == layer.gate_up.w.ctypes.data + layer.gate_proj.w.nbytes
+    again = LlamaLayer(**{f: getattr(layer, f) for f in LlamaLayer.__dataclass_fields__ if f not in ("qkv", "gate_up")})
+    assert again.qkv is not layer.qkv  # a new layer stacks its own linears
+    with pytest.raises(ValueError, match="all float32 or all int4"):
+        stack_linears([Linear(np.ones((4, 8), np.float32)), QLinear.quantize(np.ones((4, 8), np.float32), 8)])

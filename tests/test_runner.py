@@ -5,6 +5,7 @@ own float32 LlamaForCausalLM); test_tools_goldens.py re-derives that file.
 """
 
 import base64
+import dataclasses
 import json
 
 import numpy as np
@@ -307,8 +308,8 @@ def test_int4_runner_matches_its_dequantized_model():
     for r in (q_load, q_file):
         assert all(isinstance(lin, QLinear) for layer in r.weights.layers for lin in layer.linears().values())
     w = q_load.weights
-    dq_layers = [LlamaLayer(**{**vars(layer), **{n: Linear(lin.dequantize()) for n, lin in layer.linears().items()}})
-                 for layer in w.layers]
+    dq_layers = [dataclasses.replace(layer, **{n: Linear(lin.dequantize()) for n, lin in layer.linears().items()})
+                 for layer in w.layers]  # replace: the stacks (qkv, gate_up) are rebuilt from the new linears
     dq = ModelRunner(LlamaWeights(w.config, w.embed, dq_layers, w.norm, None), EngineConfig(kv=KvConfig(64)))
     f32 = tiny()
     for case in golden_cases():

@@ -19,8 +19,10 @@ second copy of the forward.
 Batch invariance (section 2.4) rests on one rule: every operation that mixes numbers either works
 inside one row (the norms, RoPE, SwiGLU, the embedding) or inside one sequence (attention), or is a
 product with a weight matrix whose every output is one compiled loop in a fixed order
-(`tl_lab.kernels`: `Linear.forward`, `QLinear.forward`, the LM head), so a sequence gets the same
-bits whatever else is in the step and whatever the thread count. The numpy pieces below
+(`tl_lab.kernels`, through `linear_rows`: the kernel a row meets depends on its own sequence only),
+so a sequence gets the same bits whatever else is in the step and whatever the thread count.
+W_q, W_k, W_v and W_gate, W_up are stacked at load (`LlamaLayer.qkv`, `.gate_up`): one product
+each, whose every output is the same loop as in the part's own product. The numpy pieces below
 (`matmul_rows` with its 8-row tiles, `matvec_rows`, `product_rows`, `gather_kv` + `attend`) are the
 readable reference the kernels are tested against, and the lesson of why numpy's plain ``x @ W.T``
 is not invariant (product="plain" runs it, for the notebook and the benchmarks).
@@ -32,7 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tl_lab.kernels import QUERY_TILE, attend_paged, head_f32
+from tl_lab.kernels import QUERY_TILE, attend_paged, head_f32, rows_f32
 from tl_lab.kv import key_location
 from tl_lab.model import Linear, LlamaWeights
 from tl_lab.quant import _F16_TABLE, QLinear, f16_to_f32, f32_to_f16
@@ -66,6 +68,7 @@ __all__ = [
     "F32Kv",
     "attend_reference",
     "Recorder",
+    "linear_rows",
     "linear_fn",
     "llama_layer",
     "llama_forward",
@@ -528,11 +531,34 @@ class Recorder:
 # ---------------------------------------------------------------------------------------------
 
 
-def linear_fn(product: str = "invariant", scratch: Scratch | None = None):
-    """The product of a step: "invariant" (each linear's own compiled `forward`, row-invariant,
-    the engine's) or "plain" (numpy's ``x @ W.T``, the batch-dependent baseline)."""
+def linear_rows(h: np.ndarray, lin: Linear | QLinear, plan: RowPlan | None = None) -> np.ndarray:
+    """The engine's product of a step's rows, h: (N, K) float32 -> (N, out) float32 (section 2.4).
+
+    An int4 linear runs `QLinear.forward` (one row at a time, any N). A float32 one sends the rows
+    of short sequences (decodes, short chunks) through `kernels.rows_f32`, one row at a time, the
+    fastest when the weight's bytes are the cost; a sequence of LONG_ROWS or more new tokens (a
+    prefill) goes through `Linear.forward`'s blocks of ROWS rows, which do four times less loading
+    per product. Both kernels are row-invariant, and which one a row meets depends only on its own
+    sequence's length, so a sequence's bits still do not depend on the rest of the batch.
+    plan=None: every row is short.
+    """
+    if isinstance(lin, QLinear):
+        return lin.forward(h)
+    if plan is None or not plan.spans:
+        return rows_f32(h, lin.w)
+    y = np.empty((h.shape[0], lin.out), dtype=np.float32)
+    if plan.short.size:
+        y[plan.short] = rows_f32(h[plan.short], lin.w)
+    for a, b in plan.spans:
+        y[a:b] = lin.forward(h[a:b])
+    return y
+
+
+def linear_fn(product: str = "invariant", scratch: Scratch | None = None, plan: RowPlan | None = None):
+    """The product of a step: "invariant" (`linear_rows`: the compiled kernels, row-invariant, the
+    engine's) or "plain" (numpy's ``x @ W.T``, the batch-dependent baseline)."""
     if product == "invariant":
-        return lambda h, lin: lin.forward(h)
+        return lambda h, lin: linear_rows(h, lin, plan)
     if product == "plain":
         return lambda h, lin: h @ weight_t(lin, scratch)
     raise ValueError(f"product must be one of {PRODUCTS}, got {product!r}")
@@ -542,16 +568,19 @@ def llama_layer(layer, l: int, x: np.ndarray, cos: np.ndarray, sin: np.ndarray, 
                 c, rec: Recorder | None = None) -> np.ndarray:
     """One decoder layer (section 2.4) on the step's rows x: (N, d) float32 -> (N, d) float32."""
     N, H, H_kv, D, eps = x.shape[0], c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps
+    I, a, b = c.intermediate_size, H * D, (H + H_kv) * D  # where q, k, v end in the stacked outputs
     h = rms_norm(x, layer.input_layernorm, eps)                          # (N, d)
-    q = rope(linear(h, layer.q_proj).reshape(N, H, D), cos, sin)         # (N, H, D)
-    k = rope(linear(h, layer.k_proj).reshape(N, H_kv, D), cos, sin)      # (N, H_kv, D)
-    v = linear(h, layer.v_proj).reshape(N, H_kv, D)                      # (N, H_kv, D)
+    qkv = linear(h, layer.qkv)                                           # (N, (H + 2 H_kv) D): W_q, W_k, W_v stacked
+    q = rope(qkv[:, :a].reshape(N, H, D), cos, sin)                      # (N, H, D)
+    k = rope(qkv[:, a:b].reshape(N, H_kv, D), cos, sin)                  # (N, H_kv, D)
+    v = qkv[:, b:].reshape(N, H_kv, D)                                   # (N, H_kv, D)
     cache.write(l, k, v)                                                 # f16 into the blocks
     o = cache.attend(l, q)                                               # (N, H * D), keys j <= pos(t)
     x = x + linear(o, layer.o_proj)                                      # (N, d)
     h2 = rms_norm(x, layer.post_attention_layernorm, eps)                # (N, d)
-    gate = silu(linear(h2, layer.gate_proj))                             # (N, I), silu on the GATE
-    x = x + linear(gate * linear(h2, layer.up_proj), layer.down_proj)    # (N, d)
+    gu = linear(h2, layer.gate_up)                                       # (N, 2 I): W_gate, W_up stacked
+    gate = silu(gu[:, :I])                                               # (N, I), silu on the GATE
+    x = x + linear(gate * gu[:, I:], layer.down_proj)                    # (N, d)
     if rec is not None:
         rec.layer(cache, l, q, k, v, x)
     return x
@@ -588,7 +617,7 @@ def llama_forward(weights: LlamaWeights, step: Step, data: np.ndarray | None, *,
     c = weights.config
     if kv not in ("pool", "f32"):
         raise ValueError(f"kv must be 'pool' or 'f32', got {kv!r}")
-    linear = linear_fn(product, scratch)
+    linear = linear_fn(product, scratch, step.plan)
     cache = PoolKv(data, step) if kv == "pool" else F32Kv(step)
     rec = None if trace is None else Recorder(trace)
     cos, sin = rope_cos_sin(step.pos, c.head_dim, c.rope_theta)  # (N, D): RoPE at absolute pos(t)

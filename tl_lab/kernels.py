@@ -7,12 +7,17 @@ depends on nothing decided at run time: not on how many rows share the call, not
 sits among them, not on how many threads there are (a thread takes whole output features, never a
 piece of a sum). numpy's ``x @ W.T`` gives that order to OpenBLAS, which picks it from the shape.
 
-The f32 kernel works on blocks of ROWS x 4 (batch rows x output features): each weight value read
-from memory serves ROWS rows, which is what makes a batch of 8 decodes cost little more than one.
-A block always has ROWS rows: the caller pads x with zero rows (`padded_rows`), so a row alone runs
-through the very same code as a row in a batch. The LM head and the int4 kernel take one row at a
-time through one loop, each block of weights read once per step while it sits in the cache. Every kernel takes C-contiguous arrays only (numba
-compiles a different loop for strided arrays, and that one may add in another order).
+Two f32 kernels, each row-invariant on its own. `matvec_f32` takes one row at a time through one
+loop over four output features, the rows taking turns while those four weight rows sit in the cache:
+the weight comes from memory once per step and a lone row does no wasted work, which is what a
+decode step (bound by reading the weights) wants; it runs decode rows, short chunks and the LM head
+(`rows_f32`, `head_f32`). `matmul_f32` works on blocks of ROWS x 4 (batch rows x output features):
+each x value and weight value loaded serves several products, which is what a long prefill (bound
+by arithmetic) wants; a block always has ROWS rows (the caller pads x with zero rows,
+`padded_rows`), so a row runs the same code wherever it sits. The two add in different orders, so
+the forward picks one by the row's own sequence (`forward.linear_rows`), never by the batch. The
+int4 kernel runs `matvec_f32`'s loop on a widened tile. Every kernel takes C-contiguous arrays
+only (numba compiles a different loop for strided arrays, and that one may add in another order).
 
 Compiled with numba, ``cache=True``: the first process compiles (seconds), later ones load the
 machine code from ``__pycache__``. `FASTMATH` lets LLVM reorder a sum into vector lanes
@@ -28,13 +33,15 @@ import os
 # another process holds a core (a learner's laptop always has one), a spinning thread and a
 # descheduled one turn every one of a step's ~240 parallel loops into a wait: batch-1 decode at 2
 # threads fell from 30 to under 2 tokens/s, measured. Sleeping idle threads cost a wake-up per loop
-# instead. Read once, when numba first starts the pool; a value set by the user wins.
+# instead. Read once, when numba first starts the pool; a value set by the user wins. A short spin
+# before sleeping (GOMP_SPINCOUNT=10000) was tried: batch-1 decode at 2 threads 49 -> 80 tokens/s
+# on a quiet machine, but 27 -> 12 with one core busy, so the threads sleep at once.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np  # noqa: E402
 from numba import njit, prange  # noqa: E402
 
-__all__ = ["ROWS", "FASTMATH", "padded_rows", "matmul_f32", "matmul_q4", "matvec_f32", "attend_paged", "QUERY_TILE", "product_f32", "head_f32",
+__all__ = ["ROWS", "FASTMATH", "padded_rows", "matmul_f32", "matmul_q4", "matvec_f32", "attend_paged", "QUERY_TILE", "product_f32", "rows_f32", "head_f32",
            "product_q4", "set_threads"]
 
 ROWS = 4
@@ -254,12 +261,23 @@ def product_f32(x: np.ndarray, W: np.ndarray) -> np.ndarray:
     return y[: x.shape[0]]
 
 
-def head_f32(x: np.ndarray, W: np.ndarray) -> np.ndarray:
-    """y = x W^T with `matvec_f32` (the LM head). x: (M, K), W: (N, K) float32 -> (M, N) float32."""
+def rows_f32(x: np.ndarray, W: np.ndarray) -> np.ndarray:
+    """y = x W^T with `matvec_f32`, every row through the same one-row loop (no padding): the
+    product of decode rows and short chunks. x: (M, K), W: (N, K) float32 -> (M, N) float32.
+
+    Why not `matmul_f32` there: a decode step is bound by reading the weights, and a lone row padded
+    to a block of ROWS does ROWS times the arithmetic for the same bytes (SmolLM2's layer linears,
+    1 thread, interleaved: 21 ms padded against 13 ms one row at a time)."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     y = np.empty((x.shape[0], W.shape[0]), dtype=np.float32)
     matvec_f32(x, _c(W), y)
     return y
+
+
+def head_f32(x: np.ndarray, W: np.ndarray) -> np.ndarray:
+    """The LM head, y = x W^T by `rows_f32`: x (S, d), W (V, d) -> (S, V) float32 (a name of its
+    own so a profile can tell the head from the layers' products)."""
+    return rows_f32(x, W)
 
 
 def product_q4(x: np.ndarray, planar: np.ndarray, scales: np.ndarray, f16: np.ndarray) -> np.ndarray:

@@ -315,11 +315,30 @@ def _no_constants(name: str):
 
 @cache
 def _schema_validator():
-    from jsonschema import Draft202012Validator
-
+    Draft202012Validator = _import_validator()
     schema = json.loads(CONFIG_SCHEMA_PATH.read_text())
     Draft202012Validator.check_schema(schema)
     return Draft202012Validator(schema)
+
+
+def _import_validator():
+    """jsonschema's Draft202012Validator, imported without the optional `rfc3987_syntax`.
+
+    jsonschema imports that package, when installed, for its "iri" format check, and it builds a
+    lark parser at import: 0.75 s, most of a model's load time, measured here. config.schema.json
+    checks no format, so the import is kept out (jsonschema skips the check when it is missing).
+    """
+    import sys
+
+    block = "rfc3987_syntax" not in sys.modules
+    if block:
+        sys.modules["rfc3987_syntax"] = None  # makes `import rfc3987_syntax` raise ImportError
+    try:
+        from jsonschema import Draft202012Validator
+    finally:
+        if block:
+            del sys.modules["rfc3987_syntax"]
+    return Draft202012Validator
 
 
 def config_schema() -> dict:
@@ -329,9 +348,8 @@ def config_schema() -> dict:
 
 def _validate_against_schema(raw) -> None:
     """Raise ConfigError listing every schema violation, each naming its field."""
+    validator = _schema_validator()  # first: it imports jsonschema without its slow optional part
     from jsonschema.exceptions import best_match
-
-    validator = _schema_validator()
     errors = sorted(validator.iter_errors(raw), key=lambda e: (list(map(str, e.absolute_path)), e.message))
     if not errors:
         return
@@ -388,6 +406,15 @@ FLOAT_DTYPES = ("F32", "F16", "BF16")  # what `.f32` widens
 
 def _copy_f32(bits: np.ndarray, out: np.ndarray) -> np.ndarray:
     out[...] = bits
+    return out
+
+
+def _f32_out(out: np.ndarray | None, shape: tuple, name: str) -> np.ndarray:
+    """The array `.f32` widens into: `out` checked, or a new one."""
+    if out is None:
+        return np.empty(shape, dtype=np.float32)
+    if out.dtype != np.float32 or out.shape != shape or not out.flags.c_contiguous:
+        raise ValueError(f"out for tensor {name!r} must be C-contiguous float32 {shape}, got {out.dtype} {out.shape}")
     return out
 
 
@@ -652,13 +679,15 @@ class SafeTensors:
         offset = self.layout.data_start + t.data_offsets[0]
         return np.frombuffer(self._mm, dtype=dt, count=t.numel, offset=offset).reshape(t.shape)
 
-    def f32(self, name: str, shape=None) -> np.ndarray:
+    def f32(self, name: str, shape=None, out: np.ndarray | None = None) -> np.ndarray:
         """Tensor `name` as a new float32 array: F32 copied, F16 and BF16 widened (each as itself).
 
         `shape`, when given, must equal the stored shape (FormatError otherwise). The widening runs
         in chunks straight into the result, so the only full-size array is the result; each chunk
         is checked finite (a NaN or infinite weight is a FormatError naming the tensor), and the
-        file's pages are handed back to the OS once read (they stay in the page cache).
+        file's pages are handed back to the OS once read (they stay in the page cache). `out`, a
+        C-contiguous float32 array of the tensor's shape (a slice of a stacked weight), is filled
+        and returned instead of a new array.
         """
         t = self.info(name)
         if shape is not None and tuple(shape) != t.shape:
@@ -668,7 +697,7 @@ class SafeTensors:
                 f"tensor {name!r} is {t.dtype}; .f32 widens only {', '.join(FLOAT_DTYPES)} (use .raw)"
             )
         widen = _WIDEN[t.dtype]
-        bits, out = self.raw(name).reshape(-1), np.empty(t.shape, dtype=np.float32)
+        bits, out = self.raw(name).reshape(-1), _f32_out(out, t.shape, name)
         flat = out.reshape(-1)
         for a in range(0, t.numel, WIDEN_CHUNK):
             chunk = flat[a : a + WIDEN_CHUNK]
@@ -778,8 +807,37 @@ class LlamaLayer:
     up_proj: AnyLinear
     down_proj: AnyLinear
 
+    qkv: AnyLinear = field(init=False, repr=False)
+    gate_up: AnyLinear = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        """Stack W_q, W_k, W_v into `qkv` and W_gate, W_up into `gate_up`, once: a step then runs
+        one product (one parallel loop, one read of h) for each stack. The seven linears become
+        views of the stacks' rows (no second copy), and each output is the same loop either way."""
+        self.qkv, (self.q_proj, self.k_proj, self.v_proj) = stack_linears([self.q_proj, self.k_proj, self.v_proj])
+        self.gate_up, (self.gate_proj, self.up_proj) = stack_linears([self.gate_proj, self.up_proj])
+
     def linears(self) -> dict[str, AnyLinear]:
         return {f: getattr(self, f) for f, _ in LAYER_LINEARS}
+
+
+def stack_linears(parts: list) -> tuple[AnyLinear, list]:
+    """Linears of one input size stacked along their outputs -> (the stack, each part as a view of
+    its rows). float32 parts that already lie end to end in one buffer (as `load_weights` widens
+    them) are stacked without a copy."""
+    if all(isinstance(p, QLinear) for p in parts):
+        return QLinear.stack(parts)
+    if not all(isinstance(p, Linear) for p in parts) or len({p.inp for p in parts}) != 1:
+        raise ValueError(f"a layer's stacked linears must be all float32 or all int4, of one input size: {parts}")
+    ws, bounds = [p.w for p in parts], np.cumsum([0] + [p.out for p in parts])
+    base = ws[0].base
+    if base is not None and all(w.base is base and w.flags.c_contiguous for w in ws) and all(
+            b.ctypes.data == a.ctypes.data + a.nbytes for a, b in zip(ws, ws[1:])):  # end to end already
+        W = np.ndarray((int(bounds[-1]), ws[0].shape[1]), np.float32, buffer=base,
+                       offset=ws[0].ctypes.data - base.ctypes.data)
+    else:
+        W = np.concatenate(ws)
+    return Linear(W), [Linear(W[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 @dataclass(eq=False)
@@ -962,11 +1020,11 @@ def _check_names(st: SafeTensors, expected: dict, stored: Int4 | None, config: M
 
 
 def _load_llama(st, config, expected, stored: Int4 | None, quant: Int4 | None) -> LlamaWeights:
-    def linear(module: str) -> AnyLinear:
+    def linear(module: str, into: np.ndarray | None = None) -> AnyLinear:
         out, inp = expected[f"{module}.weight"]
         if stored is not None:
             return st.q4(module, out, inp, stored.group)
-        w = st.f32(f"{module}.weight", (out, inp))
+        w = st.f32(f"{module}.weight", (out, inp), out=into)
         if quant is None:
             return Linear(w)
         try:
@@ -974,15 +1032,45 @@ def _load_llama(st, config, expected, stored: Int4 | None, quant: Int4 | None) -
         except ValueError as exc:
             raise ValueError(f"cannot quantize {module!r} as {quant.tag}: {exc}") from None
 
+    f32_linears = stored is None and quant is None
+    arena = _Arena(sum(math.prod(shape) for name, shape in expected.items()
+                       if f32_linears or not _is_layer_linear(name)))
+
+    def f32(name: str) -> np.ndarray:
+        return st.f32(name, expected[name], out=arena.take(expected[name]))
+
     layers = []
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}"
-        parts = {n: st.f32(f"{p}.{n}.weight", expected[f"{p}.{n}.weight"]) for n in LAYER_NORMS}
-        parts.update({f: linear(f"{p}.{m}") for f, m in LAYER_LINEARS})
+        parts = {n: f32(f"{p}.{n}.weight") for n in LAYER_NORMS}
+        for f, m in LAYER_LINEARS:  # in order: q, k, v (and gate, up) land end to end, stacked without a copy
+            parts[f] = linear(f"{p}.{m}", arena.take(expected[f"{p}.{m}.weight"]) if f32_linears else None)
         layers.append(LlamaLayer(**parts))
-    embed = st.f32("model.embed_tokens.weight", expected["model.embed_tokens.weight"])
-    norm = st.f32("model.norm.weight", expected["model.norm.weight"])
-    lm_head = None
-    if not config.tie_word_embeddings:
-        lm_head = Linear(st.f32("lm_head.weight", expected["lm_head.weight"]))
+    embed, norm = f32("model.embed_tokens.weight"), f32("model.norm.weight")
+    lm_head = None if config.tie_word_embeddings else Linear(f32("lm_head.weight"))
     return LlamaWeights(config, embed, layers, norm, lm_head, quant=stored or quant)
+
+
+class _Arena:
+    """One float32 buffer for all of a model's resident float32 weights, handed out in order.
+
+    Why an anonymous map of its own and not np.empty (section 2.3, loading): numpy asks the kernel to
+    back every array of 4 MB or more with 2 MiB pages (madvise hugepage), and where the kernel then
+    compacts memory to find them (transparent_hugepage/defrag = madvise, a common default) the
+    first touch of fresh memory costs 3.5x more: 540 MB touched in 0.70 s against 0.20 s in plain
+    pages, measured here, the largest part of SmolLM2's load. The map gets plain pages, faulted in
+    by the kernel in one go (MAP_POPULATE, Linux: 0.25 s against 0.36 s page by page). Its size
+    is exactly the weights', so loading holds nothing else at full size."""
+
+    def __init__(self, n: int) -> None:
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
+        self.buf = np.frombuffer(mmap.mmap(-1, max(4 * n, 1), flags=flags), dtype=np.float32, count=n)
+        self.used = 0
+
+    def take(self, shape: tuple[int, ...]) -> np.ndarray:
+        n = math.prod(shape)
+        if self.used + n > self.buf.size:
+            raise ValueError(f"arena of {self.buf.size} floats exhausted asking for {shape}")
+        a = self.buf[self.used : self.used + n].reshape(shape)
+        self.used += n
+        return a

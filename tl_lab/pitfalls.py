@@ -296,10 +296,10 @@ PITFALLS: dict[str, Pitfall] = {p.id: p for p in [
        "close-looking, wrong logits",
        "tiny_llama_logits_match_hf", _T_RUNNER + "tiny_llama_logits_match_hf",
        [(_F, "llama_layer",
-         "gate = silu(linear(h2, layer.gate_proj))                             # (N, I), silu on the GATE\n"
-         "    x = x + linear(gate * linear(h2, layer.up_proj), layer.down_proj)",
-         "gate = linear(h2, layer.gate_proj)                             # (N, I), no silu here\n"
-         "    x = x + linear(gate * silu(linear(h2, layer.up_proj)), layer.down_proj)")],
+         "gate = silu(gu[:, :I])                                               # (N, I), silu on the GATE\n"
+         "    x = x + linear(gate * gu[:, I:], layer.down_proj)",
+         "gate = gu[:, :I]                                               # (N, I), no silu here\n"
+         "    x = x + linear(gate * silu(gu[:, I:]), layer.down_proj)")],
        "05_forward", "6. The chapter's central claim: the runner against Hugging Face; 11. Int4 weights", probe="hf_logits"),
 ]}
 

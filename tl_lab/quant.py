@@ -471,6 +471,27 @@ class QLinear:
         groups *= f16_to_f32(self.scales)[:, :, None]
         return out
 
+    @classmethod
+    def _of_planar(cls, group: int, planar: np.ndarray, scales: np.ndarray) -> QLinear:
+        """A QLinear holding `planar` and `scales` as they are (kernel layout, no repacking, no copy)."""
+        lin = cls.__new__(cls)
+        lin.out, lin.inp, lin.group = planar.shape[0], planar.shape[1] * 2, int(group)
+        lin.planar, lin.scales = planar, scales
+        return lin
+
+    @classmethod
+    def stack(cls, parts: list[QLinear]) -> tuple[QLinear, list[QLinear]]:
+        """Stack linears of one input size and group along their outputs, ONCE at load (section 2.5):
+        -> (the stacked QLinear (sum out, inp), each part again as a view of its rows). One product
+        of the stack gives every part's outputs, each element the same loop as the part's own."""
+        if len({(p.inp, p.group) for p in parts}) != 1:
+            raise ValueError(f"stacked int4 linears need one input size and group, got {parts}")
+        planar = np.concatenate([p.planar for p in parts])
+        scales = np.concatenate([p.scales for p in parts])
+        bounds = np.cumsum([0] + [p.out for p in parts])
+        views = [cls._of_planar(parts[0].group, planar[a:b], scales[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+        return cls._of_planar(parts[0].group, planar, scales), views
+
     def forward(self, x) -> np.ndarray:
         """y = x W_hat^T. x: float32 (m, inp) -> y: float32 (m, out), by `kernels.matmul_q4`.
 
