@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tl_lab.blocks import blocks_for
 from tl_lab.kernels import QUERY_TILE, attend_paged, head_f32, rows_f32
 from tl_lab.kv import key_location
 from tl_lab.model import Linear, LlamaWeights
@@ -322,7 +323,7 @@ def gather_kv(data: np.ndarray, layer: int, table: np.ndarray, L: int) -> tuple[
     -> K, V: (H_kv, L, D) float32, exactly the f16 values the pool holds (section 2.4's f16 bound).
     """
     B = data.shape[4]
-    blocks = data[np.asarray(table)[: -(-L // B)], layer]  # (nb, 2, H_kv, B, D)
+    blocks = data[np.asarray(table)[: blocks_for(L, B)], layer]  # (nb, 2, H_kv, B, D)
     H_kv, D = blocks.shape[2], blocks.shape[4]
     kv = f16_to_f32(blocks.transpose(1, 2, 0, 3, 4))  # widened straight into (2, H_kv, nb, B, D) order
     kv = kv.reshape(2, H_kv, -1, D)[:, :, :L]

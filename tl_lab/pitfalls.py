@@ -721,11 +721,12 @@ def _probe_decode_vs_prefill() -> dict:
     full prefill of the same tokens (run_once). The correct code stays near 0 all the way."""
     import numpy as np
 
+    from tl_lab.blocks import blocks_for
     from tl_lab.runner import ForwardBatch, ForwardSeq
 
     runner = _tiny_runner()
     tokens, n_prompt = list(b"The KV cache holds keys."), 10
-    blocks = runner.pool.alloc(-(-len(tokens) // runner.block_tokens))
+    blocks = runner.pool.alloc(blocks_for(len(tokens), runner.block_tokens))
     gaps = []
     z = runner.forward(ForwardBatch([ForwardSeq(tokens[:n_prompt], 0, blocks)])).row(0)
     for t in range(n_prompt, len(tokens) + 1):

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tl_lab.checks import as_float, is_int
 from tl_lab.kernels import product_q4
 
 F16_MAX = 65504.0
@@ -301,15 +302,13 @@ def f32_to_bf16(x):
 
 
 def _as_int(h, name: str) -> int:
-    if isinstance(h, (bool, np.bool_)) or not isinstance(h, (int, np.integer)):
+    if not is_int(h):
         raise ValueError(f"{name} must be an integer bit pattern, got {type(h).__name__} {h!r}")
     return int(h)
 
 
 def _as_float(x) -> float:
-    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, float, np.integer, np.floating)):
-        raise ValueError(f"x must be a real number, got {type(x).__name__} {x!r}")
-    return float(x)
+    return as_float(x, "x", finite=False)  # NaN and infinities are numbers f16 and bf16 hold too
 
 
 def _bits16(h: np.ndarray, name: str) -> np.ndarray:
@@ -560,7 +559,7 @@ def _check_weights(w) -> np.ndarray:
 
 def _check_dims(out: int, inp: int, group: int) -> None:
     for name, v in (("out", out), ("inp", inp), ("group", group)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
+        if not is_int(v) or v <= 0:
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
     if group % 2:
         raise ValueError(f"group must be even (two int4 values per byte), got group={group}")

@@ -222,7 +222,7 @@ def _ids(ids, vocab: int, name: str) -> np.ndarray:
 def _explain_ids(seq: list, vocab: int, name: str) -> None:
     """Raise the ValueError that names the first element of `seq` that is not a token id."""
     for j, v in enumerate(seq):
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        if not is_int(v):
             raise ValueError(f"{name}[{j}] = {v!r} is not an integer token id")
         if not 0 <= v < vocab:
             raise ValueError(f"{name}[{j}] = {int(v)} is outside the vocabulary [0, {vocab})")
