@@ -97,9 +97,9 @@ def test_int4_smollm2_weights_within_half_a_step_and_nine_64ths_of_the_bytes(run
     r32, r4 = runners
     f32_bytes = q_bytes = 0
     worst = 0.0
-    for l32, l4 in zip(r32.weights.layers, r4.weights.layers):
+    for layer32, layer4 in zip(r32.weights.layers, r4.weights.layers):
         for name, _ in LAYER_LINEARS:
-            W, q = getattr(l32, name), getattr(l4, name)
+            W, q = getattr(layer32, name), getattr(layer4, name)
             assert isinstance(W, Linear) and isinstance(q, QLinear) and q.group == GROUP
             s = np.repeat(f16_to_f32(q.scales), GROUP, axis=1).astype(np.float64)
             err = np.abs(W.w.astype(np.float64) - q.dequantize())
