@@ -130,6 +130,7 @@ def lab(tmp_path):
         _stop(proc)
 
 
+@pytest.mark.smollm2  # the command's fetch step finds the model in the cache (else it would download it)
 def test_quickstart_lab_is_rooted_at_the_repository_and_opens_the_first_notebook(lab):
     base, token, log = lab
     for path in ("tl_lab/kv.py", "docs/cli.md", "tests", "notebooks/00_start_here.ipynb"):
