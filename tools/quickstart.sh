@@ -31,7 +31,9 @@ else
     step "installing the locked dependencies from $LOCK (hash-checked), then tl_lab itself (editable)"
     python -m pip install -q --upgrade pip
     python -m pip install -q -r "$LOCK"
-    python -m pip install -q --no-deps --no-build-isolation -e .
+    # setuptools' "Editable installation ... be careful with folders" notice is for other layouts:
+    # tl_lab/ in the clone IS the package, so keep a newcomer's first screen clean
+    PYTHONWARNINGS="ignore:Editable installation" python -m pip install -q --no-deps --no-build-isolation -e .
     echo "$want" > "$STAMP"
 fi
 
