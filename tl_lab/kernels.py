@@ -21,8 +21,10 @@ only (numba compiles a different loop for strided arrays, and that one may add i
 
 Compiled with numba, ``cache=True``: the first process compiles (seconds), later ones load the
 machine code from ``__pycache__``. `FASTMATH` lets LLVM reorder a sum into vector lanes
-(`reassoc`) and fuse multiply-adds (`contract`), and nothing else: no assumption that values are
-finite, so an infinity or NaN still comes out as one.
+(`reassoc`), fuse multiply-adds (`contract`), ignore the sign of a zero (`nsz`) and turn a division
+into a multiplication by the reciprocal (`arcp`, attention's normalisation), and nothing else: no
+assumption that values are finite (no `nnan`, `ninf`), so an infinity or NaN still comes out as one.
+Every flag is fixed at compile time, so none of them makes the bits depend on the batch.
 """
 
 from __future__ import annotations
