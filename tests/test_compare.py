@@ -21,3 +21,15 @@ def test_log_softmax_and_kl():
     assert kl_divergence(x, x) == 0.0
     y = x[::-1].copy()
     assert kl_divergence(x, y) > 0 and kl_divergence(x, x + 5.0) < 1e-12  # a shift changes nothing
+
+
+def test_hf_golden_cases_decode_each_prompts_logits():
+    """The golden file's base64 logits come back as float32 rows of the tiny Llama's vocabulary."""
+    from tl_lab.compare import hf_golden_cases
+    from tl_lab.model import ModelConfig
+    from tl_lab.paths import DATA_DIR
+
+    vocab = ModelConfig.load(DATA_DIR / "tiny-llama").vocab_size
+    cases = hf_golden_cases()
+    assert len(cases) == 6 and all(c["z"].dtype == np.float32 and c["z"].shape == (vocab,) for c in cases)
+    assert all(np.isfinite(c["z"]).all() and np.abs(c["z"]).max() > 1 for c in cases)

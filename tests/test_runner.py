@@ -4,13 +4,12 @@ HF parity is checked against data/golden/tiny_llama_hf.json (tools/make_goldens.
 own float32 LlamaForCausalLM); test_tools_goldens.py re-derives that file.
 """
 
-import base64
 import dataclasses
-import json
 
 import numpy as np
 import pytest
 
+from tl_lab.compare import hf_golden_cases
 from tl_lab.errors import BatchError, KvError
 from tl_lab.forward import LONG_ROWS
 from tl_lab.model import Linear, LlamaLayer, LlamaWeights, ModelConfig
@@ -27,10 +26,7 @@ F16_BOUND = 2e-2
 
 
 def golden_cases():
-    cases = json.loads(GOLDEN.read_text())["cases"]
-    for c in cases:
-        c["z"] = np.frombuffer(base64.b64decode(c["logits"]), dtype="<f4").astype(np.float32)
-    return cases
+    return hf_golden_cases(GOLDEN)
 
 
 def tiny(n_blocks=64, **kw) -> ModelRunner:

@@ -6,9 +6,13 @@ section 2.5; tl_lab against Hugging Face): the tests, the benchmarks and noteboo
 
 from __future__ import annotations
 
+import base64
+import json
+from pathlib import Path
+
 import numpy as np
 
-__all__ = ["INT4_QUESTIONS", "first_divergence", "log_softmax", "kl_divergence"]
+__all__ = ["INT4_QUESTIONS", "first_divergence", "log_softmax", "kl_divergence", "hf_golden_cases", "against_hf"]
 
 INT4_QUESTIONS = (
     "What is the capital of France?",
@@ -44,3 +48,28 @@ def kl_divergence(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
     """KL(p || q) in nats between the next-token distributions of two logit rows (V,)."""
     lp, lq = log_softmax(p_logits), log_softmax(q_logits)
     return float((np.exp(lp) * (lp - lq)).sum())
+
+
+def hf_golden_cases(path: Path | None = None) -> list[dict]:
+    """The cases of Hugging Face's golden file (default data/golden/tiny_llama_hf.json, written by
+    tools/make_goldens.py), each with its last-token logits decoded: case["z"] (V,) float32."""
+    from tl_lab.paths import GOLDEN_DIR
+
+    cases = json.loads(Path(path or GOLDEN_DIR / "tiny_llama_hf.json").read_text())["cases"]
+    for case in cases:
+        case["z"] = np.frombuffer(base64.b64decode(case["logits"]), dtype="<f4").astype(np.float32)
+    return cases
+
+
+def against_hf(runner, cases: list[dict] | None = None, rel_bound: float = 1e-3) -> dict:
+    """The chapter's central claim (section 2.4), measured: for each golden prompt, the runner's
+    last-token logits (`run_once`) against HF's float32 ones. -> {"lengths", "errors" (max |z - z_HF|),
+    "bounds" (rel_bound of the largest HF logit)}, one entry per case."""
+    cases = hf_golden_cases() if cases is None else cases
+    out = {"lengths": [], "errors": [], "bounds": []}
+    for case in cases:
+        _, z = runner.run_once(case["tokens"])
+        out["lengths"].append(len(case["tokens"]))
+        out["errors"].append(float(np.abs(z - case["z"]).max()))
+        out["bounds"].append(rel_bound * float(np.abs(case["z"]).max()))
+    return out

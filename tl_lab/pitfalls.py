@@ -740,21 +740,9 @@ def _probe_decode_vs_prefill() -> dict:
 def _probe_hf_logits() -> dict:
     """max |z - z_HF| for each golden prompt of the tiny Llama, with the chapter's bound (1e-3 of
     the largest HF logit)."""
-    import base64
+    from tl_lab.compare import against_hf
 
-    import numpy as np
-
-    from tl_lab.paths import GOLDEN_DIR
-
-    runner = _tiny_runner()
-    lengths, errs, bounds = [], [], []
-    for case in json.loads((GOLDEN_DIR / "tiny_llama_hf.json").read_text())["cases"]:
-        ref = np.frombuffer(base64.b64decode(case["logits"]), dtype="<f4")
-        _, z = runner.run_once(case["tokens"])
-        lengths.append(len(case["tokens"]))
-        errs.append(float(np.abs(z - ref).max()))
-        bounds.append(1e-3 * float(np.abs(ref).max()))
-    return {"lengths": lengths, "errors": errs, "bounds": bounds}
+    return against_hf(_tiny_runner())
 
 
 def _probe_pool_drain() -> dict:
