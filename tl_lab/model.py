@@ -20,6 +20,7 @@ import math
 import mmap
 import os
 import re
+import threading
 from dataclasses import dataclass, field, fields, replace
 from functools import cache
 from pathlib import Path
@@ -315,29 +316,38 @@ def _no_constants(name: str):
 
 @cache
 def _schema_validator():
+    """The validator of config.json. The schema is a file of this package, checked against JSON
+    Schema's own metaschema by tests/test_model.py (test_config_schema_is_a_real_json_schema), not
+    again in every process: that check was 8 ms of a 0.2 s load."""
     Draft202012Validator = _import_validator()
-    schema = json.loads(CONFIG_SCHEMA_PATH.read_text())
-    Draft202012Validator.check_schema(schema)
-    return Draft202012Validator(schema)
+    return Draft202012Validator(json.loads(CONFIG_SCHEMA_PATH.read_text()))
+
+
+# Packages jsonschema imports, when installed, only for its "format" checks (jsonschema/_format.py).
+# config.schema.json checks no format (tests/test_model.py says so), so none of them is needed.
+_FORMAT_ONLY_PACKAGES = ("fqdn", "idna", "isoduration", "jsonpointer", "rfc3339_validator",
+                         "rfc3986_validator", "rfc3987", "rfc3987_syntax", "uri_template", "webcolors")
 
 
 def _import_validator():
-    """jsonschema's Draft202012Validator, imported without the optional `rfc3987_syntax`.
+    """jsonschema's Draft202012Validator, imported without its optional format-checking packages.
 
-    jsonschema imports that package, when installed, for its "iri" format check, and it builds a
-    lark parser at import: 0.75 s, most of a model's load time, measured here. config.schema.json
-    checks no format, so the import is kept out (jsonschema skips the check when it is missing).
+    jsonschema imports each of `_FORMAT_ONLY_PACKAGES` that is installed, for its format checks:
+    `rfc3987_syntax` alone builds a lark parser at import (0.75 s, most of a model's load time,
+    measured here), the others together took 0.02 s of a 0.2 s load. config.schema.json checks no
+    format, so they are kept out (jsonschema skips a check whose package is missing); a later
+    import of any of them elsewhere in the process works as usual.
     """
     import sys
 
-    block = "rfc3987_syntax" not in sys.modules
-    if block:
-        sys.modules["rfc3987_syntax"] = None  # makes `import rfc3987_syntax` raise ImportError
+    blocked = [name for name in _FORMAT_ONLY_PACKAGES if name not in sys.modules]
+    for name in blocked:
+        sys.modules[name] = None  # makes `import name` raise ImportError
     try:
         from jsonschema import Draft202012Validator
     finally:
-        if block:
-            del sys.modules["rfc3987_syntax"]
+        for name in blocked:
+            del sys.modules[name]
     return Draft202012Validator
 
 
@@ -421,7 +431,51 @@ def _f32_out(out: np.ndarray | None, shape: tuple, name: str) -> np.ndarray:
 # How `.f32` widens each stored dtype (section 2.3): bf16(h) is the f32 with bits h << 16, f16 has
 # its own exponent bias and subnormals.
 _WIDEN = {"F32": _copy_f32, "F16": f16_to_f32, "BF16": bf16_to_f32}
-WIDEN_CHUNK = 1 << 20  # elements per widening chunk: 4 MB of f32, the largest temporary of a load
+WIDEN_CHUNK = 1 << 18  # elements per widening piece: 1 MB of f32; a thread's temporaries are piece-sized
+MAX_WIDEN_THREADS = 8  # widening is bound by memory and page faults: more threads than this add nothing
+
+
+def widen_threads() -> int:
+    """Threads that widen a file's tensors: every core this process may run on (at most
+    MAX_WIDEN_THREADS), whatever EngineConfig.threads says for the kernels. Why (section 2.3,
+    loading): the first write to each fresh page of the weights costs a page fault in which the
+    kernel zeroes the page, and those faults, not the arithmetic, are most of a load; they run in
+    parallel on every core as transformers' loader runs them. Widening is elementwise, so the bits
+    do not depend on the count."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cores, MAX_WIDEN_THREADS))
+
+
+def _run_threads(work, n: int) -> None:
+    """Run work() in n threads at once (the calling thread is one of them) and wait for all; the first
+    exception any of them raised is raised here."""
+    errors: list[BaseException] = []
+
+    def guarded() -> None:
+        try:
+            work()
+        except BaseException as exc:  # re-raised in the calling thread below
+            errors.append(exc)
+
+    helpers = [threading.Thread(target=guarded, name=f"tl_lab-widen-{i}") for i in range(1, n)]
+    for t in helpers:
+        t.start()
+    guarded()
+    for t in helpers:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+@dataclass(frozen=True)
+class _Widening:
+    """One tensor to widen: its stored bits and its float32 destination, both flat (numel,)."""
+
+    name: str
+    info: TensorInfo
+    bits: np.ndarray
+    out: np.ndarray
+    widen: object  # `_WIDEN[dtype]`: (bits, out=) -> out
 
 
 @dataclass(frozen=True)
@@ -682,40 +736,68 @@ class SafeTensors:
     def f32(self, name: str, shape=None, out: np.ndarray | None = None) -> np.ndarray:
         """Tensor `name` as a new float32 array: F32 copied, F16 and BF16 widened (each as itself).
 
-        `shape`, when given, must equal the stored shape (FormatError otherwise). The widening runs
-        in chunks straight into the result, so the only full-size array is the result; each chunk
-        is checked finite (a NaN or infinite weight is a FormatError naming the tensor), and the
-        file's pages are handed back to the OS once read (they stay in the page cache). `out`, a
+        `shape`, when given, must equal the stored shape (FormatError otherwise). `out`, a
         C-contiguous float32 array of the tensor's shape (a slice of a stacked weight), is filled
-        and returned instead of a new array.
+        and returned instead of a new array. How the widening runs: see `f32_into`.
         """
         t = self.info(name)
         if shape is not None and tuple(shape) != t.shape:
             raise FormatError(f"tensor {name!r} has shape {t.shape}, expected {tuple(shape)}")
+        out = _f32_out(out, t.shape, name)
+        self.f32_into({name: out})
+        return out
+
+    def f32_into(self, outs: dict[str, np.ndarray]) -> None:
+        """Widen each tensor `name` into `outs[name]`, a C-contiguous float32 array of its stored shape.
+
+        Section 2.3, loading. All the tensors are cut into pieces of WIDEN_CHUNK elements that
+        `widen_threads()` threads widen in parallel (numpy releases the GIL inside each piece), each
+        piece straight into its destination, so the only full-size arrays are the destinations. Every
+        piece is checked finite: a NaN or infinite weight is a FormatError naming the first such
+        tensor (in the order of `outs`) and its flat index. Each piece's file pages are handed back to
+        the OS once read (they stay in the page cache), so a load never holds the file AND the
+        widened copy.
+        """
+        jobs = [self._widening(name, out) for name, out in outs.items()]
+        pieces = iter([(k, a) for k, job in enumerate(jobs) for a in range(0, job.out.size, WIDEN_CHUNK)])
+        bad: list[tuple[int, int]] = []  # (job, flat index) of non-finite weights; list.append is atomic
+        _run_threads(lambda: self._widen_pieces(jobs, pieces, bad), widen_threads())
+        if bad:
+            k, i = min(bad)
+            job = jobs[k]
+            raise FormatError(f"tensor {job.name!r} holds a non-finite weight {job.out[i]} at flat index {i}")
+
+    def _widening(self, name: str, out: np.ndarray) -> _Widening:
+        """The checked `_Widening` of tensor `name` into `out`."""
+        t = self.info(name)
         if t.dtype not in _WIDEN:
             raise FormatError(
                 f"tensor {name!r} is {t.dtype}; .f32 widens only {', '.join(FLOAT_DTYPES)} (use .raw)"
             )
         widen = _WIDEN[t.dtype]
-        bits, out = self.raw(name).reshape(-1), _f32_out(out, t.shape, name)
-        flat = out.reshape(-1)
-        for a in range(0, t.numel, WIDEN_CHUNK):
-            chunk = flat[a : a + WIDEN_CHUNK]
-            widen(bits[a : a + WIDEN_CHUNK], out=chunk)
-            if not np.isfinite(chunk).all():
-                i = a + int(np.flatnonzero(~np.isfinite(chunk))[0])
-                raise FormatError(f"tensor {name!r} holds a non-finite weight {flat[i]} at flat index {i}")
-        self._drop_pages(t)
-        return out
+        out = _f32_out(out, t.shape, name)
+        return _Widening(name, t, self.raw(name).reshape(-1), out.reshape(-1), widen)
 
-    def _drop_pages(self, t: TensorInfo) -> None:
-        """Tell the OS this process is done with tensor t's bytes (MADV_DONTNEED on a read-only
-        map): they leave this process's resident set, so loading never holds the file AND the
-        widened copy. A later read pages them in again from the page cache."""
-        if not isinstance(self._mm, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED") or t.nbytes == 0:
+    def _widen_pieces(self, jobs: list[_Widening], pieces: Iterator[tuple[int, int]], bad: list) -> None:
+        """One thread's share: take (job, start) pieces from the shared iterator until it runs dry.
+        Records the first non-finite index of each piece that has one in `bad`."""
+        for k, a in pieces:
+            job = jobs[k]
+            b = min(a + WIDEN_CHUNK, job.out.size)
+            chunk = job.widen(job.bits[a:b], out=job.out[a:b])
+            finite = np.isfinite(chunk)
+            if not finite.all():
+                bad.append((k, a + int(np.argmin(finite))))
+            size = job.bits.itemsize
+            self._drop_pages(job.info.data_offsets[0] + a * size, job.info.data_offsets[0] + b * size)
+
+    def _drop_pages(self, begin: int, end: int) -> None:
+        """Tell the OS this process is done with bytes [begin, end) of the data buffer (MADV_DONTNEED
+        on a read-only map): they leave this process's resident set. A page another piece still reads
+        is paged in again from the page cache, so dropping one early costs time, never a wrong value."""
+        if not isinstance(self._mm, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED") or end <= begin:
             return
-        a = self.layout.data_start + t.data_offsets[0]
-        b = self.layout.data_start + t.data_offsets[1]
+        a, b = self.layout.data_start + begin, self.layout.data_start + end
         a -= a % mmap.PAGESIZE
         self._mm.madvise(mmap.MADV_DONTNEED, a, b - a)
 
@@ -740,7 +822,7 @@ class SafeTensors:
         except ValueError as exc:  # e.g. a negative or infinite scale
             raise FormatError(f"tensor {name!r}: {exc}") from None
         for suffix in parts:
-            self._drop_pages(self.info(f"{name}.{suffix}"))
+            self._drop_pages(*self.info(f"{name}.{suffix}").data_offsets)
         return lin
 
 
@@ -1020,34 +1102,35 @@ def _check_names(st: SafeTensors, expected: dict, stored: Int4 | None, config: M
 
 
 def _load_llama(st, config, expected, stored: Int4 | None, quant: Int4 | None) -> LlamaWeights:
-    def linear(module: str, into: np.ndarray | None = None) -> AnyLinear:
-        out, inp = expected[f"{module}.weight"]
+    """Every resident float32 tensor is widened into one `_Arena` in one parallel pass (`f32_into`),
+    in model order, so q, k, v (and gate, up) land end to end and are stacked without a copy. The
+    layer linears of an int4 file, or of a float file quantized at load, are read one at a time."""
+    f32_linears = stored is None and quant is None
+    resident = [name for name in expected if f32_linears or not _is_layer_linear(name)]
+    arena = _Arena(sum(math.prod(expected[name]) for name in resident))
+    w = {name: arena.take(expected[name]) for name in resident}
+    st.f32_into(w)
+
+    def linear(module: str) -> AnyLinear:
+        name = f"{module}.weight"
+        if name in w:
+            return Linear(w[name])
+        out, inp = expected[name]
         if stored is not None:
             return st.q4(module, out, inp, stored.group)
-        w = st.f32(f"{module}.weight", (out, inp), out=into)
-        if quant is None:
-            return Linear(w)
-        try:
-            return QLinear.quantize(w, quant.group)  # w, the only f32 copy, dies on return
+        try:  # st.f32's array, the only f32 copy of this linear, dies on return
+            return QLinear.quantize(st.f32(name, (out, inp)), quant.group)
         except ValueError as exc:
             raise ValueError(f"cannot quantize {module!r} as {quant.tag}: {exc}") from None
-
-    f32_linears = stored is None and quant is None
-    arena = _Arena(sum(math.prod(shape) for name, shape in expected.items()
-                       if f32_linears or not _is_layer_linear(name)))
-
-    def f32(name: str) -> np.ndarray:
-        return st.f32(name, expected[name], out=arena.take(expected[name]))
 
     layers = []
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}"
-        parts = {n: f32(f"{p}.{n}.weight") for n in LAYER_NORMS}
-        for f, m in LAYER_LINEARS:  # in order: q, k, v (and gate, up) land end to end, stacked without a copy
-            parts[f] = linear(f"{p}.{m}", arena.take(expected[f"{p}.{m}.weight"]) if f32_linears else None)
+        parts = {n: w[f"{p}.{n}.weight"] for n in LAYER_NORMS}
+        parts.update({f: linear(f"{p}.{m}") for f, m in LAYER_LINEARS})
         layers.append(LlamaLayer(**parts))
-    embed, norm = f32("model.embed_tokens.weight"), f32("model.norm.weight")
-    lm_head = None if config.tie_word_embeddings else Linear(f32("lm_head.weight"))
+    embed, norm = w["model.embed_tokens.weight"], w["model.norm.weight"]
+    lm_head = None if config.tie_word_embeddings else Linear(w["lm_head.weight"])
     return LlamaWeights(config, embed, layers, norm, lm_head, quant=stored or quant)
 
 
@@ -1058,12 +1141,15 @@ class _Arena:
     back every array of 4 MB or more with 2 MiB pages (madvise hugepage), and where the kernel then
     compacts memory to find them (transparent_hugepage/defrag = madvise, a common default) the
     first touch of fresh memory costs 3.5x more: 540 MB touched in 0.70 s against 0.20 s in plain
-    pages, measured here, the largest part of SmolLM2's load. The map gets plain pages, faulted in
-    by the kernel in one go (MAP_POPULATE, Linux: 0.25 s against 0.36 s page by page). Its size
-    is exactly the weights', so loading holds nothing else at full size."""
+    pages, measured here (and from 0.1 to 1.3 s from one run to the next), the largest part of
+    SmolLM2's load. The map gets plain pages, and nothing touches them before the widening writes
+    them: the kernel zeroes each page at that first write, in the widening thread that writes it, so
+    the faults run on every core (faulting the whole map in first, MAP_POPULATE, took 0.16 s on one
+    core, half of the load). Its size is exactly the weights', so loading holds nothing else at
+    full size."""
 
     def __init__(self, n: int) -> None:
-        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
         self.buf = np.frombuffer(mmap.mmap(-1, max(4 * n, 1), flags=flags), dtype=np.float32, count=n)
         self.used = 0
 
