@@ -224,7 +224,7 @@ PITFALLS: dict[str, Pitfall] = {p.id: p for p in [
        "SmolLM2 weights come out wildly wrong",
        "safetensors_reader_rules",
        "tests/test_model.py::test_safetensors_reader_rules_bf16_and_f16_each_read_as_itself",
-       [(_M, "SafeTensors.f32",
+       [(_M, "SafeTensors._widening",
          "widen = _WIDEN[t.dtype]",
          'widen = _WIDEN["F16" if t.dtype == "BF16" else t.dtype]')],
        "02_model_directory", "Memory-mapped: opening reads only the header (the values read)", probe="bf16_read"),
