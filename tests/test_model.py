@@ -657,7 +657,9 @@ def test_config_schema_is_a_real_json_schema():
 
     schema = config_schema()
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
-    Draft202012Validator.check_schema(schema)
+    Draft202012Validator.check_schema(schema)  # the load no longer does (model._schema_validator)
+    # no "format" keyword anywhere: loading may leave jsonschema's format checkers out (_import_validator)
+    assert '"format"' not in json.dumps(schema)
     v = Draft202012Validator(schema)
     for ok in (TINY_CONFIG, json.loads((BIGRAM / "config.json").read_text()), {**SMOLLM2_135M, **TL_KEYS}):
         assert not list(v.iter_errors(ok))
@@ -905,3 +907,106 @@ def test_widening_makes_no_full_size_temporary(tmp_path):
         # piece-sized temporaries in each widening thread: the f16 lookup's indices as intp (8 bytes
         # each), isfinite's mask; a full-size copy would be 32 or 64 MiB more
         assert peak <= out.nbytes + widen_threads() * 3 * WIDEN_CHUNK * 4, f"{dtype}: peak {peak / 2**20:.1f} MiB"
+
+
+def test_loading_a_config_imports_no_format_checker(tmp_path):
+    """jsonschema's format-only packages (rfc3987_syntax alone took 0.75 s) stay out of a load, and
+    stay importable afterwards (the config.schema.json test above shows no format is checked)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, importlib\n"
+        "from tl_lab.model import ModelConfig, _FORMAT_ONLY_PACKAGES\n"
+        f"ModelConfig.load({str(TINY)!r})\n"
+        "print(sorted(m for m in _FORMAT_ONLY_PACKAGES if sys.modules.get(m) is not None))\n"
+        "print(all(sys.modules.get(m, 1) is not None for m in _FORMAT_ONLY_PACKAGES))\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split("\n")[:2] == ["[]", "True"]  # none imported, none left blocked
+
+
+def _write_bf16_llama(d: Path, cfg: dict, tensors: dict) -> dict[str, np.ndarray]:
+    """A BF16 checkpoint of `tensors` (f32, truncated to their top halves), stored in reverse model
+    order so the file's order is not the load's. -> the stored bits by name."""
+    bits = {k: (v.view(np.uint32) >> 16).astype(np.uint16) for k, v in tensors.items()}
+    header, data = {}, b""
+    for name in reversed(list(bits)):
+        header[name] = entry("BF16", list(bits[name].shape), len(data), len(data) + bits[name].nbytes)
+        data += bits[name].tobytes()
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps(cfg))
+    (d / "model.safetensors").write_bytes(craft(header, data))
+    return bits
+
+
+def _small_pieces(monkeypatch, threads: int = 3) -> None:
+    """Widen in pieces of 1000 elements on `threads` threads: every tensor but the norms is split,
+    and pieces of one tensor go to different threads."""
+    import tl_lab.model as model
+
+    monkeypatch.setattr(model, "WIDEN_CHUNK", 1000)
+    monkeypatch.setattr(model, "widen_threads", lambda: threads)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_load_weights_widens_bf16_bit_for_bit_and_stacks_without_a_copy(tmp_path, monkeypatch, threads):
+    """Section 2.3: the parallel widening gives every weight exactly the f32 whose bits are its BF16
+    bits << 16 (a plain numpy widening of the file), whatever the pieces and the threads; q, k, v and
+    gate, up come out stacked, each linear a view of its stack's rows."""
+    _small_pieces(monkeypatch, threads)
+    cfg, tensors = _random_llama(layers=3, d=64, inter=128)
+    bits = _write_bf16_llama(tmp_path / "m", cfg, tensors)
+    w = load_weights(tmp_path / "m")
+
+    def plain(name: str) -> np.ndarray:
+        return (bits[name].astype(np.uint32) << 16).view(np.float32)
+
+    def same(a: np.ndarray, name: str) -> bool:
+        return a.dtype == np.float32 and np.array_equal(a.view(np.uint32), plain(name).view(np.uint32))
+
+    assert same(w.embed, "model.embed_tokens.weight") and same(w.norm, "model.norm.weight")
+    assert same(w.lm_head.w, "lm_head.weight")
+    for i, layer in enumerate(w.layers):
+        p = f"model.layers.{i}"
+        assert same(layer.input_layernorm, f"{p}.input_layernorm.weight")
+        assert same(layer.post_attention_layernorm, f"{p}.post_attention_layernorm.weight")
+        for field, module in LAYER_LINEARS:
+            assert same(getattr(layer, field).w, f"{p}.{module}.weight"), (i, field)
+        for stack, parts in ((layer.qkv, ("q_proj", "k_proj", "v_proj")), (layer.gate_up, ("gate_proj", "up_proj"))):
+            assert np.array_equal(stack.w, np.concatenate([getattr(layer, f).w for f in parts]))
+            assert all(np.shares_memory(stack.w, getattr(layer, f).w) for f in parts)  # views, no copy
+
+
+def test_load_refuses_a_non_finite_weight_in_any_piece(tmp_path, monkeypatch):
+    """A non-finite weight deep inside a tensor (its sixth piece) is refused; with two bad tensors the
+    error names the first in model order, wherever the file stores it and whichever thread saw it."""
+    _small_pieces(monkeypatch)
+    cfg, tensors = _random_llama(layers=3, d=64, inter=128)
+    tensors["model.layers.1.mlp.up_proj.weight"].reshape(-1)[5321] = np.inf
+    tensors["model.layers.2.mlp.down_proj.weight"].reshape(-1)[7] = np.nan
+    _write_bf16_llama(tmp_path / "m", cfg, tensors)
+    with pytest.raises(FormatError, match=r"tensor 'model.layers.1.mlp.up_proj.weight' holds a non-finite "
+                                          r"weight inf at flat index 5321"):
+        load_weights(tmp_path / "m")
+
+
+def test_widening_raises_what_a_widening_thread_raised(tmp_path, monkeypatch):
+    """An error inside any widening thread reaches the caller (not lost with the thread)."""
+    import tl_lab.model as model
+
+    _small_pieces(monkeypatch)
+    n = 10_000
+    p = tmp_path / "t.safetensors"
+    p.write_bytes(craft({"t": entry("BF16", [n], 0, 2 * n)}, np.full(n, 0x3F80, np.uint16).tobytes()))
+
+    def fail_late(bits, out):
+        if out.ctypes.data != p_out.ctypes.data:  # every piece but the first, so not the calling thread's alone
+            raise RuntimeError("disk gone")
+        return model.bf16_to_f32(bits, out=out)
+
+    monkeypatch.setitem(model._WIDEN, "BF16", fail_late)
+    p_out = np.empty(n, np.float32)
+    with SafeTensors.open(p) as f, pytest.raises(RuntimeError, match="disk gone"):
+        f.f32_into({"t": p_out})
