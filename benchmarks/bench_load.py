@@ -26,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import current_rss_mb, report  # noqa: E402
+from bench_smollm2 import model_dir, peak_rss_mb  # noqa: E402
 
 # (label, module, attribute path): the functions of a load whose time is a stage of its own
 STAGES = (
@@ -38,21 +39,6 @@ STAGES = (
     ("KV pool", "tl_lab.runner", "KvPool.__init__"),
     ("thread counts", "tl_lab.runner", "set_threads"),
 )
-
-
-def peak_rss_mb() -> float:
-    """This process's peak RSS in MiB (VmHWM: reset by exec, unlike ru_maxrss)."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
-
-
-def model_dir() -> Path:
-    from tl_lab.fetch import smollm2_dir
-
-    return smollm2_dir(required=True)
 
 
 def _timed(owner, attr: str, label: str, acc: dict) -> None:

@@ -13,6 +13,7 @@ import json
 import math
 import struct
 import tempfile
+import time
 import tracemalloc
 from pathlib import Path
 
@@ -993,20 +994,24 @@ def test_load_refuses_a_non_finite_weight_in_any_piece(tmp_path, monkeypatch):
 
 
 def test_widening_raises_what_a_widening_thread_raised(tmp_path, monkeypatch):
-    """An error inside any widening thread reaches the caller (not lost with the thread)."""
+    """An error inside any widening thread reaches the caller (not lost with the thread), and stops
+    the other threads at their next piece instead of widening the rest of the file."""
     import tl_lab.model as model
 
-    _small_pieces(monkeypatch)
-    n = 10_000
+    _small_pieces(monkeypatch, threads=3)
+    n = 50_000  # 50 pieces
     p = tmp_path / "t.safetensors"
     p.write_bytes(craft({"t": entry("BF16", [n], 0, 2 * n)}, np.full(n, 0x3F80, np.uint16).tobytes()))
+    calls = []
 
-    def fail_late(bits, out):
-        if out.ctypes.data != p_out.ctypes.data:  # every piece but the first, so not the calling thread's alone
+    def fail_first(bits, out):  # the first piece fails at once; every other one takes 10 ms
+        calls.append(1)
+        if len(calls) == 1:
             raise RuntimeError("disk gone")
+        time.sleep(0.01)
         return model.bf16_to_f32(bits, out=out)
 
-    monkeypatch.setitem(model._WIDEN, "BF16", fail_late)
-    p_out = np.empty(n, np.float32)
+    monkeypatch.setitem(model._WIDEN, "BF16", fail_first)
     with SafeTensors.open(p) as f, pytest.raises(RuntimeError, match="disk gone"):
-        f.f32_into({"t": p_out})
+        f.f32("t")
+    assert len(calls) <= 2 * 3, len(calls)  # each thread: at most the piece it had begun and one more, not 50

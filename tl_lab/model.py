@@ -446,21 +446,25 @@ def widen_threads() -> int:
     return max(1, min(cores, MAX_WIDEN_THREADS))
 
 
-def _run_threads(work, n: int) -> None:
-    """Run work() in n threads at once (the calling thread is one of them) and wait for all; the first
-    exception any of them raised is raised here."""
-    errors: list[BaseException] = []
+def _parallel_for(work, items, n: int) -> None:
+    """Call work(item) for every item, on n threads at once (the calling thread is one of them), each
+    taking the next item when done with its last. The first exception (a Ctrl-C too) stops the others
+    at their next item and is raised here once all have stopped."""
+    pending, errors = iter(items), []
 
-    def guarded() -> None:
+    def loop() -> None:
         try:
-            work()
+            for item in pending:  # next() on a list iterator is atomic under the GIL: no item runs twice
+                if errors:
+                    return
+                work(item)
         except BaseException as exc:  # re-raised in the calling thread below
             errors.append(exc)
 
-    helpers = [threading.Thread(target=guarded, name=f"tl_lab-widen-{i}") for i in range(1, n)]
+    helpers = [threading.Thread(target=loop, name=f"tl_lab-widen-{i}") for i in range(1, n)]
     for t in helpers:
         t.start()
-    guarded()
+    loop()
     for t in helpers:
         t.join()
     if errors:
@@ -759,13 +763,12 @@ class SafeTensors:
         widened copy.
         """
         jobs = [self._widening(name, out) for name, out in outs.items()]
-        pieces = iter([(k, a) for k, job in enumerate(jobs) for a in range(0, job.out.size, WIDEN_CHUNK)])
-        bad: list[tuple[int, int]] = []  # (job, flat index) of non-finite weights; list.append is atomic
-        _run_threads(lambda: self._widen_pieces(jobs, pieces, bad), widen_threads())
+        pieces = [(k, a) for k, job in enumerate(jobs) for a in range(0, job.out.size, WIDEN_CHUNK)]
+        bad: list[tuple[int, int]] = []  # (k, flat index) of non-finite weights in jobs[k]; list.append is atomic
+        _parallel_for(lambda piece: self._widen_piece(jobs, *piece, bad), pieces, widen_threads())
         if bad:
             k, i = min(bad)
-            job = jobs[k]
-            raise FormatError(f"tensor {job.name!r} holds a non-finite weight {job.out[i]} at flat index {i}")
+            raise FormatError(f"tensor {jobs[k].name!r} holds a non-finite weight {jobs[k].out[i]} at flat index {i}")
 
     def _widening(self, name: str, out: np.ndarray) -> _Widening:
         """The checked `_Widening` of tensor `name` into `out`."""
@@ -778,18 +781,17 @@ class SafeTensors:
         out = _f32_out(out, t.shape, name)
         return _Widening(name, t, self.raw(name).reshape(-1), out.reshape(-1), widen)
 
-    def _widen_pieces(self, jobs: list[_Widening], pieces: Iterator[tuple[int, int]], bad: list) -> None:
-        """One thread's share: take (job, start) pieces from the shared iterator until it runs dry.
-        Records the first non-finite index of each piece that has one in `bad`."""
-        for k, a in pieces:
-            job = jobs[k]
-            b = min(a + WIDEN_CHUNK, job.out.size)
-            chunk = job.widen(job.bits[a:b], out=job.out[a:b])
-            finite = np.isfinite(chunk)
-            if not finite.all():
-                bad.append((k, a + int(np.argmin(finite))))
-            size = job.bits.itemsize
-            self._drop_pages(job.info.data_offsets[0] + a * size, job.info.data_offsets[0] + b * size)
+    def _widen_piece(self, jobs: list[_Widening], k: int, a: int, bad: list) -> None:
+        """Widen elements [a, a + WIDEN_CHUNK) of tensor jobs[k], check them finite (the first
+        non-finite one goes into `bad` as (k, flat index)) and hand their file pages back."""
+        job = jobs[k]
+        b = min(a + WIDEN_CHUNK, job.out.size)
+        chunk = job.widen(job.bits[a:b], out=job.out[a:b])
+        finite = np.isfinite(chunk)
+        if not finite.all():
+            bad.append((k, a + int(np.argmin(finite))))
+        begin, size = job.info.data_offsets[0], job.bits.itemsize
+        self._drop_pages(begin + a * size, begin + b * size)
 
     def _drop_pages(self, begin: int, end: int) -> None:
         """Tell the OS this process is done with bytes [begin, end) of the data buffer (MADV_DONTNEED
