@@ -467,3 +467,35 @@ def test_kv_config_completes_into_the_pools_kv_cfg():
     c = runner.config
     assert runner.pool.cfg == KvConfig(8, B).pool_cfg(c.num_hidden_layers, c.num_key_value_heads, c.head_dim)
     assert runner.cfg.kv == KvConfig(8, B)  # the config it was built with, under its own name
+
+
+@pytest.mark.smollm2
+def test_smollm2_load_is_the_bf16_file_widened_bit_for_bit():
+    """The real SmolLM2 (section 2.3, loading): every float32 weight the runner holds is exactly its
+    BF16 bits << 16, as plain numpy widens them one tensor at a time, whatever the parallel widening
+    did; the weights lie in one arena and each layer's q/k/v and gate/up stacks are their parts' rows."""
+    from conftest import smollm2_path
+    from tl_lab.model import LAYER_LINEARS, LAYER_NORMS, SafeTensors
+
+    d = smollm2_path()
+    w = ModelRunner.load(d, EngineConfig(kv=KvConfig(n_blocks=1))).weights
+    arena = w.embed.base
+    with SafeTensors.open(d / "model.safetensors") as f:
+        assert {f.info(n).dtype for n in f.names()} == {"BF16"}
+
+        def check(a: np.ndarray, name: str) -> None:
+            want = f.raw(name).astype(np.uint32) << 16
+            assert a.dtype == np.float32 and np.array_equal(a.view(np.uint32), want), name
+            assert a.base is arena, f"{name} is not in the one arena"
+
+        check(w.embed, "model.embed_tokens.weight")
+        check(w.norm, "model.norm.weight")
+        assert w.lm_head is None and w.config.tie_word_embeddings
+        for i, layer in enumerate(w.layers):
+            p = f"model.layers.{i}"
+            for n in LAYER_NORMS:
+                check(getattr(layer, n), f"{p}.{n}.weight")
+            for field, module in LAYER_LINEARS:
+                check(getattr(layer, field).w, f"{p}.{module}.weight")
+            for stack, first in ((layer.qkv.w, layer.q_proj.w), (layer.gate_up.w, layer.gate_proj.w)):
+                assert stack.base is arena and stack.ctypes.data == first.ctypes.data
