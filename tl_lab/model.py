@@ -24,7 +24,7 @@ import threading
 from dataclasses import dataclass, field, fields, replace
 from functools import cache
 from pathlib import Path
-from typing import Iterator, Union
+from typing import Callable, Iterator, Union
 
 import numpy as np
 
@@ -479,7 +479,7 @@ class _Widening:
     info: TensorInfo
     bits: np.ndarray
     out: np.ndarray
-    widen: object  # `_WIDEN[dtype]`: (bits, out=) -> out
+    widen: Callable[..., np.ndarray]  # `_WIDEN[dtype]`: widen(bits, out=out) -> out
 
 
 @dataclass(frozen=True)
