@@ -16,7 +16,7 @@ each x value and weight value loaded serves several products, which is what a lo
 by arithmetic) wants; a block always has ROWS rows (the caller pads x with zero rows,
 `padded_rows`), so a row runs the same code wherever it sits. The two add in different orders, so
 the forward picks one by the row's own sequence (`forward.linear_rows`), never by the batch. The
-int4 kernel (`matmul_q4`) unpacks the nibbles of four features in registers, one row at a time. Every kernel takes C-contiguous arrays
+int4 kernel (`matmul_q4`) unpacks the nibbles of eight features in registers, one row at a time. Every kernel takes C-contiguous arrays
 only (numba compiles a different loop for strided arrays, and that one may add in another order).
 
 Compiled with numba, ``cache=True``: the first process compiles (seconds), later ones load the
@@ -128,9 +128,15 @@ def matvec_f32(x, W, y):  # pragma: no cover (compiled)
 
 @njit(inline="always", cache=True)
 def _nibble(n):  # pragma: no cover (compiled)
-    """q = (low nibble of n) - 8 as float32: the offset-binary int4 value, exact. Through uint8 so
-    LLVM unpacks 16 bytes into 16 int32 lanes (an int64 intermediate would halve every vector)."""
-    return np.float32(np.uint8(n & 15)) - np.float32(8.0)
+    """The low nibble of the byte n, 0 .. 15, as float32 (exact). Through uint8 so LLVM unpacks 16
+    bytes into 16 int32 lanes (numba's int64 arithmetic would halve every vector)."""
+    return np.float32(np.uint8(n & 15))
+
+
+Q4_FEATURES = 8
+"""Output features per block of `matmul_q4`: eight independent sums in flight per thread. With four,
+each group's add waited on the previous group's (SmolLM2's layer linears, batch 1, 1 thread: 4.2 ms
+against 5.9 ms; sixteen: 4.6 ms)."""
 
 
 @njit(parallel=True, fastmath=FASTMATH, cache=True)
@@ -140,47 +146,44 @@ def matmul_q4(x, P, S, f16, y, lanes):  # pragma: no cover (compiled)
     x: (M, K) float32 (any M); P: (N, K / 2) uint8 in the kernel layout of `quant.to_planar` (per
     group of g columns, byte b holds column b in its low nibble and column b + g/2 in its high one,
     each as q + 8); S: (N, G) uint16, the f16 scales; f16: (65536,) float32, every f16 widened;
-    y: (M, N) float32, written; lanes: a tuple of g/2 zeros, only its length is read: a tuple's length
-    is part of its numba type, so each group size compiles to its own machine code, whose inner loop
-    over a group's g/2 bytes has a constant trip count (LLVM turns it into whole vectors: 16 lanes
-    of f32 for g = 32). A run-time g/2 cost a third more, measured.
+    y: (M, N) float32, written; lanes: a tuple of g/2 zeros, only its length is read. A tuple's
+    length is part of its numba type, so each group size compiles to its own machine code whose
+    loop over a group's g/2 bytes has a constant trip count: whole vectors (16 f32 lanes for
+    g = 32). A run-time g/2 cost a third more, measured.
 
-    Per block of four output features and per row, a group's g/2 bytes are unpacked in registers
-    (mask or shift, -8, convert: exact) and multiplied by the group's x, its low nibbles by
-    x[c0 : c0 + g/2] and its high ones by x[c0 + g/2 : c0 + g]; lane b of `acc` collects
-    s * (q_lo x_lo + q_hi x_hi) over the groups, and the lanes are added once at the end. Nothing
-    is stored and read back per weight, and each x value loaded serves four features: at batch 1
-    this does half the work of widening a W_hat tile (SmolLM2's layer linears, 1 thread: 5.6 ms
-    against 10 ms). Each row runs the same loop whatever the batch or the thread count.
+    Per block of Q4_FEATURES output features, per row, per group, per feature: the group's bytes are
+    unpacked in registers (a mask or a shift, a conversion: exact), lane b gets
+    s * (n_lo x_lo + n_hi x_hi - 8 (x_lo + x_hi)) = s * (q_lo x_lo + q_hi x_hi), with x_lo, x_hi the
+    group's two runs of x (the -8 of offset binary rides in the same multiply-adds), and adds it to
+    acc[j, b]; each feature's lanes are added up once, at the end of the row. Nothing is stored and
+    read back per weight (widening a tile of W_hat first took twice as long at batch 1). Each row
+    runs the same loop whatever the batch or the thread count, and every sum stays inside one
+    group's lanes or one row's end: a sum carried across groups in a scalar gave other bits when
+    the kernel came from numba's cache than freshly compiled (measured, and tested).
     """
     M, K = x.shape
     N, G = S.shape
     L = len(lanes)
-    for nb in prange((N + 3) // 4):
-        n0, r0, r1, r2, r3 = _four_features(nb, N)
-        acc = np.empty((4, L), dtype=np.float32)  # four features x one group's lanes, in L1
+    F = Q4_FEATURES
+    for nb in prange((N + F - 1) // F):
+        n0 = nb * F
+        acc = np.empty((F, L), dtype=np.float32)  # F features x one group's lanes, in L1
         for m in range(M):
             acc[:] = 0
             for g in range(G):
                 c0, p0 = g * 2 * L, g * L  # first column, first byte of the group
-                s0, s1, s2, s3 = f16[S[r0, g]], f16[S[r1, g]], f16[S[r2, g]], f16[S[r3, g]]
+                for j in range(F):
+                    r = min(n0 + j, N - 1)  # a short last block repeats its last feature (never stored)
+                    s = f16[S[r, g]]
+                    for b in range(L):
+                        xl, xh = x[m, c0 + b], x[m, c0 + L + b]
+                        n = P[r, p0 + b]
+                        acc[j, b] += s * (_nibble(n) * xl + (_nibble(n >> 4) * xh - np.float32(8.0) * (xl + xh)))
+            for j in range(min(F, N - n0)):
+                a = np.float32(0.0)
                 for b in range(L):
-                    xl, xh = x[m, c0 + b], x[m, c0 + L + b]
-                    n = P[r0, p0 + b]
-                    acc[0, b] += s0 * (_nibble(n) * xl + _nibble(n >> 4) * xh)
-                    n = P[r1, p0 + b]
-                    acc[1, b] += s1 * (_nibble(n) * xl + _nibble(n >> 4) * xh)
-                    n = P[r2, p0 + b]
-                    acc[2, b] += s2 * (_nibble(n) * xl + _nibble(n >> 4) * xh)
-                    n = P[r3, p0 + b]
-                    acc[3, b] += s3 * (_nibble(n) * xl + _nibble(n >> 4) * xh)
-            a0 = a1 = a2 = a3 = np.float32(0.0)
-            for b in range(L):
-                a0 += acc[0, b]
-                a1 += acc[1, b]
-                a2 += acc[2, b]
-                a3 += acc[3, b]
-            _store_four(y, m, n0, N, a0, a1, a2, a3)
+                    a += acc[j, b]
+                y[m, n0 + j] = a
 
 
 @njit(inline="always", cache=True)
