@@ -16,7 +16,7 @@ each x value and weight value loaded serves several products, which is what a lo
 by arithmetic) wants; a block always has ROWS rows (the caller pads x with zero rows,
 `padded_rows`), so a row runs the same code wherever it sits. The two add in different orders, so
 the forward picks one by the row's own sequence (`forward.linear_rows`), never by the batch. The
-int4 kernel (`matmul_q4`) unpacks the nibbles of eight features in registers, one row at a time. Every kernel takes C-contiguous arrays
+int4 kernel (`matmul_q4`) unpacks the nibbles in registers, one row at a time. Every kernel takes C-contiguous arrays
 only (numba compiles a different loop for strided arrays, and that one may add in another order).
 
 Compiled with numba, ``cache=True``: the first process compiles (seconds), later ones load the
@@ -156,7 +156,7 @@ def matmul_q4(x, P, S, f16, y, lanes):  # pragma: no cover (compiled)
     s * (n_lo x_lo + n_hi x_hi - 8 (x_lo + x_hi)) = s * (q_lo x_lo + q_hi x_hi), with x_lo, x_hi the
     group's two runs of x (the -8 of offset binary rides in the same multiply-adds), and adds it to
     acc[j, b]; each feature's lanes are added up once, at the end of the row. Nothing is stored and
-    read back per weight (widening a tile of W_hat first took twice as long at batch 1). Each row
+    read back per weight (widening a tile of W_hat first took more than twice as long at batch 1). Each row
     runs the same loop whatever the batch or the thread count, and every sum stays inside one
     group's lanes or one row's end: a sum carried across groups in a scalar gave other bits when
     the kernel came from numba's cache than freshly compiled (measured, and tested).
