@@ -504,9 +504,10 @@ def to_planar(qweight: np.ndarray, group: int) -> np.ndarray:
     """The chapter's int4 packing -> the kernel's: uint8 (out, inp // 2) -> uint8 (out, inp // 2).
 
     Group-planar, offset-binary: byte b of a group holds column b of the group in its low nibble
-    and column b + group/2 in its high one, each stored as q + 8 (0 .. 15). So the kernel widens
-    16 bytes into two runs of 16 contiguous columns with one mask, one shift and one subtraction
-    each, no sign fix per nibble.
+    and column b + group/2 in its high one, each stored as q + 8 (0 .. 15). So `kernels.matmul_q4`
+    reads a group (16 bytes for group 32) as one vector and unpacks it into two runs of 16
+    contiguous columns, matching two contiguous runs of x, with one mask or shift, one conversion
+    and one subtraction of 8 each: no sign fix per nibble, no shuffle.
     """
     out, half_inp = qweight.shape
     n = (_INT4_PAIRS_I8[qweight].reshape(out, half_inp * 2 // group, 2, group // 2) + 8).astype(np.uint8)
