@@ -24,7 +24,10 @@ machine code from ``__pycache__``. `FASTMATH` lets LLVM reorder a sum into vecto
 (`reassoc`), fuse multiply-adds (`contract`), ignore the sign of a zero (`nsz`) and turn a division
 into a multiplication by the reciprocal (`arcp`, attention's normalisation), and nothing else: no
 assumption that values are finite (no `nnan`, `ninf`), so an infinity or NaN still comes out as one.
-Every flag is fixed at compile time, so none of them makes the bits depend on the batch.
+Every flag is fixed at compile time, so none of them makes the bits depend on the batch. One sum
+is kept out of `reassoc`'s reach (`ORDERED`, `_exp_sum`): inside a parallel loop, numba compiled
+it one way in the process that compiled the kernel and another way in the processes that loaded
+it from the cache.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import numpy as np  # noqa: E402
 from numba import njit, prange  # noqa: E402
 
-__all__ = ["ROWS", "FASTMATH", "padded_rows", "matmul_f32", "matmul_q4", "matvec_f32", "attend_paged", "QUERY_TILE", "product_f32", "rows_f32", "head_f32",
+__all__ = ["ROWS", "FASTMATH", "ORDERED", "padded_rows", "matmul_f32", "matmul_q4", "matvec_f32", "attend_paged", "QUERY_TILE", "product_f32", "rows_f32", "head_f32",
            "product_q4", "set_threads"]
 
 ROWS = 4
@@ -173,18 +176,40 @@ def _widen_slot(bits, f16, out):  # pragma: no cover (compiled)
         out[d] = f16[bits[d]]
 
 
+ORDERED = {"contract", "nsz", "arcp"}
+"""FASTMATH without `reassoc`: every sum adds in the order the loop is written."""
+
+
 @njit(inline="always", cache=True)
 def _softmax(w):  # pragma: no cover (compiled)
-    """w (L,) float32 -> softmax(w) in place, the maximum subtracted first."""
+    """w (L,) float32 -> softmax(w) in place, the maximum subtracted first (a maximum is the
+    same in any order, so only the sum needs `_exp_sum`)."""
     top = w[0]
     for j in range(1, w.size):
         top = max(top, w[j])
+    inv = np.float32(1.0) / _exp_sum(w, top)
+    for j in range(w.size):
+        w[j] *= inv
+
+
+@njit(fastmath=ORDERED, cache=True)
+def _exp_sum(w, top):  # pragma: no cover (compiled)
+    """w[j] = exp(w[j] - top) in place -> their sum, added in key order j = 0, 1, ...
+
+    Why its own compiled function, without `reassoc`: numba optimizes a parallel kernel loaded
+    from its cache differently from one it has just compiled (numba issue #10617). Inlined into
+    `attend_paged` with `reassoc`, this sum was split into vector lanes one way in the process
+    that compiled the kernel and another way in every later process that loaded it, so the first
+    run after a change gave other bits than all the runs after it
+    (`test_kernels_give_the_same_bits_compiled_or_cached`). A sum whose order is written in the
+    code cannot be rearranged by either. The products keep `reassoc` (their lanes are what makes
+    them fast), and the same test holds them to it.
+    """
     total = np.float32(0.0)
     for j in range(w.size):
         w[j] = np.exp(w[j] - top)
         total += w[j]
-    for j in range(w.size):
-        w[j] /= total
+    return total
 
 
 QUERY_TILE = 16
