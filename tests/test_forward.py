@@ -432,11 +432,11 @@ def test_stacked_linears_give_each_part_its_own_bits(quant):
     runner = _tiny_runner(**({"quant": Int4(32)} if quant else {}))
     layer = runner.weights.layers[0]
     rng = np.random.default_rng(7)
-    h = rng.standard_normal((LONG_ROWS + 3, layer.q_proj.inp)).astype(np.float32)
-    for plan in (None, plan_rows([1, 2, LONG_ROWS])):
+    for n in (1, 3, LONG_ROWS + 3):  # the one-row kernel, a small block, a long prefill
+        h = rng.standard_normal((n, layer.q_proj.inp)).astype(np.float32)
         for stack, parts in ((layer.qkv, ("q_proj", "k_proj", "v_proj")), (layer.gate_up, ("gate_proj", "up_proj"))):
-            together = linear_rows(h, stack, plan)
-            apart = np.concatenate([linear_rows(h, getattr(layer, p), plan) for p in parts], axis=1)
+            together = linear_rows(h, stack)
+            apart = np.concatenate([linear_rows(h, getattr(layer, p)) for p in parts], axis=1)
             assert np.array_equal(together, apart)
     if quant:
         assert isinstance(layer.qkv, QLinear) and np.shares_memory(layer.q_proj.planar, layer.qkv.planar)

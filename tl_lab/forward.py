@@ -18,9 +18,10 @@ second copy of the forward.
 
 Batch invariance (section 2.4) rests on one rule: every operation that mixes numbers either works
 inside one row (the norms, RoPE, SwiGLU, the embedding) or inside one sequence (attention), or is a
-product with a weight matrix whose every output is one compiled loop in a fixed order
-(`tl_lab.kernels`, through `linear_rows`: the kernel a row meets depends on its own sequence only),
-so a sequence gets the same bits whatever else is in the step and whatever the thread count.
+product with a weight matrix whose every output is one compiled sum in a fixed order
+(`tl_lab.kernels`, through `linear_rows`: every kernel adds a sum in the order `tl_lab.lanes`
+writes out, whichever kernel the batch size picks), so a sequence gets the same bits whatever else
+is in the step and whatever the thread count.
 W_q, W_k, W_v and W_gate, W_up are stacked at load (`LlamaLayer.qkv`, `.gate_up`): one product
 each, whose every output is the same loop as in the part's own product. The numpy pieces below
 (`matmul_rows` with its 8-row tiles, `matvec_rows`, `product_rows`, `gather_kv` + `attend`) are the
@@ -30,12 +31,12 @@ is not invariant (product="plain" runs it, for the notebook and the benchmarks).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from tl_lab.blocks import blocks_for
-from tl_lab.kernels import QUERY_TILE, attend_paged, head_f32, rows_f32
+from tl_lab.kernels import QUERY_TILE, attend_paged, head_f32, product_f32
 from tl_lab.kv import key_location
 from tl_lab.model import Linear, LlamaWeights
 from tl_lab.quant import _F16_TABLE, QLinear, f16_to_f32, f32_to_f16
@@ -393,10 +394,6 @@ class Step:
     offsets: np.ndarray
     starts: np.ndarray
     tables: list[np.ndarray]
-    plan: RowPlan = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.plan = plan_rows(np.diff(self.offsets))
 
     @classmethod
     def of(cls, seqs) -> Step:
@@ -532,34 +529,24 @@ class Recorder:
 # ---------------------------------------------------------------------------------------------
 
 
-def linear_rows(h: np.ndarray, lin: Linear | QLinear, plan: RowPlan | None = None) -> np.ndarray:
+def linear_rows(h: np.ndarray, lin: Linear | QLinear) -> np.ndarray:
     """The engine's product of a step's rows, h: (N, K) float32 -> (N, out) float32 (section 2.4).
 
-    An int4 linear runs `QLinear.forward` (one row at a time, any N). A float32 one sends the rows
-    of short sequences (decodes, short chunks) through `kernels.rows_f32`, one row at a time, the
-    fastest when the weight's bytes are the cost; a sequence of LONG_ROWS or more new tokens (a
-    prefill) goes through `Linear.forward`'s blocks of ROWS rows, which do four times less loading
-    per product. Both kernels are row-invariant, and which one a row meets depends only on its own
-    sequence's length, so a sequence's bits still do not depend on the rest of the batch.
-    plan=None: every row is short.
+    An int4 linear runs `QLinear.forward`, a float32 one `kernels.product_f32`: a lone row (a
+    batch-1 decode) through the one-row kernel, any other batch through blocks of 4 rows. Every
+    kernel adds each sum in `lanes` order, so a row's bits do not depend on which one the batch
+    picked, nor on the rest of the batch.
     """
     if isinstance(lin, QLinear):
         return lin.forward(h)
-    if plan is None or not plan.spans:
-        return rows_f32(h, lin.w)
-    y = np.empty((h.shape[0], lin.out), dtype=np.float32)
-    if plan.short.size:
-        y[plan.short] = rows_f32(h[plan.short], lin.w)
-    for a, b in plan.spans:
-        y[a:b] = lin.forward(h[a:b])
-    return y
+    return product_f32(h, lin.w)
 
 
-def linear_fn(product: str = "invariant", scratch: Scratch | None = None, plan: RowPlan | None = None):
+def linear_fn(product: str = "invariant", scratch: Scratch | None = None):
     """The product of a step: "invariant" (`linear_rows`: the compiled kernels, row-invariant, the
     engine's) or "plain" (numpy's ``x @ W.T``, the batch-dependent baseline)."""
     if product == "invariant":
-        return lambda h, lin: linear_rows(h, lin, plan)
+        return linear_rows
     if product == "plain":
         return lambda h, lin: h @ weight_t(lin, scratch)
     raise ValueError(f"product must be one of {PRODUCTS}, got {product!r}")
@@ -590,8 +577,8 @@ def llama_layer(layer, l: int, x: np.ndarray, cos: np.ndarray, sin: np.ndarray, 
 def lm_head(weights: LlamaWeights, x_last: np.ndarray, product: str = "invariant") -> np.ndarray:
     """Final RMSNorm and the LM head (the embedding when tied). x_last: (S, d) -> (S, V) float32.
 
-    The invariant product here is the compiled `kernels.matvec_f32`: one row per sequence, each
-    through the same loop, the weight read from memory once per step."""
+    The invariant product here is the compiled `kernels.head_f32` (`product_f32`): the weight is
+    read from memory once per step, whatever the number of sequences."""
     c = weights.config
     h = rms_norm(x_last, weights.norm, c.rms_norm_eps)  # the final norm
     if product == "plain":
@@ -618,7 +605,7 @@ def llama_forward(weights: LlamaWeights, step: Step, data: np.ndarray | None, *,
     c = weights.config
     if kv not in ("pool", "f32"):
         raise ValueError(f"kv must be 'pool' or 'f32', got {kv!r}")
-    linear = linear_fn(product, scratch, step.plan)
+    linear = linear_fn(product, scratch)
     cache = PoolKv(data, step) if kv == "pool" else F32Kv(step)
     rec = None if trace is None else Recorder(trace)
     cos, sin = rope_cos_sin(step.pos, c.head_dim, c.rope_theta)  # (N, D): RoPE at absolute pos(t)

@@ -1,30 +1,36 @@
 """Compiled kernels of the engine path: the products and the attention. Chapter L10.1, sections 2.4 and 2.5.
 
 Why our product gives the same bits whatever the batch (section 2.4, batch invariance). Every
-output element y[m, n] is summed by ONE thread in ONE compiled loop over k. The loop's order (how
-LLVM splits it into vector lanes and adds the lanes up) is fixed when the kernel is compiled, so it
-depends on nothing decided at run time: not on how many rows share the call, not on where a row
-sits among them, not on how many threads there are (a thread takes whole output features, never a
-piece of a sum). numpy's ``x @ W.T`` gives that order to OpenBLAS, which picks it from the shape.
+output element y[m, n] is summed by ONE thread, in the order `tl_lab.lanes` writes out: sixteen
+lanes, lane l adding the terms k = l, l + 16, ... one fused multiply-add at a time, then the lanes
+folded in a fixed tree. Nothing decided at run time changes that order: not how many rows share
+the call, not where a row sits among them, not how many threads there are (a thread takes whole
+output features, never a piece of a sum), not which kernel runs. numpy's ``x @ W.T`` gives the
+order to OpenBLAS, which picks it from the shape.
 
-Two f32 kernels, each row-invariant on its own. `matvec_f32` takes one row at a time through one
-loop over four output features, the rows taking turns while those four weight rows sit in the cache:
-the weight comes from memory once per step and a lone row does no wasted work, which is what a
-decode step (bound by reading the weights) wants; it runs decode rows, short chunks and the LM head
-(`rows_f32`, `head_f32`). `matmul_f32` works on blocks of ROWS x 4 (batch rows x output features):
-each x value and weight value loaded serves several products, which is what a long prefill (bound
-by arithmetic) wants; a block always has ROWS rows (the caller pads x with zero rows,
-`padded_rows`), so a row runs the same code wherever it sits. The two add in different orders, so
-the forward picks one by the row's own sequence (`forward.linear_rows`), never by the batch. The
-int4 kernel (`matmul_q4`) unpacks the nibbles in registers, one row at a time. Every kernel takes C-contiguous arrays
-only (numba compiles a different loop for strided arrays, and that one may add in another order).
+Two f32 kernels, one order. `matvec_f32` takes one row at a time, four output features per pass:
+a lone row does no wasted work, which is what a batch-1 decode step (bound by reading the weights)
+wants. `matmul_f32` works on blocks of 4 rows x 4 features (x padded with zero rows to a multiple
+of 4, `padded_rows`): each x vector and weight vector loaded serves four products, which is what a
+batch of decodes or a long prefill (bound by arithmetic) wants. Both build every sum from the same
+`lanes` pieces, so they give the same bits (tested), and `product_f32` picks one by the batch size
+alone. Both ask for the weight rows a little ahead of the arithmetic (`lanes.prefetch`): without
+that, a kernel busy with arithmetic let the memory sit idle, and a batch of 8 cost twice what it
+needs to. The int4 kernel (`matmul_q4`) unpacks the nibbles in registers, one row at a time, and
+adds in an order of its own (held to the float64 product within tolerance, and to its own bits
+across batches and threads). Every kernel takes C-contiguous arrays only.
 
 Compiled with numba, ``cache=True``: the first process compiles (seconds), later ones load the
-machine code from ``__pycache__``. `FASTMATH` lets LLVM reorder a sum into vector lanes
-(`reassoc`), fuse multiply-adds (`contract`), ignore the sign of a zero (`nsz`) and turn a division
-into a multiplication by the reciprocal (`arcp`, attention's normalisation), and nothing else: no
-assumption that values are finite (no `nnan`, `ninf`), so an infinity or NaN still comes out as one.
-Every flag is fixed at compile time, so none of them makes the bits depend on the batch.
+machine code from ``__pycache__``. The products use no fast-math flag at all (`lanes` writes the
+vector code itself). Attention keeps `FASTMATH` for its dot products over the head dimension: LLVM
+may split a sum into vector lanes (`reassoc`), fuse multiply-adds (`contract`), ignore the sign of
+a zero (`nsz`) and turn a division into a multiplication by the reciprocal (`arcp`), and nothing
+else: no assumption that values are finite (no `nnan`, `ninf`), so an infinity or NaN still comes
+out as one. Every flag is fixed at compile time, so none of them makes the bits depend on the
+batch. One sum is kept out of `reassoc`'s reach (`ORDERED`, `_exp_sum`): inside a parallel loop,
+numba compiled it one way in the process that compiled the kernel and another way in the processes
+that loaded it from the cache; `test_kernels_give_the_same_bits_compiled_or_cached` holds every
+kernel to giving the same bits both ways.
 """
 
 from __future__ import annotations
@@ -43,7 +49,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import numpy as np  # noqa: E402
 from numba import njit, prange  # noqa: E402
 
-__all__ = ["ROWS", "FASTMATH", "padded_rows", "matmul_f32", "matmul_q4", "matvec_f32", "attend_paged", "QUERY_TILE", "product_f32", "rows_f32", "head_f32",
+from tl_lab.lanes import LANES, prefetch, vfma, vload, vsum, vzero  # noqa: E402
+
+__all__ = ["ROWS", "FASTMATH", "ORDERED", "padded_rows", "matmul_f32", "matmul_q4", "matvec_f32", "attend_paged", "QUERY_TILE", "product_f32", "rows_f32", "head_f32",
            "product_q4", "set_threads"]
 
 ROWS = 4
@@ -64,28 +72,6 @@ def padded_rows(x: np.ndarray) -> np.ndarray:
     return xp
 
 
-@njit(parallel=True, fastmath=FASTMATH, cache=True)
-def matmul_f32(x, W, y):  # pragma: no cover (compiled)
-    """y = x W^T. x: (M, K) float32 with M a multiple of ROWS; W: (N, K) float32, stored [out, in];
-    y: (M, N) float32, written. Threads split the output features n (prange), 4 at a time; every
-    y[m, n] is one fixed loop over k."""
-    M, K = x.shape
-    N = W.shape[0]
-    for nb in prange((N + 3) // 4):
-        n0 = nb * 4
-        nn = min(4, N - n0)  # the last block of a weight may have fewer features
-        for m0 in range(0, M, ROWS):
-            acc = np.zeros((ROWS, 4), dtype=np.float32)
-            for k in range(K):
-                for i in range(ROWS):
-                    xv = x[m0 + i, k]
-                    for j in range(4):
-                        acc[i, j] += xv * W[n0 + min(j, nn - 1), k]  # a short block repeats its last feature
-            for i in range(ROWS):
-                for j in range(nn):
-                    y[m0 + i, n0 + j] = acc[i, j]
-
-
 @njit(inline="always", cache=True)
 def _four_features(nb, N):  # pragma: no cover (compiled)
     """Block nb of four output features: (n0, r0, r1, r2, r3), the weight rows to read; the last
@@ -103,27 +89,90 @@ def _store_four(y, m, n0, N, a0, a1, a2, a3):  # pragma: no cover (compiled)
             y[m, n0 + j] = a
 
 
-@njit(parallel=True, fastmath=FASTMATH, cache=True)
-def matvec_f32(x, W, y):  # pragma: no cover (compiled)
-    """y = x W^T one row at a time: x: (M, K) float32 (any M), W: (N, K) float32, y: (M, N) float32.
+@njit(inline="always", cache=True)
+def _store_lanes(y, m, n0, N, a0, a1, a2, a3):  # pragma: no cover (compiled)
+    """y[m, n0 .. n0 + 3] = the folded lanes of a0 .. a3 (`lanes.vsum`), the features that exist."""
+    _store_four(y, m, n0, N, vsum(a0), vsum(a1), vsum(a2), vsum(a3))
 
-    For the LM head, which sees one row per sequence: four output features per iteration share
-    each x value, and the rows take turns over the four weight rows while they sit in the cache,
-    so the weight comes from memory once per step. Every row runs the same loop (no padding).
-    """
+
+@njit(inline="always", cache=True)
+def _prefetch_four(W, p, k):  # pragma: no cover (compiled)
+    """Ask for W[p .. p + 3, k .. k + 15], the weight rows that the block `ahead` on will read."""
+    last = W.shape[0] - 1
+    for j in range(4):
+        prefetch(W, min(p + j, last), k)
+
+
+AHEAD_BYTES = 32 * 1024
+"""How far ahead of its arithmetic a kernel asks for weight rows (`lanes.prefetch`): far enough
+that a row arrives before it is needed, near enough that it is still in the cache when it is."""
+
+
+@njit(inline="always", cache=True)
+def _ahead(K):  # pragma: no cover (compiled)
+    """Weight rows (a multiple of 4, at least 4) that make AHEAD_BYTES of a K-column float32 weight."""
+    return max(4, AHEAD_BYTES // (16 * K) * 4)
+
+
+@njit(parallel=True, cache=True)
+def matvec_f32(x, W, y):  # pragma: no cover (compiled)
+    """y = x W^T one row at a time. x: (M, K) float32 (any M); W: (N, K) float32, stored [out, in];
+    y: (M, N) float32, written.
+
+    The kernel of a lone row (a batch-1 decode step, the LM head of one sequence). Its cost is
+    reading the weight: one pass, four weight rows at a time, each x value loaded once for the four.
+    Threads split the output features (prange); every y[m, n] is one sum in `lanes` order."""
     M, K = x.shape
     N = W.shape[0]
     for nb in prange((N + 3) // 4):
         n0, r0, r1, r2, r3 = _four_features(nb, N)
         for m in range(M):
-            a0 = a1 = a2 = a3 = np.float32(0.0)
-            for k in range(K):
-                xv = x[m, k]
-                a0 += xv * W[r0, k]
-                a1 += xv * W[r1, k]
-                a2 += xv * W[r2, k]
-                a3 += xv * W[r3, k]
-            _store_four(y, m, n0, N, a0, a1, a2, a3)
+            a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
+            for k in range(0, K, LANES):
+                xv = vload(x, m, k)
+                a0 = vfma(xv, vload(W, r0, k), a0)
+                a1 = vfma(xv, vload(W, r1, k), a1)
+                a2 = vfma(xv, vload(W, r2, k), a2)
+                a3 = vfma(xv, vload(W, r3, k), a3)
+            _store_lanes(y, m, n0, N, a0, a1, a2, a3)
+
+
+@njit(parallel=True, cache=True)
+def matmul_f32(x, W, y):  # pragma: no cover (compiled)
+    """y = x W^T in blocks of ROWS = 4 rows by 4 features. x: (M, K) float32 with M a multiple of 4
+    (`padded_rows`); W: (N, K) float32; y: (M, N) float32, written.
+
+    The kernel of a batch: 16 sums side by side, each x vector loaded serves 4 features and each
+    weight vector 4 rows, so a batch of 8 decodes or a long prefill does 4 times less loading per
+    multiply-add than `matvec_f32`. Each sum is added in `lanes` order, so every y[m, n] has the
+    same bits as `matvec_f32`'s: the engine picks either by the batch alone."""
+    M, K = x.shape
+    N = W.shape[0]
+    ahead = _ahead(K)
+    for nb in prange((N + 3) // 4):
+        n0, r0, r1, r2, r3 = _four_features(nb, N)
+        p = min(r0 + ahead, N - 1)
+        for m0 in range(0, M, 4):
+            a00, a01, a02, a03 = vzero(), vzero(), vzero(), vzero()  # a_ij: row m0 + i, feature n0 + j
+            a10, a11, a12, a13 = vzero(), vzero(), vzero(), vzero()
+            a20, a21, a22, a23 = vzero(), vzero(), vzero(), vzero()
+            a30, a31, a32, a33 = vzero(), vzero(), vzero(), vzero()
+            for k in range(0, K, LANES):
+                if m0 == 0:
+                    _prefetch_four(W, p, k)
+                w0, w1, w2, w3 = vload(W, r0, k), vload(W, r1, k), vload(W, r2, k), vload(W, r3, k)
+                x0 = vload(x, m0, k)
+                a00, a01, a02, a03 = vfma(x0, w0, a00), vfma(x0, w1, a01), vfma(x0, w2, a02), vfma(x0, w3, a03)
+                x1 = vload(x, m0 + 1, k)
+                a10, a11, a12, a13 = vfma(x1, w0, a10), vfma(x1, w1, a11), vfma(x1, w2, a12), vfma(x1, w3, a13)
+                x2 = vload(x, m0 + 2, k)
+                a20, a21, a22, a23 = vfma(x2, w0, a20), vfma(x2, w1, a21), vfma(x2, w2, a22), vfma(x2, w3, a23)
+                x3 = vload(x, m0 + 3, k)
+                a30, a31, a32, a33 = vfma(x3, w0, a30), vfma(x3, w1, a31), vfma(x3, w2, a32), vfma(x3, w3, a33)
+            _store_lanes(y, m0, n0, N, a00, a01, a02, a03)
+            _store_lanes(y, m0 + 1, n0, N, a10, a11, a12, a13)
+            _store_lanes(y, m0 + 2, n0, N, a20, a21, a22, a23)
+            _store_lanes(y, m0 + 3, n0, N, a30, a31, a32, a33)
 
 
 @njit(inline="always", cache=True)
@@ -193,18 +242,40 @@ def _widen_slot(bits, f16, out):  # pragma: no cover (compiled)
         out[d] = f16[bits[d]]
 
 
+ORDERED = {"contract", "nsz", "arcp"}
+"""FASTMATH without `reassoc`: every sum adds in the order the loop is written."""
+
+
 @njit(inline="always", cache=True)
 def _softmax(w):  # pragma: no cover (compiled)
-    """w (L,) float32 -> softmax(w) in place, the maximum subtracted first."""
+    """w (L,) float32 -> softmax(w) in place, the maximum subtracted first (a maximum is the
+    same in any order, so only the sum needs `_exp_sum`)."""
     top = w[0]
     for j in range(1, w.size):
         top = max(top, w[j])
+    inv = np.float32(1.0) / _exp_sum(w, top)
+    for j in range(w.size):
+        w[j] *= inv
+
+
+@njit(fastmath=ORDERED, cache=True)
+def _exp_sum(w, top):  # pragma: no cover (compiled)
+    """w[j] = exp(w[j] - top) in place -> their sum, added in key order j = 0, 1, ...
+
+    Why its own compiled function, without `reassoc`: numba optimizes a parallel kernel loaded
+    from its cache differently from one it has just compiled (numba issue #10617). Inlined into
+    `attend_paged` with `reassoc`, this sum was split into vector lanes one way in the process
+    that compiled the kernel and another way in every later process that loaded it, so the first
+    run after a change gave other bits than all the runs after it
+    (`test_kernels_give_the_same_bits_compiled_or_cached`). A sum whose order is written in the
+    code cannot be rearranged by either (the f32 products write their lanes out, `tl_lab.lanes`,
+    and the same test holds every kernel to it).
+    """
     total = np.float32(0.0)
     for j in range(w.size):
         w[j] = np.exp(w[j] - top)
         total += w[j]
-    for j in range(w.size):
-        w[j] /= total
+    return total
 
 
 QUERY_TILE = 16
@@ -276,7 +347,16 @@ def attend_paged(q, data, layer, tables, seq_of, starts, firsts, tiles, f16, o):
 
 
 def product_f32(x: np.ndarray, W: np.ndarray) -> np.ndarray:
-    """y = x W^T with `matmul_f32`. x: (M, K) float32, W: (N, K) float32 C-contiguous -> (M, N) float32."""
+    """y = x W^T, the engine's float32 product. x: (M, K) float32, W: (N, K) float32 C-contiguous
+    -> (M, N) float32.
+
+    A lone row goes through `matvec_f32` (a decode step is bound by reading the weight, and a row
+    padded to a block of 4 would do 4 times the arithmetic for the same bytes); two rows or more
+    through `matmul_f32`'s blocks. Both add every sum in `lanes` order, so which one runs changes
+    the speed, never the bits: a row's result is the same alone, in any batch, at any thread count.
+    """
+    if x.shape[0] == 1:
+        return rows_f32(x, W)
     xp = padded_rows(x)
     y = np.empty((xp.shape[0], W.shape[0]), dtype=np.float32)
     matmul_f32(xp, _c(W), y)
@@ -284,12 +364,8 @@ def product_f32(x: np.ndarray, W: np.ndarray) -> np.ndarray:
 
 
 def rows_f32(x: np.ndarray, W: np.ndarray) -> np.ndarray:
-    """y = x W^T with `matvec_f32`, every row through the same one-row loop (no padding): the
-    product of decode rows and short chunks. x: (M, K), W: (N, K) float32 -> (M, N) float32.
-
-    Why not `matmul_f32` there: a decode step is bound by reading the weights, and a lone row padded
-    to a block of ROWS does ROWS times the arithmetic for the same bytes (SmolLM2's layer linears,
-    1 thread, interleaved: 21 ms padded against 13 ms one row at a time)."""
+    """y = x W^T with `matvec_f32`, every row through the one-row loop (no padding).
+    x: (M, K), W: (N, K) float32 -> (M, N) float32."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     y = np.empty((x.shape[0], W.shape[0]), dtype=np.float32)
     matvec_f32(x, _c(W), y)
@@ -297,9 +373,9 @@ def rows_f32(x: np.ndarray, W: np.ndarray) -> np.ndarray:
 
 
 def head_f32(x: np.ndarray, W: np.ndarray) -> np.ndarray:
-    """The LM head, y = x W^T by `rows_f32`: x (S, d), W (V, d) -> (S, V) float32 (a name of its
+    """The LM head, y = x W^T by `product_f32`: x (S, d), W (V, d) -> (S, V) float32 (a name of its
     own so a profile can tell the head from the layers' products)."""
-    return rows_f32(x, W)
+    return product_f32(x, W)
 
 
 def product_q4(x: np.ndarray, planar: np.ndarray, scales: np.ndarray, f16: np.ndarray) -> np.ndarray:
