@@ -51,7 +51,7 @@ from numba import njit, prange  # noqa: E402
 
 from tl_lab.lanes import LANES, prefetch, vfma, vload, vsum, vzero  # noqa: E402
 
-__all__ = ["ROWS", "FASTMATH", "ORDERED", "padded_rows", "matmul_f32", "matmul_q4", "matvec_f32", "attend_paged", "QUERY_TILE", "product_f32", "rows_f32", "head_f32",
+__all__ = ["ROWS", "FASTMATH", "ORDERED", "padded_rows", "lanes_ready", "matmul_f32", "matmul_q4", "matvec_f32", "attend_paged", "QUERY_TILE", "product_f32", "rows_f32", "head_f32",
            "product_q4", "set_threads"]
 
 ROWS = 4
@@ -346,6 +346,18 @@ def attend_paged(q, data, layer, tables, seq_of, starts, firsts, tiles, f16, o):
 # ---------------------------------------------------------------------------------------------
 
 
+def lanes_ready(x: np.ndarray, W: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x: (M, K), W: (N, K) -> C-contiguous float32 (M, K16), (N, K16) with K16 the next multiple
+    of `lanes.LANES`: the columns added are zeros, so every sum is unchanged (no copy when K is a
+    multiple already, as in every real model; the toy shapes of the tests pay a copy)."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    K = x.shape[1]
+    if K % LANES == 0:
+        return x, _c(W)
+    pad = ((0, 0), (0, LANES - K % LANES))
+    return np.pad(x, pad), np.pad(_c(W), pad)
+
+
 def product_f32(x: np.ndarray, W: np.ndarray) -> np.ndarray:
     """y = x W^T, the engine's float32 product. x: (M, K) float32, W: (N, K) float32 C-contiguous
     -> (M, N) float32.
@@ -355,20 +367,21 @@ def product_f32(x: np.ndarray, W: np.ndarray) -> np.ndarray:
     through `matmul_f32`'s blocks. Both add every sum in `lanes` order, so which one runs changes
     the speed, never the bits: a row's result is the same alone, in any batch, at any thread count.
     """
-    if x.shape[0] == 1:
+    M = x.shape[0]
+    if M == 1:
         return rows_f32(x, W)
-    xp = padded_rows(x)
+    xp, Wp = lanes_ready(padded_rows(x), W)
     y = np.empty((xp.shape[0], W.shape[0]), dtype=np.float32)
-    matmul_f32(xp, _c(W), y)
-    return y[: x.shape[0]]
+    matmul_f32(xp, Wp, y)
+    return y[:M]
 
 
 def rows_f32(x: np.ndarray, W: np.ndarray) -> np.ndarray:
     """y = x W^T with `matvec_f32`, every row through the one-row loop (no padding).
     x: (M, K), W: (N, K) float32 -> (M, N) float32."""
-    x = np.ascontiguousarray(x, dtype=np.float32)
+    x, W = lanes_ready(x, W)
     y = np.empty((x.shape[0], W.shape[0]), dtype=np.float32)
-    matvec_f32(x, _c(W), y)
+    matvec_f32(x, W, y)
     return y
 
 

@@ -5,8 +5,7 @@ A dot product sum_k x[k] w[k] of K terms can be added up in many orders, and eac
 differently. The kernels fix one, here, in code:
 
     lane l (l = 0 .. 15) adds x[k] w[k] for k = l, l + 16, l + 32, ... in that order, each step one
-    fused multiply-add (`vfma`: one rounding); a K that is not a multiple of 16 ends with a partial
-    step whose missing lanes add 0; then the 16 lanes are folded in halves (`vsum`):
+    fused multiply-add (`vfma`: one rounding); then the 16 lanes are folded in halves (`vsum`):
     lane l + 8 onto lane l, then l + 4 onto l, then l + 2, then lane 1 onto lane 0.
 
 Every product kernel builds its sums from these pieces and nothing else. So a kernel may block
@@ -26,8 +25,10 @@ The pieces are numba intrinsics emitting LLVM's vector instructions (`F32x16` is
 <16 x float>: one AVX-512 register, or two AVX2 ones):
 
 - ``vzero()`` -> 16 zeros;
-- ``vload(a, i, k)`` -> a[i, k : k + 16] of a C-contiguous 2-D float32 array (lanes past the end of
-  the row read as 0: the partial last step);
+- ``vload(a, i, k)`` -> a[i, k : k + 16] of a C-contiguous 2-D float32 array, unchecked: the rows
+  must hold whole steps of 16 (`kernels.lanes_ready` pads a K that is not a multiple of 16 with
+  zero columns, which add nothing to any lane; a bounds check on every load cost the one-row
+  kernel 20% of its speed, measured);
 - ``vfma(a, b, c)`` -> a * b + c lane by lane, rounded once;
 - ``vsum(v)`` -> the lanes folded in the fixed tree above, a float32;
 - ``prefetch(a, i, k)`` -> ask the memory system for the cache line of a[i, k] (a hint; it never
@@ -88,28 +89,8 @@ def vload(typingctx, arr, i, k):
     _check_2d(arr)
 
     def codegen(context, builder, sig, args):
-        ptr, a = _item_pointer(context, builder, sig.args[0], args[0], args[1], args[2])
-        vptr = builder.bitcast(ptr, _VEC.as_pointer())
-        row = cgutils.unpack_tuple(builder, a.shape, 2)[1]
-        left = builder.sub(row, context.cast(builder, args[2], sig.args[2], types.intp))  # columns from k on
-        whole = builder.icmp_signed(">=", left, ir.Constant(left.type, LANES))
-        with builder.if_else(whole, likely=True) as (full, part):
-            with full:
-                v_full = builder.load(vptr, align=4)
-                b_full = builder.block
-            with part:  # the last, partial step of a row: lanes past its end read as 0, never touched
-                lane = ir.Constant(ir.VectorType(left.type, LANES), list(range(LANES)))
-                ends = builder.insert_element(ir.Constant(ir.VectorType(left.type, LANES), None), left, _I32(0))
-                ends = builder.shuffle_vector(ends, ends, ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES))
-                mask = builder.icmp_signed("<", lane, ends)
-                fnty = ir.FunctionType(_VEC, [_VEC.as_pointer(), _I32, ir.VectorType(ir.IntType(1), LANES), _VEC])
-                fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.masked.load.v16f32.p0")
-                v_part = builder.call(fn, [vptr, _I32(4), mask, ir.Constant(_VEC, None)])
-                b_part = builder.block
-        v = builder.phi(_VEC)
-        v.add_incoming(v_full, b_full)
-        v.add_incoming(v_part, b_part)
-        return v
+        ptr, _ = _item_pointer(context, builder, sig.args[0], args[0], args[1], args[2])
+        return builder.load(builder.bitcast(ptr, _VEC.as_pointer()), align=4)
 
     return f32x16(arr, i, k), codegen
 
