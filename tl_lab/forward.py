@@ -37,9 +37,10 @@ import numpy as np
 
 from tl_lab.blocks import blocks_for
 from tl_lab.kernels import QUERY_TILE, attend_paged, head_f32, product_f32
+from tl_lab.lanes import LANES
 from tl_lab.kv import key_location
 from tl_lab.model import Linear, LlamaWeights
-from tl_lab.quant import _F16_TABLE, QLinear, f16_to_f32, f32_to_f16
+from tl_lab.quant import QLinear, f16_to_f32, f32_to_f16
 
 __all__ = [
     "TILE",
@@ -451,8 +452,8 @@ class PoolKv:
         """q: (N, H, D) float32 -> o: (N, H * D) float32, each query over its visible keys only."""
         N, H, D = q.shape
         o = np.empty((N, H * D), dtype=np.float32)
-        attend_paged(np.ascontiguousarray(q), self.data, layer, self.tables, self.seq_of,
-                     self.step.starts, self.firsts, self.tiles, _F16_TABLE, o)
+        attend_paged(np.ascontiguousarray(q, dtype=np.float32), self.data, layer, self.tables, self.seq_of,
+                     self.step.starts, self.firsts, self.tiles, o, () if D % LANES == 0 else (0,))
         return o
 
     def read(self, layer: int, s: int) -> tuple[np.ndarray, np.ndarray]:

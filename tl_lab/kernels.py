@@ -21,16 +21,17 @@ adds in an order of its own (held to the float64 product within tolerance, and t
 across batches and threads). Every kernel takes C-contiguous arrays only.
 
 Compiled with numba, ``cache=True``: the first process compiles (seconds), later ones load the
-machine code from ``__pycache__``. The products use no fast-math flag at all (`lanes` writes the
-vector code itself). Attention keeps `FASTMATH` for its dot products over the head dimension: LLVM
-may split a sum into vector lanes (`reassoc`), fuse multiply-adds (`contract`), ignore the sign of
-a zero (`nsz`) and turn a division into a multiplication by the reciprocal (`arcp`), and nothing
-else: no assumption that values are finite (no `nnan`, `ninf`), so an infinity or NaN still comes
-out as one. Every flag is fixed at compile time, so none of them makes the bits depend on the
-batch. One sum is kept out of `reassoc`'s reach (`ORDERED`, `_exp_sum`): inside a parallel loop,
-numba compiled it one way in the process that compiled the kernel and another way in the processes
-that loaded it from the cache; `test_kernels_give_the_same_bits_compiled_or_cached` holds every
-kernel to giving the same bits both ways.
+machine code from ``__pycache__``. The f32 products and attention use no fast-math flag at all
+(`lanes` writes their vector code: q . k_j is a `lanes` sum over the head dimension, the keys and
+values are widened from f16 sixteen at a time as they are read, and sum_j p_j v_j adds the values
+in key order). The int4 kernel uses `FASTMATH`: LLVM may split a sum into vector lanes (`reassoc`),
+fuse multiply-adds (`contract`), ignore the sign of a zero (`nsz`) and turn a division into a
+multiplication by the reciprocal (`arcp`), and nothing else: no assumption that values are finite
+(no `nnan`, `ninf`), so an infinity or NaN still comes out as one. The softmax's sum is written in
+key order (`ORDERED`, `_exp_sum`): with `reassoc` inside a parallel loop, numba compiled it one way
+in the process that compiled the kernel and another way in the processes that loaded it from the
+cache; `test_kernels_give_the_same_bits_compiled_or_cached` holds every kernel to giving the same
+bits both ways.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import numpy as np  # noqa: E402
 from numba import njit, prange  # noqa: E402
 
-from tl_lab.lanes import LANES, prefetch, vfma, vload, vsum, vzero  # noqa: E402
+from tl_lab.lanes import (LANES, prefetch, vfma, vload, vload_f16, vload_f16_part, vload_part,  # noqa: E402
+                          vsplat, vstore, vstore_part, vsum, vzero)
 
 __all__ = ["ROWS", "FASTMATH", "ORDERED", "padded_rows", "lanes_ready", "matmul_f32", "matmul_q4", "matvec_f32", "attend_paged", "QUERY_TILE", "product_f32", "rows_f32", "head_f32",
            "product_q4", "set_threads"]
@@ -235,13 +237,6 @@ def matmul_q4(x, P, S, f16, y, lanes):  # pragma: no cover (compiled)
                 y[m, n0 + j] = a
 
 
-@njit(inline="always", cache=True)
-def _widen_slot(bits, f16, out):  # pragma: no cover (compiled)
-    """out[:] = the f16 values `bits` (D,) uint16 (one key or value, where it lives in the pool)."""
-    for d in range(bits.size):
-        out[d] = f16[bits[d]]
-
-
 ORDERED = {"contract", "nsz", "arcp"}
 """FASTMATH without `reassoc`: every sum adds in the order the loop is written."""
 
@@ -279,21 +274,48 @@ def _exp_sum(w, top):  # pragma: no cover (compiled)
 
 
 QUERY_TILE = 16
-"""Queries of one sequence per attention task: each key read from the pool (and widened from f16)
-serves up to QUERY_TILE x rep queries, instead of being read again for every query of a prefill."""
+"""Queries of one sequence per attention task: each key read from the pool serves up to
+QUERY_TILE x rep queries while it sits in the cache."""
 
 
-@njit(parallel=True, fastmath=FASTMATH, cache=True)
-def attend_paged(q, data, layer, tables, seq_of, starts, firsts, tiles, f16, o):  # pragma: no cover
+@njit(inline="always", cache=True)
+def _load(a, i, d, tail):  # pragma: no cover (compiled)
+    """a[i, d : d + 16] (float32), masked to the row's end when `tail` says D is not whole steps."""
+    if len(tail) == 0:
+        return vload(a, i, d)
+    return vload_part(a, i, d, min(LANES, a.shape[1] - d))
+
+
+@njit(inline="always", cache=True)
+def _load_f16(a, i, d, tail):  # pragma: no cover (compiled)
+    """The f16 values a[i, d : d + 16] widened, masked like `_load`."""
+    if len(tail) == 0:
+        return vload_f16(a, i, d)
+    return vload_f16_part(a, i, d, min(LANES, a.shape[1] - d))
+
+
+@njit(inline="always", cache=True)
+def _store(a, i, d, tail, v):  # pragma: no cover (compiled)
+    """a[i, d : d + 16] = v, masked like `_load`."""
+    if len(tail) == 0:
+        vstore(a, i, d, v)
+    else:
+        vstore_part(a, i, d, min(LANES, a.shape[1] - d), v)
+
+
+@njit(parallel=True, cache=True)
+def attend_paged(q, data, layer, tables, seq_of, starts, firsts, tiles, o, tail):  # pragma: no cover
     """Grouped-query causal attention read from the pool's blocks in place (section 2.4, "going
     further": PagedAttention). Nothing is gathered: key j of sequence s is read where it lives,
-    block tables[s, j // B], slot j % B, widened from f16 once per tile of queries.
+    block tables[s, j // B], slot j % B, and widened from f16 sixteen values at a time as it is read.
 
     q: (N, H, D) float32, the step's queries after RoPE; data: the pool (n_blocks, n_layers, 2, H_kv,
     B, D) uint16; tables: (S, T) int64 block tables (padded); seq_of: (N,) the sequence of each row;
     starts: (S,) p_s; firsts: (S,) the first row of each sequence; tiles: (n_tiles + 1,) row
-    boundaries of the query tiles (a tile never spans two sequences); f16: (65536,) float32;
-    o: (N, H * D) float32, written.
+    boundaries of the query tiles (a tile never spans two sequences); o: (N, H * D) float32,
+    written; tail: () when D is a multiple of 16 (every real model), (0,) when its last step of 16
+    lanes is partial (a tuple's length is part of its numba type: each case is its own machine
+    code, and the whole-step one carries no masks, which cost attention half its speed).
 
     Query t (the i-th new token of s) visits exactly the keys j <= pos(t) = p_s + i. Each (tile, KV
     head) is one thread's task; inside it every query runs the same loops in the same order
@@ -313,33 +335,33 @@ def attend_paged(q, data, layer, tables, seq_of, starts, firsts, tiles, f16, o):
             last[i] = starts[s] + (t0 + i - firsts[s])  # q_offset = p_s: the i-th new token sees keys 0 .. p_s + i
         L = last[nq - 1] + 1  # the tile's last query sees the most keys
         w = np.zeros((nq, rep, L), dtype=np.float32)
-        kv = np.empty(D, dtype=np.float32)
         for j in range(L):
-            _widen_slot(data[tables[s, j // B], layer, 0, g, j % B], f16, kv)  # key j, read in place
+            keys = data[tables[s, j // B], layer, 0, g]  # (B, D) f16 bits: key j is row j % B, read in place
             for i in range(nq):
                 if j <= last[i]:
+                    q_i = q[t0 + i]  # (H, D)
                     for r in range(rep):
-                        dot = np.float32(0.0)
-                        for d in range(D):
-                            dot += q[t0 + i, g * rep + r, d] * kv[d]
-                        w[i, r, j] = dot * scale
+                        acc = vzero()  # q . k_j in lanes over d
+                        for d in range(0, D, LANES):
+                            acc = vfma(_load(q_i, g * rep + r, d, tail), _load_f16(keys, j % B, d, tail), acc)
+                        w[i, r, j] = vsum(acc) * scale
         for i in range(nq):
             for r in range(rep):
                 _softmax(w[i, r, : last[i] + 1])
-        out = np.zeros((nq, rep, D), dtype=np.float32)
+        out = np.zeros((nq * rep, D), dtype=np.float32)  # row i * rep + r: sum_j p_j v_j, j in order
         for j in range(L):
-            _widen_slot(data[tables[s, j // B], layer, 1, g, j % B], f16, kv)  # value j, read in place
+            values = data[tables[s, j // B], layer, 1, g]  # (B, D): value j is row j % B
             for i in range(nq):
                 if j <= last[i]:
                     for r in range(rep):
-                        p = w[i, r, j]
-                        for d in range(D):
-                            out[i, r, d] += p * kv[d]
+                        p = vsplat(w[i, r, j])
+                        for d in range(0, D, LANES):
+                            v = _load_f16(values, j % B, d, tail)
+                            _store(out, i * rep + r, d, tail, vfma(p, v, _load(out, i * rep + r, d, tail)))
         for i in range(nq):
             for r in range(rep):
                 for d in range(D):
-                    o[t0 + i, (g * rep + r) * D + d] = out[i, r, d]
-
+                    o[t0 + i, (g * rep + r) * D + d] = out[i * rep + r, d]
 
 # ---------------------------------------------------------------------------------------------
 # Python entry points: pad, check the layout once, call the kernel

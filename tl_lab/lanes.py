@@ -42,7 +42,8 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic, models, register_model
 
-__all__ = ["LANES", "F32x16", "vzero", "vload", "vfma", "vsum", "prefetch"]
+__all__ = ["LANES", "F32x16", "vzero", "vload", "vfma", "vsum", "prefetch", "vload_part", "vload_f16", "vload_f16_part",
+           "vstore", "vstore_part", "vsplat"]
 
 LANES = 16
 _VEC = ir.VectorType(ir.FloatType(), LANES)
@@ -131,3 +132,115 @@ def prefetch(typingctx, arr, i, k):
         return context.get_dummy_value()
 
     return types.void(arr, i, k), codegen
+
+
+# ---------------------------------------------------------------------------------------------
+# Rows shorter than a whole step (attention's head dimension may be any size): masked loads and
+# stores, lanes n .. 15 read as 0 and never touched. A kernel uses them only where its rows may
+# end inside a step (`kernels.attend_paged` compiles a second loop for that case): the mask costs
+# instructions on every load, and attention ran at half speed with it on every step.
+# ---------------------------------------------------------------------------------------------
+
+
+def _mask(builder, n):
+    """<16 x i1>: lane l < n."""
+    lane = ir.Constant(ir.VectorType(n.type, LANES), list(range(LANES)))
+    ends = builder.insert_element(ir.Constant(ir.VectorType(n.type, LANES), None), n, _I32(0))
+    ends = builder.shuffle_vector(ends, ends, ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES))
+    return builder.icmp_signed("<", lane, ends)
+
+
+def _masked_load(context, builder, sig, args, elem):
+    """The first n lanes of a[i, k:k + 16] (element type `elem`), the rest 0."""
+    vec = ir.VectorType(elem, LANES)
+    ptr, _ = _item_pointer(context, builder, sig.args[0], args[0], args[1], args[2])
+    n = context.cast(builder, args[3], sig.args[3], types.intp)
+    name = "llvm.masked.load.v16f32.p0" if elem == ir.FloatType() else "llvm.masked.load.v16i16.p0"
+    fnty = ir.FunctionType(vec, [vec.as_pointer(), _I32, ir.VectorType(ir.IntType(1), LANES), vec])
+    fn = cgutils.get_or_insert_function(builder.module, fnty, name)
+    return builder.call(fn, [builder.bitcast(ptr, vec.as_pointer()), _I32(2), _mask(builder, n), ir.Constant(vec, None)])
+
+
+@intrinsic
+def vload_part(typingctx, arr, i, k, n):
+    """a[i, k : k + n] in lanes 0 .. n - 1 (float32), 0 in the others; n <= 16."""
+    _check_2d(arr)
+
+    def codegen(context, builder, sig, args):
+        return _masked_load(context, builder, sig, args, ir.FloatType())
+
+    return f32x16(arr, i, k, n), codegen
+
+
+def _check_2d_u16(arr):
+    if not (isinstance(arr, types.Array) and arr.ndim == 2 and arr.dtype == types.uint16 and arr.layout == "C"):
+        raise TypeError(f"the f16 loads read C-contiguous 2-D uint16 arrays, got {arr}")
+
+
+def _widen_f16(builder, bits):
+    """<16 x i16> f16 bits -> <16 x float>, exact (every f16 is a float32; one instruction, F16C)."""
+    return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), LANES)), _VEC)
+
+
+@intrinsic
+def vload_f16(typingctx, arr, i, k):
+    """The f16 values a[i, k : k + 16] of a C-contiguous 2-D uint16 array (the KV pool's bits),
+    widened to float32; unchecked, like `vload`."""
+    _check_2d_u16(arr)
+
+    def codegen(context, builder, sig, args):
+        ptr, _ = _item_pointer(context, builder, sig.args[0], args[0], args[1], args[2])
+        bits = builder.load(builder.bitcast(ptr, ir.VectorType(ir.IntType(16), LANES).as_pointer()), align=2)
+        return _widen_f16(builder, bits)
+
+    return f32x16(arr, i, k), codegen
+
+
+@intrinsic
+def vload_f16_part(typingctx, arr, i, k, n):
+    """`vload_f16` of a[i, k : k + n] in lanes 0 .. n - 1, 0 in the others."""
+    _check_2d_u16(arr)
+
+    def codegen(context, builder, sig, args):
+        return _widen_f16(builder, _masked_load(context, builder, sig, args, ir.IntType(16)))
+
+    return f32x16(arr, i, k, n), codegen
+
+
+@intrinsic
+def vstore(typingctx, arr, i, k, v):
+    """a[i, k : k + 16] = v; unchecked, like `vload`."""
+    _check_2d(arr)
+
+    def codegen(context, builder, sig, args):
+        ptr, _ = _item_pointer(context, builder, sig.args[0], args[0], args[1], args[2])
+        builder.store(args[3], builder.bitcast(ptr, _VEC.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return types.void(arr, i, k, f32x16), codegen
+
+
+@intrinsic
+def vstore_part(typingctx, arr, i, k, n, v):
+    """a[i, k : k + n] = lanes 0 .. n - 1 of v; the others are not written."""
+    _check_2d(arr)
+
+    def codegen(context, builder, sig, args):
+        ptr, _ = _item_pointer(context, builder, sig.args[0], args[0], args[1], args[2])
+        n = context.cast(builder, args[3], sig.args[3], types.intp)
+        fnty = ir.FunctionType(ir.VoidType(), [_VEC, _VEC.as_pointer(), _I32, ir.VectorType(ir.IntType(1), LANES)])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.masked.store.v16f32.p0")
+        builder.call(fn, [args[4], builder.bitcast(ptr, _VEC.as_pointer()), _I32(4), _mask(builder, n)])
+        return context.get_dummy_value()
+
+    return types.void(arr, i, k, n, f32x16), codegen
+
+
+@intrinsic
+def vsplat(typingctx, x):
+    """x (float32) in all 16 lanes."""
+    def codegen(context, builder, sig, args):
+        v = builder.insert_element(ir.Constant(_VEC, None), context.cast(builder, args[0], sig.args[0], types.float32), _I32(0))
+        return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES))
+
+    return f32x16(types.float32), codegen
