@@ -1,5 +1,5 @@
 """The int4 product alone: `kernels.product_q4` over SmolLM2-135M's layer linears, against tl_lab's own
-f32 product (`kernels.rows_f32`) on the same shapes. Chapter L10.1, section 2.5.
+f32 product (`kernels.product_f32`) on the same shapes. Chapter L10.1, section 2.5.
 
 Per layer: stacked q/k/v (960, 576), o (576, 576), stacked gate/up (3072, 576), down (576, 1536), 30
 layers with DISTINCT random weights, so one pass reads every byte from memory as a decode step does
@@ -18,7 +18,7 @@ import time
 import numpy as np
 from _common import report
 
-from tl_lab.kernels import product_q4, rows_f32, set_threads
+from tl_lab.kernels import product_f32, product_q4, set_threads
 from tl_lab.quant import _F16_TABLE, QLinear
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # (N, K) of one SmolLM2 layer
@@ -48,7 +48,7 @@ def one_pass(kind, weights, xs):
             product_q4(xs[lin.inp], lin.planar, lin.scales, _F16_TABLE)
     else:
         for W in weights:
-            rows_f32(xs[W.shape[1]], W)
+            product_f32(xs[W.shape[1]], W)
 
 
 def main() -> None:

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from tl_lab.forward import PoolKv, Step, attend_reference, write_kv
-from tl_lab.kernels import ROWS, head_f32, product_f32, set_threads
+from tl_lab.kernels import ROWS, head_f32, product_f32, rows_f32, set_threads
 from tl_lab.quant import QLinear, f32_to_f16
 
-SHAPES = [(64, 32), (576, 192), (576, 1536), (1536, 576), (64, 7)]  # (K, N); N % 4 != 0 included
+SHAPES = [(64, 32), (576, 192), (576, 1536), (1536, 576), (64, 7), (36, 5), (17, 3)]  # (K, N); N % 4, K % 16 != 0 included
 
 
 def _threads(n):
@@ -59,6 +59,17 @@ def test_f32_kernels_are_row_invariant(K, N, product):
             assert np.array_equal(product(X, W)[r], alone), f"({K}->{N}) row {r} of {M}"
 
 
+@pytest.mark.parametrize("K,N", SHAPES)
+def test_one_row_kernel_and_the_blocks_give_the_same_bits(K, N):
+    """`matvec_f32` (a lone row) and `matmul_f32` (blocks of 4 rows) add every sum in `lanes` order,
+    so they agree to the bit on every row of every batch: the engine may pick either by batch size."""
+    rng = np.random.default_rng(K * N)
+    W = rng.standard_normal((N, K)).astype(np.float32)
+    for M in (2, 5, 8, 13):
+        X = rng.standard_normal((M, K)).astype(np.float32)
+        assert np.array_equal(product_f32(X, W).view(np.uint32), rows_f32(X, W).view(np.uint32)), f"M={M}"
+
+
 Q4_SHAPES = [(576, 200, 32), (1536, 9, 32), (64, 7, 64), (8, 5, 4)]  # (K, N, group); N % 4 != 0 included
 
 
@@ -93,6 +104,18 @@ def test_q4_kernel_is_row_invariant(K, N, group, restore_threads):
             for r in {0, M // 2, M - 1}:
                 X[r] = probe[0]
                 assert np.array_equal(layer.forward(X)[r], alone), f"({K}->{N}, g{group}) row {r} of {M}, {n} threads"
+
+
+@pytest.mark.parametrize("K,N,group", Q4_SHAPES)
+def test_q4_kernel_is_the_f32_product_on_w_hat_bit_for_bit(K, N, group):
+    """W_hat = n s - 8 s is exact, and the int4 kernels add x W_hat into the f32 kernels' lanes in
+    their order: the int4 product of any batch is `product_f32` on the dequantized weight, bit for bit."""
+    rng = np.random.default_rng(K + 7 * N)
+    layer = QLinear.quantize(rng.standard_normal((N, K)).astype(np.float32) * 0.05, group=group)
+    W_hat = layer.dequantize()
+    for M in (1, 2, 8):
+        X = rng.standard_normal((M, K)).astype(np.float32)
+        assert np.array_equal(layer.forward(X).view(np.uint32), product_f32(X, W_hat).view(np.uint32)), f"M={M}"
 
 
 def test_kernels_refuse_a_strided_weight():

@@ -51,10 +51,10 @@ import numpy as np  # noqa: E402
 from numba import njit, prange  # noqa: E402
 
 from tl_lab.lanes import (LANES, prefetch, vfma, vload, vload_f16, vload_f16_part, vload_part,  # noqa: E402
-                          vsplat, vstore, vstore_part, vsum, vzero)
+                          vnibbles, vsplat, vstore, vstore_part, vsum, vzero)
 
 __all__ = ["ROWS", "FASTMATH", "ORDERED", "padded_rows", "lanes_ready", "matmul_f32", "matmul_q4", "matvec_f32", "attend_paged", "QUERY_TILE", "product_f32", "rows_f32", "head_f32",
-           "product_q4", "set_threads"]
+           "product_q4", "matvec_q4", "set_threads"]
 
 ROWS = 4
 """Batch rows per block of the product kernels (and the multiple every x is padded to)."""
@@ -139,15 +139,44 @@ def matvec_f32(x, W, y):  # pragma: no cover (compiled)
             _store_lanes(y, m, n0, N, a0, a1, a2, a3)
 
 
+@njit(inline="always", cache=True)
+def _block44(x, m0, W, r0, r1, r2, r3, y, n0, p, ahead):  # pragma: no cover (compiled)
+    """y[m0 .. m0 + 3, n0 .. n0 + 3] = x[m0 .. m0 + 3] W[r0, r1, r2, r3]^T: 16 sums side by side in
+    `lanes` order. With `ahead`, the weight rows p .. p + 3 are asked for as the block goes."""
+    N, K = y.shape[1], x.shape[1]
+    a00, a01, a02, a03 = vzero(), vzero(), vzero(), vzero()  # a_ij: row m0 + i, feature n0 + j
+    a10, a11, a12, a13 = vzero(), vzero(), vzero(), vzero()
+    a20, a21, a22, a23 = vzero(), vzero(), vzero(), vzero()
+    a30, a31, a32, a33 = vzero(), vzero(), vzero(), vzero()
+    for k in range(0, K, LANES):
+        if ahead:
+            _prefetch_four(W, p, k)
+        w0, w1, w2, w3 = vload(W, r0, k), vload(W, r1, k), vload(W, r2, k), vload(W, r3, k)
+        x0 = vload(x, m0, k)
+        a00, a01, a02, a03 = vfma(x0, w0, a00), vfma(x0, w1, a01), vfma(x0, w2, a02), vfma(x0, w3, a03)
+        x1 = vload(x, m0 + 1, k)
+        a10, a11, a12, a13 = vfma(x1, w0, a10), vfma(x1, w1, a11), vfma(x1, w2, a12), vfma(x1, w3, a13)
+        x2 = vload(x, m0 + 2, k)
+        a20, a21, a22, a23 = vfma(x2, w0, a20), vfma(x2, w1, a21), vfma(x2, w2, a22), vfma(x2, w3, a23)
+        x3 = vload(x, m0 + 3, k)
+        a30, a31, a32, a33 = vfma(x3, w0, a30), vfma(x3, w1, a31), vfma(x3, w2, a32), vfma(x3, w3, a33)
+    _store_lanes(y, m0, n0, N, a00, a01, a02, a03)
+    _store_lanes(y, m0 + 1, n0, N, a10, a11, a12, a13)
+    _store_lanes(y, m0 + 2, n0, N, a20, a21, a22, a23)
+    _store_lanes(y, m0 + 3, n0, N, a30, a31, a32, a33)
+
+
 @njit(parallel=True, cache=True)
 def matmul_f32(x, W, y):  # pragma: no cover (compiled)
-    """y = x W^T in blocks of ROWS = 4 rows by 4 features. x: (M, K) float32 with M a multiple of 4
+    """y = x W^T in blocks of 4 rows by 4 features. x: (M, K) float32 with M a multiple of 4
     (`padded_rows`); W: (N, K) float32; y: (M, N) float32, written.
 
-    The kernel of a batch: 16 sums side by side, each x vector loaded serves 4 features and each
-    weight vector 4 rows, so a batch of 8 decodes or a long prefill does 4 times less loading per
-    multiply-add than `matvec_f32`. Each sum is added in `lanes` order, so every y[m, n] has the
-    same bits as `matvec_f32`'s: the engine picks either by the batch alone."""
+    The kernel of a batch: 16 sums side by side (`_block44`), each x vector loaded serves 4
+    features and each weight vector 4 rows, so a batch of 8 decodes or a long prefill does 4 times
+    less loading per multiply-add than `matvec_f32`. Each sum is added in `lanes` order, so every
+    y[m, n] has the same bits as `matvec_f32`'s: the engine picks either by the batch alone. The
+    first block of rows asks for the weight rows `_ahead` as it goes; the others find the four
+    rows it read in the cache."""
     M, K = x.shape
     N = W.shape[0]
     ahead = _ahead(K)
@@ -155,86 +184,102 @@ def matmul_f32(x, W, y):  # pragma: no cover (compiled)
         n0, r0, r1, r2, r3 = _four_features(nb, N)
         p = min(r0 + ahead, N - 1)
         for m0 in range(0, M, 4):
-            a00, a01, a02, a03 = vzero(), vzero(), vzero(), vzero()  # a_ij: row m0 + i, feature n0 + j
-            a10, a11, a12, a13 = vzero(), vzero(), vzero(), vzero()
-            a20, a21, a22, a23 = vzero(), vzero(), vzero(), vzero()
-            a30, a31, a32, a33 = vzero(), vzero(), vzero(), vzero()
-            for k in range(0, K, LANES):
-                if m0 == 0:
-                    _prefetch_four(W, p, k)
-                w0, w1, w2, w3 = vload(W, r0, k), vload(W, r1, k), vload(W, r2, k), vload(W, r3, k)
-                x0 = vload(x, m0, k)
-                a00, a01, a02, a03 = vfma(x0, w0, a00), vfma(x0, w1, a01), vfma(x0, w2, a02), vfma(x0, w3, a03)
-                x1 = vload(x, m0 + 1, k)
-                a10, a11, a12, a13 = vfma(x1, w0, a10), vfma(x1, w1, a11), vfma(x1, w2, a12), vfma(x1, w3, a13)
-                x2 = vload(x, m0 + 2, k)
-                a20, a21, a22, a23 = vfma(x2, w0, a20), vfma(x2, w1, a21), vfma(x2, w2, a22), vfma(x2, w3, a23)
-                x3 = vload(x, m0 + 3, k)
-                a30, a31, a32, a33 = vfma(x3, w0, a30), vfma(x3, w1, a31), vfma(x3, w2, a32), vfma(x3, w3, a33)
-            _store_lanes(y, m0, n0, N, a00, a01, a02, a03)
-            _store_lanes(y, m0 + 1, n0, N, a10, a11, a12, a13)
-            _store_lanes(y, m0 + 2, n0, N, a20, a21, a22, a23)
-            _store_lanes(y, m0 + 3, n0, N, a30, a31, a32, a33)
+            _block44(x, m0, W, r0, r1, r2, r3, y, n0, p, m0 == 0)
 
 
 @njit(inline="always", cache=True)
-def _nibble(n):  # pragma: no cover (compiled)
-    """The low nibble of the byte n, 0 .. 15, as float32 (exact). Through uint8 so LLVM unpacks 16
-    bytes into 16 int32 lanes (numba's int64 arithmetic would halve every vector)."""
-    return np.float32(np.uint8(n & 15))
+def _w_hat(P, S, f16, r, k, g):  # pragma: no cover (compiled)
+    """W_hat[r, k : k + 16] = q s, exact, from the kernel layout (`quant.to_planar`), for a group
+    size g that is a multiple of 32: the 16 columns lie in one group (scale s = f16[S[r, k // g]]),
+    and they are the low nibbles of 16 consecutive bytes of it (its first half) or the high ones."""
+    grp = k // g
+    c, half = k - grp * g, g // 2
+    hi = c >= half
+    b = grp * half + (c - half if hi else c)
+    s = f16[S[r, grp]]
+    return vfma(vnibbles(P, r, b, 4 if hi else 0), vsplat(s), vsplat(np.float32(-8.0) * s))
 
 
-Q4_FEATURES = 8
-"""Output features per block of `matmul_q4`: eight independent sums in flight per thread. With four,
-each group's add waited on the previous group's (SmolLM2's layer linears, batch 1, 1 thread: 4.2 ms
-against 5.9 ms; sixteen: 4.6 ms)."""
+@njit(inline="always", cache=True)
+def _scale(f16, S, r, grp):  # pragma: no cover (compiled)
+    """(s, -8 s) of row r's group grp, each in all 16 lanes."""
+    s = f16[S[r, grp]]
+    return vsplat(s), vsplat(np.float32(-8.0) * s)
 
 
-@njit(parallel=True, fastmath=FASTMATH, cache=True)
-def matmul_q4(x, P, S, f16, y, lanes):  # pragma: no cover (compiled)
-    """y = x W_hat^T straight from the packed nibbles (section 2.5); no f32 weight is ever made.
+@njit(parallel=True, cache=True)
+def matvec_q4(x, P, S, f16, y):  # pragma: no cover (compiled)
+    """y = x W_hat^T one row at a time, straight from the packed nibbles (section 2.5): the int4
+    twin of `matvec_f32`, for a group size that is a multiple of 32.
 
-    x: (M, K) float32 (any M); P: (N, K / 2) uint8 in the kernel layout of `quant.to_planar` (per
-    group of g columns, byte b holds column b in its low nibble and column b + g/2 in its high one,
-    each as q + 8); S: (N, G) uint16, the f16 scales; f16: (65536,) float32, every f16 widened;
-    y: (M, N) float32, written; lanes: a tuple of g/2 zeros, only its length is read. A tuple's
-    length is part of its numba type, so each group size compiles to its own machine code whose
-    loop over a group's g/2 bytes has a constant trip count: whole vectors (16 f32 lanes for
-    g = 32). A run-time g/2 cost a third more, measured.
+    x: (M, K) float32; P: (N, K / 2) uint8 in the kernel layout of `quant.to_planar`; S: (N, G)
+    uint16, the f16 scales; f16: (65536,) float32, every f16 widened; y: (M, N) float32, written.
 
-    Per block of Q4_FEATURES output features, per row, per group, per feature: the group's bytes are
-    unpacked in registers (a mask or a shift, a conversion: exact), lane b gets
-    s * (n_lo x_lo + n_hi x_hi - 8 (x_lo + x_hi)) = s * (q_lo x_lo + q_hi x_hi), with x_lo, x_hi the
-    group's two runs of x (the -8 of offset binary rides in the same multiply-adds), and adds it to
-    acc[j, b]; each feature's lanes are added up once, at the end of the row. Nothing is stored and
-    read back per weight (widening a tile of W_hat first took more than twice as long at batch 1). Each row
-    runs the same loop whatever the batch or the thread count, and every sum stays inside one
-    group's lanes or one row's end: a sum carried across groups in a scalar gave other bits when
-    the kernel came from numba's cache than freshly compiled (measured, and tested).
-    """
+    Each step unpacks sixteen nibbles into q, multiplies by the group's scale (exact: a 4-bit q
+    times an f16 s fits a float32) and adds x W_hat into the same lanes as `matvec_f32` would: the
+    int4 product of a row is the float32 product on W_hat, bit for bit, while reading a seventh of
+    its bytes. Nothing is widened into memory."""
     M, K = x.shape
     N, G = S.shape
-    L = len(lanes)
-    F = Q4_FEATURES
-    for nb in prange((N + F - 1) // F):
-        n0 = nb * F
-        acc = np.empty((F, L), dtype=np.float32)  # F features x one group's lanes, in L1
+    g = K // G
+    half = g // 2
+    for nb in prange((N + 3) // 4):
+        n0, r0, r1, r2, r3 = _four_features(nb, N)
         for m in range(M):
-            acc[:] = 0
-            for g in range(G):
-                c0, p0 = g * 2 * L, g * L  # first column, first byte of the group
-                for j in range(F):
-                    r = min(n0 + j, N - 1)  # a short last block repeats its last feature (never stored)
-                    s = f16[S[r, g]]
-                    for b in range(L):
-                        xl, xh = x[m, c0 + b], x[m, c0 + L + b]
-                        n = P[r, p0 + b]
-                        acc[j, b] += s * (_nibble(n) * xl + (_nibble(n >> 4) * xh - np.float32(8.0) * (xl + xh)))
-            for j in range(min(F, N - n0)):
-                a = np.float32(0.0)
-                for b in range(L):
-                    a += acc[j, b]
-                y[m, n0 + j] = a
+            a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
+            for grp in range(G):
+                s0, z0 = _scale(f16, S, r0, grp)
+                s1, z1 = _scale(f16, S, r1, grp)
+                s2, z2 = _scale(f16, S, r2, grp)
+                s3, z3 = _scale(f16, S, r3, grp)
+                for c in range(0, g, LANES):  # the group's columns in order: low nibbles, then high
+                    hi = c >= half
+                    b = grp * half + (c - half if hi else c)  # byte of the step's first column
+                    shift = 4 if hi else 0
+                    xv = vload(x, m, grp * g + c)  # W_hat = n s - 8 s, exact
+                    a0 = vfma(xv, vfma(vnibbles(P, r0, b, shift), s0, z0), a0)
+                    a1 = vfma(xv, vfma(vnibbles(P, r1, b, shift), s1, z1), a1)
+                    a2 = vfma(xv, vfma(vnibbles(P, r2, b, shift), s2, z2), a2)
+                    a3 = vfma(xv, vfma(vnibbles(P, r3, b, shift), s3, z3), a3)
+            _store_lanes(y, m, n0, N, a0, a1, a2, a3)
+
+
+@njit(inline="always", cache=True)
+def _widen_tile(P, S, f16, r0, r1, r2, r3, tile):  # pragma: no cover (compiled)
+    """tile[j, :K] = W_hat[r_j] (exact), tile: (4, K16) float32 whose columns past K stay 0."""
+    N, G = S.shape
+    K = P.shape[1] * 2
+    g = K // G
+    half = g // 2
+    for j, r in enumerate((r0, r1, r2, r3)):
+        if g % (2 * LANES) == 0:
+            for k in range(0, K, LANES):
+                vstore(tile, j, k, _w_hat(P, S, f16, r, k, g))
+        else:  # a group smaller than two steps (the tests' toy sizes): one nibble at a time
+            for grp in range(G):
+                s = f16[S[r, grp]]
+                for b in range(half):
+                    n = P[r, grp * half + b]
+                    tile[j, grp * g + b] = np.float32((n & 15) - 8) * s
+                    tile[j, grp * g + half + b] = np.float32((n >> 4) - 8) * s
+
+
+@njit(parallel=True, cache=True)
+def matmul_q4(x, P, S, f16, y):  # pragma: no cover (compiled)
+    """y = x W_hat^T for a batch: per block of four output features, W_hat of the four is widened
+    into a 4 x K tile that stays in the thread's cache (nothing larger than four rows of W_hat ever
+    exists), then every block of 4 rows runs `matmul_f32`'s sums on it (`_block44`): the same bits
+    as `matvec_q4`, and as the float32 product on W_hat. x: (M, K16) float32 with M a multiple of 4
+    and K16 the columns rounded up to 16 (`lanes_ready`); P, S, f16 as in `matvec_q4` (any group
+    size); y: (M, N) float32, written."""
+    M, K16 = x.shape
+    N = S.shape[0]
+    for nb in prange((N + 3) // 4):
+        n0, r0, r1, r2, r3 = _four_features(nb, N)
+        tile = np.zeros((4, K16), dtype=np.float32)
+        _widen_tile(P, S, f16, r0, r1, r2, r3, tile)
+        for m0 in range(0, M, 4):
+            _block44(x, m0, tile, 0, 1, 2, 3, y, n0, 0, False)
 
 
 ORDERED = {"contract", "nsz", "arcp"}
@@ -414,20 +459,22 @@ def head_f32(x: np.ndarray, W: np.ndarray) -> np.ndarray:
 
 
 def product_q4(x: np.ndarray, planar: np.ndarray, scales: np.ndarray, f16: np.ndarray) -> np.ndarray:
-    """y = x W_hat^T with `matmul_q4`. x: (M, K) float32, planar: (N, K / 2) uint8, scales: (N, G)
-    uint16 -> (M, N) float32."""
+    """y = x W_hat^T, the engine's int4 product. x: (M, K) float32, planar: (N, K / 2) uint8,
+    scales: (N, G) uint16 -> (M, N) float32. A lone row through `matvec_q4` when the group size is
+    a multiple of 32, anything else through `matmul_q4`'s tiles; the same bits either way."""
     x = np.ascontiguousarray(x, dtype=np.float32)
-    y = np.empty((x.shape[0], planar.shape[0]), dtype=np.float32)
-    matmul_q4(x, _c(planar), _c(scales), f16, y, _lanes(planar.shape[1] // scales.shape[1]))
-    return y
-
-
-_LANES: dict[int, tuple] = {}
-
-
-def _lanes(half: int) -> tuple:
-    """The `lanes` argument of `matmul_q4` for groups of 2 * half columns (made once per size)."""
-    return _LANES.setdefault(half, (0,) * half)
+    M, K = x.shape
+    N, G = scales.shape
+    if M == 1 and (K // G) % (2 * LANES) == 0:
+        y = np.empty((1, N), dtype=np.float32)
+        matvec_q4(x, _c(planar), _c(scales), f16, y)
+        return y
+    xp = padded_rows(x)
+    if K % LANES:
+        xp = np.pad(xp, ((0, 0), (0, LANES - K % LANES)))
+    y = np.empty((xp.shape[0], N), dtype=np.float32)
+    matmul_q4(xp, _c(planar), _c(scales), f16, y)
+    return y[:M]
 
 
 def set_threads(n: int) -> int:

@@ -43,7 +43,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic, models, register_model
 
 __all__ = ["LANES", "F32x16", "vzero", "vload", "vfma", "vsum", "prefetch", "vload_part", "vload_f16", "vload_f16_part",
-           "vstore", "vstore_part", "vsplat"]
+           "vstore", "vstore_part", "vsplat", "vnibbles"]
 
 LANES = 16
 _VEC = ir.VectorType(ir.FloatType(), LANES)
@@ -244,3 +244,33 @@ def vsplat(typingctx, x):
         return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES))
 
     return f32x16(types.float32), codegen
+
+
+# ---------------------------------------------------------------------------------------------
+# int4 weights (section 2.5): sixteen nibbles of the kernel layout (`quant.to_planar`) as float32,
+# exactly, so that n s - 8 s = q s is W_hat exactly (one fused multiply-add: n s and 8 s are exact,
+# and so is their difference) and an int4 product adds the very terms the float32 product on
+# W_hat adds, in the same order.
+# ---------------------------------------------------------------------------------------------
+
+
+@intrinsic
+def vnibbles(typingctx, arr, i, b, shift):
+    """Bytes a[i, b : b + 16] of a C-contiguous 2-D uint8 array; lane l = (byte >> shift) & 15 as
+    float32 (shift 0: the low nibbles, 4: the high ones): the stored n = q + 8."""
+    if not (isinstance(arr, types.Array) and arr.ndim == 2 and arr.dtype == types.uint8 and arr.layout == "C"):
+        raise TypeError(f"vnibbles reads C-contiguous 2-D uint8 arrays, got {arr}")
+
+    def codegen(context, builder, sig, args):
+        ptr, _ = _item_pointer(context, builder, sig.args[0], args[0], args[1], args[2])
+        i32x16 = ir.VectorType(_I32, LANES)
+        raw = builder.load(builder.bitcast(ptr, ir.VectorType(ir.IntType(8), LANES).as_pointer()), align=1)
+        wide = builder.zext(raw, i32x16)
+        sh = builder.trunc(context.cast(builder, args[3], sig.args[3], types.intp), _I32)
+        sh = builder.shuffle_vector(builder.insert_element(ir.Constant(i32x16, None), sh, _I32(0)),
+                                    ir.Constant(i32x16, None), ir.Constant(i32x16, [0] * LANES))
+        n = builder.and_(builder.lshr(wide, sh), ir.Constant(i32x16, [15] * LANES))
+        return builder.sitofp(n, _VEC)
+
+    return f32x16(arr, i, b, shift), codegen
+
