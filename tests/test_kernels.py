@@ -255,3 +255,21 @@ def test_kernels_give_the_same_bits_compiled_or_cached(tmp_path):
     assert any((tmp_path / "numba").rglob("*.nbi")), "the first run left nothing in numba's cache"
     differ = [k for k in runs[0].files if not np.array_equal(runs[0][k], runs[1][k])]
     assert not differ, f"compiled and cached kernels give different bits: {differ}"
+
+
+def test_threads_for_runs_a_lone_row_on_one_thread_and_restores_the_count(restore_threads):
+    """A step of one row runs on one thread (`kernels.SERIAL_ROWS`), a larger one on the count in
+    force, and the count comes back after the block, also when it raises."""
+    import numba
+
+    from tl_lab.kernels import SERIAL_ROWS, threads_for
+
+    assert _threads(2) == 2
+    with threads_for(SERIAL_ROWS):
+        assert numba.get_num_threads() == 1
+    assert numba.get_num_threads() == 2
+    with threads_for(SERIAL_ROWS + 1):
+        assert numba.get_num_threads() == 2
+    with pytest.raises(RuntimeError), threads_for(1):
+        raise RuntimeError("inside")
+    assert numba.get_num_threads() == 2

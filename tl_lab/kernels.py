@@ -37,6 +37,7 @@ bits both ways.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 # numba runs prange loops on an OpenMP pool whose idle threads spin by default. On a machine where
 # another process holds a core (a learner's laptop always has one), a spinning thread and a
@@ -54,7 +55,7 @@ from tl_lab.lanes import (LANES, prefetch, vfma, vload, vload_f16, vload_f16_par
                           vnibbles, vsplat, vstore, vstore_part, vsum, vzero)
 
 __all__ = ["ROWS", "FASTMATH", "ORDERED", "padded_rows", "lanes_ready", "matmul_f32", "matmul_q4", "matvec_f32", "attend_paged", "QUERY_TILE", "product_f32", "rows_f32", "head_f32",
-           "product_q4", "matvec_q4", "set_threads"]
+           "product_q4", "matvec_q4", "set_threads", "threads_for", "SERIAL_ROWS"]
 
 ROWS = 4
 """Batch rows per block of the product kernels (and the multiple every x is padded to)."""
@@ -207,6 +208,15 @@ def _scale(f16, S, r, grp):  # pragma: no cover (compiled)
     return vsplat(s), vsplat(np.float32(-8.0) * s)
 
 
+@njit(inline="always", cache=True)
+def _q4_step(x, m, k, P, b, shift, r0, r1, r2, r3, s0, s1, s2, s3, z0, z1, z2, z3, a0, a1, a2, a3):  # pragma: no cover
+    """One step of sixteen columns k .. k + 15 for four features: W_hat = n s - 8 s (exact) from the
+    nibbles of bytes b .. b + 15 of rows r0 .. r3, added into their lanes -> (a0, a1, a2, a3)."""
+    xv = vload(x, m, k)
+    return (vfma(xv, vfma(vnibbles(P, r0, b, shift), s0, z0), a0), vfma(xv, vfma(vnibbles(P, r1, b, shift), s1, z1), a1),
+            vfma(xv, vfma(vnibbles(P, r2, b, shift), s2, z2), a2), vfma(xv, vfma(vnibbles(P, r3, b, shift), s3, z3), a3))
+
+
 @njit(parallel=True, cache=True)
 def matvec_q4(x, P, S, f16, y):  # pragma: no cover (compiled)
     """y = x W_hat^T one row at a time, straight from the packed nibbles (section 2.5): the int4
@@ -232,15 +242,18 @@ def matvec_q4(x, P, S, f16, y):  # pragma: no cover (compiled)
                 s1, z1 = _scale(f16, S, r1, grp)
                 s2, z2 = _scale(f16, S, r2, grp)
                 s3, z3 = _scale(f16, S, r3, grp)
+                if half == LANES:  # groups of 32: one run of 16 bytes, its low nibbles then its high ones
+                    b, k = grp * half, grp * g  # (written out so the compiler loads the bytes once for both)
+                    a0, a1, a2, a3 = _q4_step(x, m, k, P, b, 0, r0, r1, r2, r3, s0, s1, s2, s3, z0, z1, z2, z3,
+                                              a0, a1, a2, a3)
+                    a0, a1, a2, a3 = _q4_step(x, m, k + LANES, P, b, 4, r0, r1, r2, r3, s0, s1, s2, s3, z0, z1, z2, z3,
+                                              a0, a1, a2, a3)
+                    continue
                 for c in range(0, g, LANES):  # the group's columns in order: low nibbles, then high
                     hi = c >= half
                     b = grp * half + (c - half if hi else c)  # byte of the step's first column
-                    shift = 4 if hi else 0
-                    xv = vload(x, m, grp * g + c)  # W_hat = n s - 8 s, exact
-                    a0 = vfma(xv, vfma(vnibbles(P, r0, b, shift), s0, z0), a0)
-                    a1 = vfma(xv, vfma(vnibbles(P, r1, b, shift), s1, z1), a1)
-                    a2 = vfma(xv, vfma(vnibbles(P, r2, b, shift), s2, z2), a2)
-                    a3 = vfma(xv, vfma(vnibbles(P, r3, b, shift), s3, z3), a3)
+                    a0, a1, a2, a3 = _q4_step(x, m, grp * g + c, P, b, 4 if hi else 0, r0, r1, r2, r3,
+                                              s0, s1, s2, s3, z0, z1, z2, z3, a0, a1, a2, a3)
             _store_lanes(y, m, n0, N, a0, a1, a2, a3)
 
 
@@ -475,6 +488,30 @@ def product_q4(x: np.ndarray, planar: np.ndarray, scales: np.ndarray, f16: np.nd
     y = np.empty((xp.shape[0], N), dtype=np.float32)
     matmul_q4(xp, _c(planar), _c(scales), f16, y)
     return y[:M]
+
+
+SERIAL_ROWS = 1
+"""A step of at most this many rows runs the kernels on one thread (`threads_for`). A lone decode
+row gains nothing from a second thread: its f32 products are bound by reading the weights, which one
+core does as fast as two here, and every one of a step's ~150 parallel loops would pay to wake the
+sleeping thread (SmolLM2, 2 threads, batch 1: int4 66 tokens/s with the wake-ups, 80 on one thread)."""
+
+
+@contextmanager
+def threads_for(rows: int):
+    """Run the block with the kernels on one thread when a step has at most SERIAL_ROWS rows, with the
+    thread count in force otherwise; the count is restored after. The bits do not depend on it."""
+    import numba
+
+    before = numba.get_num_threads()
+    if rows > SERIAL_ROWS or before == 1:
+        yield
+        return
+    numba.set_num_threads(1)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(before)
 
 
 def set_threads(n: int) -> int:

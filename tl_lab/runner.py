@@ -53,7 +53,7 @@ from tl_lab.blocks import BlockManager, blocks_for
 from tl_lab.checks import as_int, is_int
 from tl_lab.errors import BatchError
 from tl_lab.forward import PRODUCTS, Scratch, Step, bigram_forward, llama_forward
-from tl_lab.kernels import set_threads
+from tl_lab.kernels import set_threads, threads_for
 from tl_lab.kv import BlockState, KvCfg, KvPool
 from tl_lab.model import Int4, ModelConfig, load_weights
 
@@ -205,9 +205,11 @@ class Arch:
 
 
 def _run_llama(runner: ModelRunner, step: Step, hidden: bool = False):
-    """The one call of the Llama forward (section 2.4): the step's K and V go into the pool."""
-    return llama_forward(runner.weights, step, runner.pool.data, product=runner.product,
-                         scratch=runner._scratch, return_hidden=hidden)
+    """The one call of the Llama forward (section 2.4): the step's K and V go into the pool. A step of
+    one row runs on one thread (`kernels.threads_for`)."""
+    with threads_for(len(step.tokens)):
+        return llama_forward(runner.weights, step, runner.pool.data, product=runner.product,
+                             scratch=runner._scratch, return_hidden=hidden)
 
 
 def _run_bigram(runner: ModelRunner, step: Step, hidden: bool = False):
