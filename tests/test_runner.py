@@ -499,3 +499,13 @@ def test_smollm2_load_is_the_bf16_file_widened_bit_for_bit():
                 check(getattr(layer, field).w, f"{p}.{module}.weight")
             for stack, first in ((layer.qkv.w, layer.q_proj.w), (layer.gate_up.w, layer.gate_proj.w)):
                 assert stack.base is arena and stack.ctypes.data == first.ctypes.data
+
+
+def test_keep_freed_memory_tunes_glibc_and_only_glibc():
+    """On glibc the runner asks malloc to keep large freed blocks (both mallopt calls accepted);
+    elsewhere it says it did nothing, and nothing fails."""
+    import platform
+
+    from tl_lab.runner import keep_freed_memory
+
+    assert keep_freed_memory() is (platform.libc_ver()[0] == "glibc")
