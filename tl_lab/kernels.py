@@ -337,6 +337,17 @@ QUERY_TILE x rep queries while it sits in the cache."""
 
 
 @njit(inline="always", cache=True)
+def _prefetch_block(rows):  # pragma: no cover (compiled)
+    """Ask for a block's keys or values, rows: (B, D) uint16, one request per 64-byte line: a
+    block sits far from the next one in the pool (every layer's slabs lie between), so the
+    hardware's stream prefetcher does not see it coming."""
+    B, D = rows.shape
+    for jj in range(B):
+        for d in range(0, D, 32):
+            prefetch(rows, jj, d)
+
+
+@njit(inline="always", cache=True)
 def _load(a, i, d, tail):  # pragma: no cover (compiled)
     """a[i, d : d + 16] (float32), masked to the row's end when `tail` says D is not whole steps."""
     if len(tail) == 0:
@@ -400,6 +411,8 @@ def attend_paged(q, data, layer, tables, seq_of, starts, firsts, tiles, o, tail)
         w = np.zeros((nq, rep, L), dtype=np.float32)
         for j in range(L):
             keys = data[tables[s, j // B], layer, 0, g]  # (B, D) f16 bits: key j is row j % B, read in place
+            if j % B == 0 and j + B < L:  # a block on, ask for the next block's keys
+                _prefetch_block(data[tables[s, j // B + 1], layer, 0, g])
             for i in range(nq):
                 if j <= last[i]:
                     q_i = q[t0 + i]  # (H, D)
@@ -414,6 +427,8 @@ def attend_paged(q, data, layer, tables, seq_of, starts, firsts, tiles, o, tail)
         out = np.zeros((nq * rep, D), dtype=np.float32)  # row i * rep + r: sum_j p_j v_j, j in order
         for j in range(L):
             values = data[tables[s, j // B], layer, 1, g]  # (B, D): value j is row j % B
+            if j % B == 0 and j + B < L:
+                _prefetch_block(data[tables[s, j // B + 1], layer, 1, g])
             for i in range(nq):
                 if j <= last[i]:
                     for r in range(rep):

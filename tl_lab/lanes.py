@@ -121,7 +121,8 @@ def vsum(typingctx, v):
 
 @intrinsic
 def prefetch(typingctx, arr, i, k):
-    _check_2d(arr)
+    if not (isinstance(arr, types.Array) and arr.ndim == 2 and arr.layout == "C"):
+        raise TypeError(f"prefetch takes C-contiguous 2-D arrays, got {arr}")
 
     def codegen(context, builder, sig, args):
         ptr, _ = _item_pointer(context, builder, sig.args[0], args[0], args[1], args[2])
