@@ -189,19 +189,6 @@ def matmul_f32(x, W, y):  # pragma: no cover (compiled)
 
 
 @njit(inline="always", cache=True)
-def _w_hat(P, S, f16, r, k, g):  # pragma: no cover (compiled)
-    """W_hat[r, k : k + 16] = q s, exact, from the kernel layout (`quant.to_planar`), for a group
-    size g that is a multiple of 32: the 16 columns lie in one group (scale s = f16[S[r, k // g]]),
-    and they are the low nibbles of 16 consecutive bytes of it (its first half) or the high ones."""
-    grp = k // g
-    c, half = k - grp * g, g // 2
-    hi = c >= half
-    b = grp * half + (c - half if hi else c)
-    s = f16[S[r, grp]]
-    return vfma(vnibbles(P, r, b, 4 if hi else 0), vsplat(s), vsplat(np.float32(-8.0) * s))
-
-
-@njit(inline="always", cache=True)
 def _scale(f16, S, r, grp):  # pragma: no cover (compiled)
     """(s, -8 s) of row r's group grp, each in all 16 lanes."""
     s = f16[S[r, grp]]
@@ -225,10 +212,10 @@ def matvec_q4(x, P, S, f16, y):  # pragma: no cover (compiled)
     x: (M, K) float32; P: (N, K / 2) uint8 in the kernel layout of `quant.to_planar`; S: (N, G)
     uint16, the f16 scales; f16: (65536,) float32, every f16 widened; y: (M, N) float32, written.
 
-    Each step unpacks sixteen nibbles into q, multiplies by the group's scale (exact: a 4-bit q
-    times an f16 s fits a float32) and adds x W_hat into the same lanes as `matvec_f32` would: the
-    int4 product of a row is the float32 product on W_hat, bit for bit, while reading a seventh of
-    its bytes. Nothing is widened into memory."""
+    Each step turns sixteen stored nibbles n into W_hat = n s - 8 s with one fused multiply-add
+    (exact: n s and 8 s fit a float32, and so does q s, their difference) and adds x W_hat into
+    the same lanes as `matvec_f32` would: the int4 product of a row is the float32 product on
+    W_hat, bit for bit, while reading a seventh of its bytes. Nothing is widened into memory."""
     M, K = x.shape
     N, G = S.shape
     g = K // G
@@ -266,8 +253,12 @@ def _widen_tile(P, S, f16, r0, r1, r2, r3, tile):  # pragma: no cover (compiled)
     half = g // 2
     for j, r in enumerate((r0, r1, r2, r3)):
         if g % (2 * LANES) == 0:
-            for k in range(0, K, LANES):
-                vstore(tile, j, k, _w_hat(P, S, f16, r, k, g))
+            for grp in range(G):
+                s, z = _scale(f16, S, r, grp)
+                for c in range(0, half, LANES):  # a run of 16 bytes: columns c .. (low), c + half .. (high)
+                    b, k = grp * half + c, grp * g + c
+                    vstore(tile, j, k, vfma(vnibbles(P, r, b, 0), s, z))
+                    vstore(tile, j, k + half, vfma(vnibbles(P, r, b, 4), s, z))
         else:  # a group smaller than two steps (the tests' toy sizes): one nibble at a time
             for grp in range(G):
                 s = f16[S[r, grp]]
