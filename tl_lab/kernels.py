@@ -16,22 +16,20 @@ batch of decodes or a long prefill (bound by arithmetic) wants. Both build every
 `lanes` pieces, so they give the same bits (tested), and `product_f32` picks one by the batch size
 alone. Both ask for the weight rows a little ahead of the arithmetic (`lanes.prefetch`): without
 that, a kernel busy with arithmetic let the memory sit idle, and a batch of 8 cost twice what it
-needs to. The int4 kernel (`matmul_q4`) unpacks the nibbles in registers, one row at a time, and
-adds in an order of its own (held to the float64 product within tolerance, and to its own bits
-across batches and threads). Every kernel takes C-contiguous arrays only.
+needs to. The int4 kernels (`matvec_q4` for a lone row, `matmul_q4`'s tiles for a batch) turn the
+stored nibbles into W_hat = n s - 8 s, exactly, and add x W_hat into the same lanes: an int4
+product is the f32 product on W_hat, bit for bit. Every kernel takes C-contiguous arrays only.
 
-Compiled with numba, ``cache=True``: the first process compiles (seconds), later ones load the
-machine code from ``__pycache__``. The f32 products and attention use no fast-math flag at all
-(`lanes` writes their vector code: q . k_j is a `lanes` sum over the head dimension, the keys and
-values are widened from f16 sixteen at a time as they are read, and sum_j p_j v_j adds the values
-in key order). The int4 kernel uses `FASTMATH`: LLVM may split a sum into vector lanes (`reassoc`),
-fuse multiply-adds (`contract`), ignore the sign of a zero (`nsz`) and turn a division into a
-multiplication by the reciprocal (`arcp`), and nothing else: no assumption that values are finite
-(no `nnan`, `ninf`), so an infinity or NaN still comes out as one. The softmax's sum is written in
-key order (`ORDERED`, `_exp_sum`): with `reassoc` inside a parallel loop, numba compiled it one way
-in the process that compiled the kernel and another way in the processes that loaded it from the
-cache; `test_kernels_give_the_same_bits_compiled_or_cached` holds every kernel to giving the same
-bits both ways.
+Compiled with numba, ``cache=True``: the first process compiles (about 9 s for the tiny model's
+f32 and int4 forwards), later ones load the machine code from ``__pycache__`` (0.2 s). No kernel
+uses a fast-math flag: `lanes` writes the vector code of the products and of attention (q . k_j is
+a `lanes` sum over the head dimension, keys and values are widened from f16 sixteen at a time as
+they are read, and sum_j p_j v_j adds the values in key order), and the softmax's sum is a plain
+loop in key order (`_exp_sum`). It was not always so: with `reassoc`, numba compiled a sum inside
+a parallel loop one way in the process that compiled the kernel and another way in the processes
+that loaded it from the cache (numba issue #10617), so the first run after a change gave other
+bits than every later one; `test_kernels_give_the_same_bits_compiled_or_cached` holds every kernel
+to the same bits both ways.
 """
 
 from __future__ import annotations
@@ -54,14 +52,11 @@ from numba import njit, prange  # noqa: E402
 from tl_lab.lanes import (LANES, prefetch, vfma, vload, vload_f16, vload_f16_part, vload_part,  # noqa: E402
                           vnibbles, vsplat, vstore, vstore_part, vsum, vzero)
 
-__all__ = ["ROWS", "FASTMATH", "ORDERED", "padded_rows", "lanes_ready", "matmul_f32", "matmul_q4", "matvec_f32", "attend_paged", "QUERY_TILE", "product_f32", "rows_f32", "head_f32",
+__all__ = ["ROWS", "padded_rows", "lanes_ready", "matmul_f32", "matmul_q4", "matvec_f32", "attend_paged", "QUERY_TILE", "product_f32", "rows_f32", "head_f32",
            "product_q4", "matvec_q4", "set_threads", "threads_for", "SERIAL_ROWS"]
 
 ROWS = 4
 """Batch rows per block of the product kernels (and the multiple every x is padded to)."""
-
-FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
-
 
 def padded_rows(x: np.ndarray) -> np.ndarray:
     """x: (M, K) -> C-contiguous float32 (ceil(M / ROWS) * ROWS, K), zero rows appended (no copy when
@@ -286,10 +281,6 @@ def matmul_q4(x, P, S, f16, y):  # pragma: no cover (compiled)
             _block44(x, m0, tile, 0, 1, 2, 3, y, n0, 0, False)
 
 
-ORDERED = {"contract", "nsz", "arcp"}
-"""FASTMATH without `reassoc`: every sum adds in the order the loop is written."""
-
-
 @njit(inline="always", cache=True)
 def _softmax(w):  # pragma: no cover (compiled)
     """w (L,) float32 -> softmax(w) in place, the maximum subtracted first (a maximum is the
@@ -302,18 +293,15 @@ def _softmax(w):  # pragma: no cover (compiled)
         w[j] *= inv
 
 
-@njit(fastmath=ORDERED, cache=True)
+@njit(cache=True)
 def _exp_sum(w, top):  # pragma: no cover (compiled)
     """w[j] = exp(w[j] - top) in place -> their sum, added in key order j = 0, 1, ...
 
-    Why its own compiled function, without `reassoc`: numba optimizes a parallel kernel loaded
-    from its cache differently from one it has just compiled (numba issue #10617). Inlined into
-    `attend_paged` with `reassoc`, this sum was split into vector lanes one way in the process
-    that compiled the kernel and another way in every later process that loaded it, so the first
-    run after a change gave other bits than all the runs after it
-    (`test_kernels_give_the_same_bits_compiled_or_cached`). A sum whose order is written in the
-    code cannot be rearranged by either (the f32 products write their lanes out, `tl_lab.lanes`,
-    and the same test holds every kernel to it).
+    A plain loop with no fast-math flag, so the order is the one written. When this sum sat inside
+    `attend_paged` under `reassoc`, numba split it into vector lanes one way in the process that
+    compiled the kernel and another way in every later process that loaded it from the cache
+    (numba issue #10617): the first run after a change gave other bits than all the runs after it
+    (`test_kernels_give_the_same_bits_compiled_or_cached`).
     """
     total = np.float32(0.0)
     for j in range(w.size):
