@@ -25,7 +25,7 @@ f32 and int4 forwards), later ones load the machine code from ``__pycache__`` (0
 uses a fast-math flag: `lanes` writes the vector code of the products and of attention (q . k_j is
 a `lanes` sum over the head dimension, keys and values are widened from f16 sixteen at a time as
 they are read, and sum_j p_j v_j adds the values in key order), and the softmax's sum is a plain
-loop in key order (`_exp_sum`). It was not always so: with `reassoc`, numba compiled a sum inside
+loop in key order (`_softmax`, with `lanes.vexp` for the exponentials). It was not always so: with `reassoc`, numba compiled a sum inside
 a parallel loop one way in the process that compiled the kernel and another way in the processes
 that loaded it from the cache (numba issue #10617), so the first run after a change gave other
 bits than every later one; `test_kernels_give_the_same_bits_compiled_or_cached` holds every kernel
@@ -49,7 +49,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import numpy as np  # noqa: E402
 from numba import njit, prange  # noqa: E402
 
-from tl_lab.lanes import (LANES, prefetch, vfma, vload, vload_f16, vload_f16_part, vload_part,  # noqa: E402
+from tl_lab.lanes import (LANES, prefetch, vexp, vfma, vload, vload_f16, vload_f16_part, vload_part,  # noqa: E402
                           vnibbles, vsplat, vstore, vstore_part, vsum, vzero)
 
 __all__ = ["ROWS", "padded_rows", "lanes_ready", "matmul_f32", "matmul_q4", "matvec_f32", "attend_paged", "QUERY_TILE", "product_f32", "rows_f32", "head_f32",
@@ -282,32 +282,25 @@ def matmul_q4(x, P, S, f16, y):  # pragma: no cover (compiled)
 
 
 @njit(inline="always", cache=True)
-def _softmax(w):  # pragma: no cover (compiled)
-    """w (L,) float32 -> softmax(w) in place, the maximum subtracted first (a maximum is the
-    same in any order, so only the sum needs `_exp_sum`)."""
-    top = w[0]
-    for j in range(1, w.size):
-        top = max(top, w[j])
-    inv = np.float32(1.0) / _exp_sum(w, top)
-    for j in range(w.size):
-        w[j] *= inv
-
-
-@njit(cache=True)
-def _exp_sum(w, top):  # pragma: no cover (compiled)
-    """w[j] = exp(w[j] - top) in place -> their sum, added in key order j = 0, 1, ...
-
-    A plain loop with no fast-math flag, so the order is the one written. When this sum sat inside
-    `attend_paged` under `reassoc`, numba split it into vector lanes one way in the process that
-    compiled the kernel and another way in every later process that loaded it from the cache
-    (numba issue #10617): the first run after a change gave other bits than all the runs after it
-    (`test_kernels_give_the_same_bits_compiled_or_cached`).
-    """
+def _softmax(w, a, n):  # pragma: no cover (compiled)
+    """w[a, :n] (float32) -> its softmax in place, the maximum subtracted first: the exponentials
+    sixteen at a time (`lanes.vexp`), their sum added in key order j = 0, 1, ... (a plain loop, no
+    fast-math flag: when this sum sat inside a parallel loop under `reassoc`, numba split it into
+    lanes one way in the process that compiled the kernel and another way in the processes that
+    loaded it from the cache, numba issue #10617, `test_kernels_give_the_same_bits_compiled_or_cached`)."""
+    top = w[a, 0]
+    for j in range(1, n):
+        top = max(top, w[a, j])
+    one, shift = vsplat(np.float32(1.0)), vsplat(-top)
+    for j in range(0, n, LANES):
+        m = min(LANES, n - j)
+        vstore_part(w, a, j, m, vexp(vfma(vload_part(w, a, j, m), one, shift)))  # exp(w - top)
     total = np.float32(0.0)
-    for j in range(w.size):
-        w[j] = np.exp(w[j] - top)
-        total += w[j]
-    return total
+    for j in range(n):
+        total += w[a, j]
+    inv = np.float32(1.0) / total
+    for j in range(n):
+        w[a, j] *= inv
 
 
 QUERY_TILE = 16
@@ -387,7 +380,7 @@ def attend_paged(q, data, layer, tables, seq_of, starts, firsts, tiles, o, tail)
         for i in range(nq):
             last[i] = starts[s] + (t0 + i - firsts[s])  # q_offset = p_s: the i-th new token sees keys 0 .. p_s + i
         L = last[nq - 1] + 1  # the tile's last query sees the most keys
-        w = np.zeros((nq, rep, L), dtype=np.float32)
+        w = np.zeros((nq * rep, L), dtype=np.float32)  # row i * rep + r: scores, then weights
         for j in range(L):
             keys = data[tables[s, j // B], layer, 0, g]  # (B, D) f16 bits: key j is row j % B, read in place
             if j % B == 0 and j + B < L:  # a block on, ask for the next block's keys
@@ -399,10 +392,10 @@ def attend_paged(q, data, layer, tables, seq_of, starts, firsts, tiles, o, tail)
                         acc = vzero()  # q . k_j in lanes over d
                         for d in range(0, D, LANES):
                             acc = vfma(_load(q_i, g * rep + r, d, tail), _load_f16(keys, j % B, d, tail), acc)
-                        w[i, r, j] = vsum(acc) * scale
+                        w[i * rep + r, j] = vsum(acc) * scale
         for i in range(nq):
             for r in range(rep):
-                _softmax(w[i, r, : last[i] + 1])
+                _softmax(w, i * rep + r, last[i] + 1)
         out = np.zeros((nq * rep, D), dtype=np.float32)  # row i * rep + r: sum_j p_j v_j, j in order
         for j in range(L):
             values = data[tables[s, j // B], layer, 1, g]  # (B, D): value j is row j % B
@@ -411,7 +404,7 @@ def attend_paged(q, data, layer, tables, seq_of, starts, firsts, tiles, o, tail)
             for i in range(nq):
                 if j <= last[i]:
                     for r in range(rep):
-                        p = vsplat(w[i, r, j])
+                        p = vsplat(w[i * rep + r, j])
                         for d in range(0, D, LANES):
                             v = _load_f16(values, j % B, d, tail)
                             _store(out, i * rep + r, d, tail, vfma(p, v, _load(out, i * rep + r, d, tail)))

@@ -1,0 +1,89 @@
+"""tl_lab/lanes.py: the pieces every kernel builds its sums from (chapter L10.1, section 2.4)."""
+
+import numpy as np
+from numba import njit
+
+from tl_lab.lanes import LANES, vexp, vfma, vload, vload_f16_part, vload_part, vnibbles, vstore_part, vsum, vzero
+
+
+@njit(cache=True)
+def _map_exp(a, out):
+    n = a.shape[1]
+    for j in range(0, n, LANES):
+        m = min(LANES, n - j)
+        vstore_part(out, 0, j, m, vexp(vload_part(a, 0, j, m)))
+
+
+@njit(cache=True)
+def _dot(x, w):
+    acc = vzero()
+    for k in range(0, x.shape[1], LANES):
+        acc = vfma(vload(x, 0, k), vload(w, 0, k), acc)
+    return vsum(acc)
+
+
+def test_vexp_is_within_one_ulp_of_exp_and_keeps_the_specials():
+    x = np.linspace(-87.33, 88.37, 200_001, dtype=np.float32)[None, :]
+    y = np.empty_like(x)
+    _map_exp(x, y)
+    exact = np.exp(x.astype(np.float64))
+    ulps = np.abs(y - exact) / np.spacing(exact.astype(np.float32)).astype(np.float64)
+    assert ulps.max() <= 1.0, f"vexp is {ulps.max():.2f} ulp off somewhere"
+    specials = np.array([[0.0, -0.0, -np.inf, np.inf, np.nan, -100.0, 100.0]], np.float32)
+    out = np.empty_like(specials)
+    _map_exp(specials, out)
+    assert out[0, :4].tolist() == [1.0, 1.0, 0.0, np.inf] and np.isnan(out[0, 4])
+    assert out[0, 5] == 0.0 and out[0, 6] == np.inf  # below float32's normals: 0; above its range: inf
+
+
+def test_a_dot_product_adds_in_lanes_then_folds_in_halves():
+    """Lane l adds x[k] w[k] for k = l, l + 16, ... one fused multiply-add at a time; the lanes
+    fold l + 8 onto l, then l + 4, l + 2, l + 1. Emulated here with numpy (each product exact in
+    float64, each step rounded to float32 once, as a fused multiply-add does), it gives the same bits."""
+    rng = np.random.default_rng(0)
+    for K in (16, 64, 576):
+        x = rng.standard_normal((1, K)).astype(np.float32)
+        w = rng.standard_normal((1, K)).astype(np.float32)
+        lanes = np.zeros(LANES, np.float32)
+        for k in range(0, K, LANES):
+            lanes = (x[0, k:k + LANES].astype(np.float64) * w[0, k:k + LANES] + lanes).astype(np.float32)
+        n = LANES
+        while n > 1:
+            n //= 2
+            lanes = (lanes[:n] + lanes[n:2 * n]).astype(np.float32)
+        assert _dot(x, w) == lanes[0], f"K={K}"
+
+
+@njit(cache=True)
+def _part(a, n, out):
+    vstore_part(out, 0, 0, n, vload_part(a, 0, 0, n))
+
+
+@njit(cache=True)
+def _part_f16(bits, n, out):
+    vstore_part(out, 0, 0, n, vload_f16_part(bits, 0, 0, n))
+
+
+@njit(cache=True)
+def _nibbles(P, shift, out):
+    vstore_part(out, 0, 0, LANES, vnibbles(P, 0, 0, shift))
+
+
+def test_masked_steps_read_and_write_only_their_lanes():
+    a = np.arange(1, 17, dtype=np.float32)[None, :]
+    for n in (1, 5, 16):
+        out = np.full((1, LANES), -1.0, np.float32)
+        _part(a, n, out)
+        assert out[0, :n].tolist() == a[0, :n].tolist() and (out[0, n:] == -1.0).all()
+    halves = np.array([[0.5, -2.0, 65504.0, 6e-8, np.inf, 1.0, 3.0]], np.float16)
+    out = np.full((1, LANES), -1.0, np.float32)
+    _part_f16(halves.view(np.uint16), 7, out)
+    assert out[0, :7].tolist() == halves[0].astype(np.float32).tolist() and (out[0, 7:] == -1.0).all()
+
+
+def test_nibbles_are_the_stored_values():
+    P = np.arange(256, dtype=np.uint8)[None, 16:32].copy()  # bytes 0x10 .. 0x1f
+    lo, hi = np.empty((1, LANES), np.float32), np.empty((1, LANES), np.float32)
+    _nibbles(P, 0, lo)
+    _nibbles(P, 4, hi)
+    assert lo[0].tolist() == [float(b & 15) for b in P[0]] and hi[0].tolist() == [float(b >> 4) for b in P[0]]
