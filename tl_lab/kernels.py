@@ -80,17 +80,11 @@ def _four_features(nb, N):  # pragma: no cover (compiled)
 
 
 @njit(inline="always", cache=True)
-def _store_four(y, m, n0, N, a0, a1, a2, a3):  # pragma: no cover (compiled)
-    """y[m, n0 .. n0 + 3] = a0 .. a3, the features that exist."""
-    for j, a in enumerate((a0, a1, a2, a3)):
-        if n0 + j < N:
-            y[m, n0 + j] = a
-
-
-@njit(inline="always", cache=True)
 def _store_lanes(y, m, n0, N, a0, a1, a2, a3):  # pragma: no cover (compiled)
     """y[m, n0 .. n0 + 3] = the folded lanes of a0 .. a3 (`lanes.vsum`), the features that exist."""
-    _store_four(y, m, n0, N, vsum(a0), vsum(a1), vsum(a2), vsum(a3))
+    for j, a in enumerate((a0, a1, a2, a3)):
+        if n0 + j < N:
+            y[m, n0 + j] = vsum(a)
 
 
 @njit(inline="always", cache=True)
@@ -413,6 +407,7 @@ def attend_paged(q, data, layer, tables, seq_of, starts, firsts, tiles, o, tail)
                 for d in range(D):
                     o[t0 + i, (g * rep + r) * D + d] = out[i * rep + r, d]
 
+
 # ---------------------------------------------------------------------------------------------
 # Python entry points: pad, check the layout once, call the kernel
 # ---------------------------------------------------------------------------------------------
@@ -422,12 +417,14 @@ def lanes_ready(x: np.ndarray, W: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """x: (M, K), W: (N, K) -> C-contiguous float32 (M, K16), (N, K16) with K16 the next multiple
     of `lanes.LANES`: the columns added are zeros, so every sum is unchanged (no copy when K is a
     multiple already, as in every real model; the toy shapes of the tests pay a copy)."""
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    K = x.shape[1]
-    if K % LANES == 0:
-        return x, _c(W)
-    pad = ((0, 0), (0, LANES - K % LANES))
-    return np.pad(x, pad), np.pad(_c(W), pad)
+    return _whole_steps(np.ascontiguousarray(x, dtype=np.float32)), _whole_steps(_c(W))
+
+
+def _whole_steps(a: np.ndarray) -> np.ndarray:
+    """a: (R, K) -> (R, K16), zero columns appended up to a multiple of `lanes.LANES` (a itself when
+    K already is one)."""
+    K = a.shape[1]
+    return a if K % LANES == 0 else np.pad(a, ((0, 0), (0, LANES - K % LANES)))
 
 
 def product_f32(x: np.ndarray, W: np.ndarray) -> np.ndarray:
@@ -474,9 +471,7 @@ def product_q4(x: np.ndarray, planar: np.ndarray, scales: np.ndarray, f16: np.nd
         y = np.empty((1, N), dtype=np.float32)
         matvec_q4(x, _c(planar), _c(scales), f16, y)
         return y
-    xp = padded_rows(x)
-    if K % LANES:
-        xp = np.pad(xp, ((0, 0), (0, LANES - K % LANES)))
+    xp = _whole_steps(padded_rows(x))
     y = np.empty((xp.shape[0], N), dtype=np.float32)
     matmul_q4(xp, _c(planar), _c(scales), f16, y)
     return y[:M]

@@ -76,9 +76,17 @@ def _item_pointer(context, builder, aryty, ary, i, k):
     return cgutils.get_item_pointer(context, builder, aryty, a, [i, k], wraparound=False), a
 
 
-def _check_2d(arr):
-    if not (isinstance(arr, types.Array) and arr.ndim == 2 and arr.dtype == types.float32 and arr.layout == "C"):
-        raise TypeError(f"lanes work on C-contiguous 2-D float32 arrays, got {arr}")
+def _check_2d(arr, dtype=types.float32, what="lanes work on"):
+    """A kernel's array: C-contiguous, 2-D, of `dtype` (any dtype for None); else a TypeError."""
+    if not (isinstance(arr, types.Array) and arr.ndim == 2 and arr.layout == "C" and dtype in (None, arr.dtype)):
+        kind = "" if dtype is None else f"{dtype} "
+        raise TypeError(f"{what} C-contiguous 2-D {kind}arrays, got {arr}")
+
+
+def _broadcast(builder, value, vectype):
+    """`value` (a scalar) in every lane of `vectype`."""
+    v = builder.insert_element(ir.Constant(vectype, None), value, _I32(0))
+    return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES))
 
 
 @intrinsic
@@ -125,8 +133,7 @@ def vsum(typingctx, v):
 
 @intrinsic
 def prefetch(typingctx, arr, i, k):
-    if not (isinstance(arr, types.Array) and arr.ndim == 2 and arr.layout == "C"):
-        raise TypeError(f"prefetch takes C-contiguous 2-D arrays, got {arr}")
+    _check_2d(arr, None, "prefetch takes")
 
     def codegen(context, builder, sig, args):
         ptr, _ = _item_pointer(context, builder, sig.args[0], args[0], args[1], args[2])
@@ -150,8 +157,7 @@ def prefetch(typingctx, arr, i, k):
 def _mask(builder, n):
     """<16 x i1>: lane l < n."""
     lane = ir.Constant(ir.VectorType(n.type, LANES), list(range(LANES)))
-    ends = builder.insert_element(ir.Constant(ir.VectorType(n.type, LANES), None), n, _I32(0))
-    ends = builder.shuffle_vector(ends, ends, ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES))
+    ends = _broadcast(builder, n, ir.VectorType(n.type, LANES))
     return builder.icmp_signed("<", lane, ends)
 
 
@@ -177,11 +183,6 @@ def vload_part(typingctx, arr, i, k, n):
     return f32x16(arr, i, k, n), codegen
 
 
-def _check_2d_u16(arr):
-    if not (isinstance(arr, types.Array) and arr.ndim == 2 and arr.dtype == types.uint16 and arr.layout == "C"):
-        raise TypeError(f"the f16 loads read C-contiguous 2-D uint16 arrays, got {arr}")
-
-
 def _widen_f16(builder, bits):
     """<16 x i16> f16 bits -> <16 x float>, exact (every f16 is a float32; one instruction, F16C)."""
     return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), LANES)), _VEC)
@@ -191,7 +192,7 @@ def _widen_f16(builder, bits):
 def vload_f16(typingctx, arr, i, k):
     """The f16 values a[i, k : k + 16] of a C-contiguous 2-D uint16 array (the KV pool's bits),
     widened to float32; unchecked, like `vload`."""
-    _check_2d_u16(arr)
+    _check_2d(arr, types.uint16, "the f16 loads read")
 
     def codegen(context, builder, sig, args):
         ptr, _ = _item_pointer(context, builder, sig.args[0], args[0], args[1], args[2])
@@ -204,7 +205,7 @@ def vload_f16(typingctx, arr, i, k):
 @intrinsic
 def vload_f16_part(typingctx, arr, i, k, n):
     """`vload_f16` of a[i, k : k + n] in lanes 0 .. n - 1, 0 in the others."""
-    _check_2d_u16(arr)
+    _check_2d(arr, types.uint16, "the f16 loads read")
 
     def codegen(context, builder, sig, args):
         return _widen_f16(builder, _masked_load(context, builder, sig, args, ir.IntType(16)))
@@ -245,8 +246,7 @@ def vstore_part(typingctx, arr, i, k, n, v):
 def vsplat(typingctx, x):
     """x (float32) in all 16 lanes."""
     def codegen(context, builder, sig, args):
-        v = builder.insert_element(ir.Constant(_VEC, None), context.cast(builder, args[0], sig.args[0], types.float32), _I32(0))
-        return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES))
+        return _broadcast(builder, context.cast(builder, args[0], sig.args[0], types.float32), _VEC)
 
     return f32x16(types.float32), codegen
 
@@ -263,8 +263,7 @@ def vsplat(typingctx, x):
 def vnibbles(typingctx, arr, i, b, shift):
     """Bytes a[i, b : b + 16] of a C-contiguous 2-D uint8 array; lane l = (byte >> shift) & 15 as
     float32 (shift 0: the low nibbles, 4: the high ones): the stored n = q + 8."""
-    if not (isinstance(arr, types.Array) and arr.ndim == 2 and arr.dtype == types.uint8 and arr.layout == "C"):
-        raise TypeError(f"vnibbles reads C-contiguous 2-D uint8 arrays, got {arr}")
+    _check_2d(arr, types.uint8, "vnibbles reads")
 
     def codegen(context, builder, sig, args):
         ptr, _ = _item_pointer(context, builder, sig.args[0], args[0], args[1], args[2])
@@ -272,8 +271,7 @@ def vnibbles(typingctx, arr, i, b, shift):
         raw = builder.load(builder.bitcast(ptr, ir.VectorType(ir.IntType(8), LANES).as_pointer()), align=1)
         wide = builder.zext(raw, i32x16)
         sh = builder.trunc(context.cast(builder, args[3], sig.args[3], types.intp), _I32)
-        sh = builder.shuffle_vector(builder.insert_element(ir.Constant(i32x16, None), sh, _I32(0)),
-                                    ir.Constant(i32x16, None), ir.Constant(i32x16, [0] * LANES))
+        sh = _broadcast(builder, sh, i32x16)
         n = builder.and_(builder.lshr(wide, sh), ir.Constant(i32x16, [15] * LANES))
         return builder.sitofp(n, _VEC)
 
