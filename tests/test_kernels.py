@@ -141,12 +141,20 @@ def _step(rng, data, seqs):
 SEQS = [(5, 1, [3, 7]), (0, 6, [0, 1]), (9, 3, [4, 2, 8]), (0, 1, [5]), (2, 5, [6, 9])]
 
 
-def test_paged_attention_equals_the_gather_and_mask_reference():
+LONG_SEQS = [(20, 1, [3, 7, 11]), (0, 19, [0, 1, 2]), (13, 6, [4, 9, 8]), (0, 1, [5]), (2, 9, [6, 10])]
+
+
+@pytest.mark.parametrize("D, B, seqs", [(8, 4, SEQS), (32, 8, LONG_SEQS), (64, 16, LONG_SEQS), (80, 8, LONG_SEQS),
+                                        (128, 16, LONG_SEQS), (72, 4, SEQS)])
+def test_paged_attention_equals_the_gather_and_mask_reference(D, B, seqs):
+    """Every path of the kernel: head dimensions short of a step (8), short of the 64 values the
+    weighted sum keeps in registers (32), one or two whole runs of 64 (64, 128), a run and a rest
+    (80), a rest ending inside a step (72); keys four at a time and one at a time."""
     rng = np.random.default_rng(4)
-    data = _pool(rng)
-    step = _step(rng, data, SEQS)
+    data = _pool(rng, B=B, D=D)
+    step = _step(rng, data, seqs)
     cache = PoolKv(data, step)
-    H, D = 6, 8  # rep = 3 query heads per KV head
+    H = 6  # rep = 3 query heads per KV head
     q = rng.standard_normal((len(step.tokens), H, D)).astype(np.float32)
     for layer in (0, 1):
         o = cache.attend(layer, q)
@@ -239,9 +247,9 @@ np.savez(sys.argv[1], **out)
 def test_kernels_give_the_same_bits_compiled_or_cached(tmp_path):
     """The first process after a change compiles the kernels, every later one loads them from
     numba's cache, and both must give the same bits (numba optimizes the two differently, issue
-    #10617). It broke twice: attention's softmax sum (`kernels._exp_sum` says how) and a version of
-    `matmul_q4` whose fastmath sum crossed its loop over groups. Two fresh processes share an empty
-    cache directory of their own: the first compiles, the second loads."""
+    #10617). It broke twice: attention's softmax sum under `reassoc` and a version of `matmul_q4`
+    whose fastmath sum crossed its loop over groups. Two fresh processes share an empty cache
+    directory of their own: the first compiles, the second loads."""
     import os
     import subprocess
     import sys

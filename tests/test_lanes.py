@@ -3,7 +3,8 @@
 import numpy as np
 from numba import njit
 
-from tl_lab.lanes import LANES, vexp, vfma, vload, vload_f16_part, vload_part, vnibbles, vstore_part, vsum, vzero
+from tl_lab.lanes import (LANES, vexp, vfma, vload, vload_f16_part, vload_part, vmax, vnibbles, vstore_part, vsum, vsum4,
+                          vtop, vzero)
 
 
 @njit(cache=True)
@@ -52,6 +53,30 @@ def test_a_dot_product_adds_in_lanes_then_folds_in_halves():
             n //= 2
             lanes = (lanes[:n] + lanes[n:2 * n]).astype(np.float32)
         assert _dot(x, w) == lanes[0], f"K={K}"
+
+
+@njit(cache=True)
+def _folds(a, four, one, top):
+    """Row by row of a (R, 16): vsum (one), vsum4 of rows 4r .. 4r + 3 (four), and vtop of the
+    rows' lane-by-lane maximum (top)."""
+    m = vload(a, 0, 0)
+    for r in range(a.shape[0]):
+        one[r] = vsum(vload(a, r, 0))
+        m = vmax(m, vload(a, r, 0))
+    for r in range(0, a.shape[0], 4):
+        vstore_part(four, r // 4, 0, 4, vsum4(vload(a, r, 0), vload(a, r + 1, 0), vload(a, r + 2, 0), vload(a, r + 3, 0)))
+    top[0] = vtop(m)
+
+
+def test_four_folds_at_once_give_the_bits_of_four_and_the_maximum_is_exact():
+    """vsum4 shares its shuffles between four vectors but adds the very same pairs: its lanes are
+    four vsums, bit for bit (values spread over 40 binades, where any other pairing would show)."""
+    rng = np.random.default_rng(3)
+    a = (rng.standard_normal((4000, LANES)) * np.exp2(rng.integers(-20, 20, (4000, LANES)))).astype(np.float32)
+    four, one, top = np.empty((1000, 4), np.float32), np.empty(4000, np.float32), np.empty(1, np.float32)
+    _folds(a, four, one, top)
+    assert np.array_equal(four.reshape(-1).view(np.uint32), one.view(np.uint32))
+    assert top[0] == a.max()
 
 
 @njit(cache=True)

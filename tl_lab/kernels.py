@@ -23,9 +23,9 @@ product is the f32 product on W_hat, bit for bit. Every kernel takes C-contiguou
 Compiled with numba, ``cache=True``: the first process compiles (about 9 s for the tiny model's
 f32 and int4 forwards), later ones load the machine code from ``__pycache__`` (0.2 s). No kernel
 uses a fast-math flag: `lanes` writes the vector code of the products and of attention (q . k_j is
-a `lanes` sum over the head dimension, keys and values are widened from f16 sixteen at a time as
-they are read, and sum_j p_j v_j adds the values in key order), and the softmax's sum is a plain
-loop in key order (`_softmax`, with `lanes.vexp` for the exponentials). It was not always so: with `reassoc`, numba compiled a sum inside
+a `lanes` sum over the head dimension, four keys side by side; keys and values are widened from f16
+sixteen at a time as they are read; the softmax's sum is a `lanes` sum over the keys; and
+sum_j p_j v_j adds the values in key order, 64 of them held in registers across the keys). It was not always so: with `reassoc`, numba compiled a sum inside
 a parallel loop one way in the process that compiled the kernel and another way in the processes
 that loaded it from the cache (numba issue #10617), so the first run after a change gave other
 bits than every later one; `test_kernels_give_the_same_bits_compiled_or_cached` holds every kernel
@@ -49,7 +49,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import numpy as np  # noqa: E402
 from numba import njit, prange  # noqa: E402
 
-from tl_lab.lanes import (LANES, prefetch, vexp, vfma, vload, vload_f16, vload_f16_part, vload_part,  # noqa: E402
+from tl_lab.lanes import (LANES, prefetch, vexp, vfma, vload, vload_f16, vload_f16_part, vload_part, vmax, vmul, vsum4, vtop,  # noqa: E402
                           vnibbles, vsplat, vstore, vstore_part, vsum, vzero)
 
 __all__ = ["ROWS", "padded_rows", "lanes_ready", "matmul_f32", "matmul_q4", "matvec_f32", "attend_paged", "QUERY_TILE", "product_f32", "rows_f32", "head_f32",
@@ -81,10 +81,9 @@ def _four_features(nb, N):  # pragma: no cover (compiled)
 
 @njit(inline="always", cache=True)
 def _store_lanes(y, m, n0, N, a0, a1, a2, a3):  # pragma: no cover (compiled)
-    """y[m, n0 .. n0 + 3] = the folded lanes of a0 .. a3 (`lanes.vsum`), the features that exist."""
-    for j, a in enumerate((a0, a1, a2, a3)):
-        if n0 + j < N:
-            y[m, n0 + j] = vsum(a)
+    """y[m, n0 .. n0 + 3] = the folded lanes of a0 .. a3 (`lanes.vsum4`, the same bits as four
+    `vsum`s in a third of the instructions), the features that exist."""
+    vstore_part(y, m, n0, min(4, N - n0), vsum4(a0, a1, a2, a3))
 
 
 @njit(inline="always", cache=True)
@@ -277,22 +276,25 @@ def matmul_q4(x, P, S, f16, y):  # pragma: no cover (compiled)
 
 @njit(inline="always", cache=True)
 def _softmax(w, a, n):  # pragma: no cover (compiled)
-    """w[a, :n] (float32) -> its softmax in place, the maximum subtracted first: the exponentials
-    sixteen at a time (`lanes.vexp`), their sum added in key order j = 0, 1, ... (a plain loop, no
-    fast-math flag: when this sum sat inside a parallel loop under `reassoc`, numba split it into
-    lanes one way in the process that compiled the kernel and another way in the processes that
-    loaded it from the cache, numba issue #10617, `test_kernels_give_the_same_bits_compiled_or_cached`)."""
-    top = w[a, 0]
-    for j in range(1, n):
-        top = max(top, w[a, j])
-    one, shift = vsplat(np.float32(1.0)), vsplat(-top)
+    """w[a, :n] (float32) -> its softmax in place, the maximum subtracted first: the maximum and
+    the exponentials sixteen at a time (`lanes.vmax`, `lanes.vexp`), their sum in `lanes` order like
+    every other sum here (one chain of n scalar additions had made the softmax a quarter of a
+    decode step's attention)."""
+    if n >= LANES:  # the last step overlaps the one before it: a maximum does not mind
+        tv = vload(w, a, 0)
+        for j in range(LANES, n, LANES):
+            tv = vmax(tv, vload(w, a, min(j, n - LANES)))
+        top = vtop(tv)
+    else:
+        top = w[a, 0]
+        for j in range(1, n):
+            top = max(top, w[a, j])
+    one, shift, total = vsplat(np.float32(1.0)), vsplat(-top), vzero()
     for j in range(0, n, LANES):
         m = min(LANES, n - j)
         vstore_part(w, a, j, m, vexp(vfma(vload_part(w, a, j, m), one, shift)))  # exp(w - top)
-    total = np.float32(0.0)
-    for j in range(n):
-        total += w[a, j]
-    inv = np.float32(1.0) / total
+        total = vfma(one, vload_part(w, a, j, m), total)  # + exp(w - top), rounded once; lanes past n add 0
+    inv = np.float32(1.0) / vsum(total)
     for j in range(n):
         w[a, j] *= inv
 
@@ -353,7 +355,9 @@ def attend_paged(q, data, layer, tables, seq_of, starts, firsts, tiles, o, tail)
     code, and the whole-step one carries no masks, which cost attention half its speed).
 
     Query t (the i-th new token of s) visits exactly the keys j <= pos(t) = p_s + i. Each (tile, KV
-    head) is one thread's task; inside it every query runs the same loops in the same order
+    head) is one thread's task, in three passes: the scores of every query of the tile against every
+    key it sees (`_scores`), their softmax row by row (`_softmax`), the weighted sum of the values
+    row by row (`_weighted_values`). Inside a task every query runs the same loops in the same order
     whatever its tile, so a query's bits depend only on its own sequence.
     """
     N, H, D = q.shape
@@ -374,38 +378,98 @@ def attend_paged(q, data, layer, tables, seq_of, starts, firsts, tiles, o, tail)
         for i in range(nq):
             last[i] = starts[s] + (t0 + i - firsts[s])  # q_offset = p_s: the i-th new token sees keys 0 .. p_s + i
         L = last[nq - 1] + 1  # the tile's last query sees the most keys
-        w = np.zeros((nq * rep, L), dtype=np.float32)  # row i * rep + r: scores, then weights
-        for j in range(L):
-            keys = data[tables[s, j // B], layer, 0, g]  # (B, D) f16 bits: key j is row j % B, read in place
-            if j % B == 0 and j + B < L:  # a block on, ask for the next block's keys
-                _prefetch_block(data[tables[s, j // B + 1], layer, 0, g])
-            for i in range(nq):
-                if j <= last[i]:
-                    q_i = q[t0 + i]  # (H, D)
-                    for r in range(rep):
-                        acc = vzero()  # q . k_j in lanes over d
-                        for d in range(0, D, LANES):
-                            acc = vfma(_load(q_i, g * rep + r, d, tail), _load_f16(keys, j % B, d, tail), acc)
-                        w[i * rep + r, j] = vsum(acc) * scale
+        w = np.empty((nq * rep, L), dtype=np.float32)  # row i * rep + r: scores, then weights
+        _scores(q, data, layer, tables[s], g, t0, last, scale, w, tail)
         for i in range(nq):
             for r in range(rep):
                 _softmax(w, i * rep + r, last[i] + 1)
-        out = np.zeros((nq * rep, D), dtype=np.float32)  # row i * rep + r: sum_j p_j v_j, j in order
-        for j in range(L):
-            values = data[tables[s, j // B], layer, 1, g]  # (B, D): value j is row j % B
-            if j % B == 0 and j + B < L:
-                _prefetch_block(data[tables[s, j // B + 1], layer, 1, g])
-            for i in range(nq):
-                if j <= last[i]:
-                    for r in range(rep):
-                        p = vsplat(w[i * rep + r, j])
-                        for d in range(0, D, LANES):
-                            v = _load_f16(values, j % B, d, tail)
-                            _store(out, i * rep + r, d, tail, vfma(p, v, _load(out, i * rep + r, d, tail)))
         for i in range(nq):
             for r in range(rep):
-                for d in range(D):
-                    o[t0 + i, (g * rep + r) * D + d] = out[i * rep + r, d]
+                _weighted_values(w, i * rep + r, last[i] + 1, data, layer, tables[s], g, o, t0 + i, (g * rep + r) * D,
+                                 tail)
+
+
+@njit(inline="always", cache=True)
+def _scores(q, data, layer, table, g, t0, last, scale, w, tail):  # pragma: no cover (compiled)
+    """w[i * rep + r, j] = scale * q[t0 + i, g * rep + r] . k_j for the keys j <= last[i] each query
+    sees, block by block, four keys at a time where a query sees all four; each block's values are
+    asked for while its keys are read, so they are on their way when the weights reach them."""
+    nq, L = last.size, w.shape[1]
+    B = data.shape[4]
+    rep = w.shape[0] // nq
+    s4 = vsplat(scale)
+    for blk in range((L + B - 1) // B):
+        keys = data[table[blk], layer, 0, g]  # (B, D) f16 bits: key blk * B + jj is row jj, read in place
+        _prefetch_block(data[table[blk], layer, 1, g])
+        if (blk + 1) * B < L:  # a block sits far from the next one: ask for the next keys now
+            _prefetch_block(data[table[blk + 1], layer, 0, g])
+        j0 = blk * B
+        for i in range(nq):
+            q_i, seen = q[t0 + i], min(B, last[i] + 1 - j0)  # (H, D); keys of this block query i sees
+            for r in range(rep):
+                a, h = i * rep + r, g * rep + r
+                jj = 0
+                while jj + 4 <= seen:
+                    vstore_part(w, a, j0 + jj, 4, vmul(s4, _dot4(q_i, h, keys, jj, tail)))
+                    jj += 4
+                for jj in range(jj, seen):
+                    w[a, j0 + jj] = vsum(_dot(q_i, h, keys, jj, tail)) * scale
+
+
+@njit(inline="always", cache=True)
+def _dot(q_i, h, keys, jj, tail):  # pragma: no cover (compiled)
+    """q_i[h] . k (k = keys[jj], f16) in lanes over d, not yet folded."""
+    acc = vzero()
+    for d in range(0, q_i.shape[1], LANES):
+        acc = vfma(_load(q_i, h, d, tail), _load_f16(keys, jj, d, tail), acc)
+    return acc
+
+
+@njit(inline="always", cache=True)
+def _dot4(q_i, h, keys, jj, tail):  # pragma: no cover (compiled)
+    """q_i[h] . keys[jj + c] for c = 0 .. 3 in lanes 0 .. 3: four `_dot`s side by side, each q vector
+    loaded once for the four, folded together (`lanes.vsum4`: the same bits as four `vsum`s)."""
+    a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
+    for d in range(0, q_i.shape[1], LANES):
+        qv = _load(q_i, h, d, tail)
+        a0, a1 = vfma(qv, _load_f16(keys, jj, d, tail), a0), vfma(qv, _load_f16(keys, jj + 1, d, tail), a1)
+        a2, a3 = vfma(qv, _load_f16(keys, jj + 2, d, tail), a2), vfma(qv, _load_f16(keys, jj + 3, d, tail), a3)
+    return vsum4(a0, a1, a2, a3)
+
+
+@njit(inline="always", cache=True)
+def _weighted_values(w, a, n, data, layer, table, g, o, t, c0, tail):  # pragma: no cover (compiled)
+    """o[t, c0 : c0 + D] = sum_j w[a, j] v_j over j = 0 .. n - 1, added in key order: each output
+    value is one chain of fused multiply-adds, so its bits do not depend on how many are computed
+    side by side. Sixty-four values (four steps) of the row at a time, held in registers across
+    the whole pass over the keys."""
+    D, B = data.shape[5], data.shape[4]
+    for c in range(0, D, 4 * LANES):
+        if len(tail) == 0 and c + 4 * LANES <= D:
+            o0, o1, o2, o3 = vzero(), vzero(), vzero(), vzero()
+            for blk in range((n + B - 1) // B):
+                values = data[table[blk], layer, 1, g]  # (B, D): value blk * B + jj is row jj
+                for jj in range(min(B, n - blk * B)):
+                    p = vsplat(w[a, blk * B + jj])
+                    o0, o1 = vfma(p, vload_f16(values, jj, c), o0), vfma(p, vload_f16(values, jj, c + LANES), o1)
+                    o2 = vfma(p, vload_f16(values, jj, c + 2 * LANES), o2)
+                    o3 = vfma(p, vload_f16(values, jj, c + 3 * LANES), o3)
+            for k, v in enumerate((o0, o1, o2, o3)):
+                vstore(o, t, c0 + c + k * LANES, v)
+            continue
+        for d in range(c, min(c + 4 * LANES, D), LANES):  # a chunk short of 64 values: a step at a time
+            acc = vzero()
+            for blk in range((n + B - 1) // B):
+                values = data[table[blk], layer, 1, g]
+                for jj in range(min(B, n - blk * B)):
+                    acc = vfma(vsplat(w[a, blk * B + jj]), _load_f16(values, jj, d, tail), acc)
+            _store_row(o, t, c0, d, D, acc)
+
+
+@njit(inline="always", cache=True)
+def _store_row(o, t, c0, d, D, v):  # pragma: no cover (compiled)
+    """o[t, c0 + d : c0 + min(d + 16, D)] = the first lanes of v (a head's row may end inside a step)."""
+    vstore_part(o, t, c0 + d, min(LANES, D - d), v)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -31,6 +31,10 @@ The pieces are numba intrinsics emitting LLVM's vector instructions (`F32x16` is
   kernel 20% of its speed, measured);
 - ``vfma(a, b, c)`` -> a * b + c lane by lane, rounded once;
 - ``vsum(v)`` -> the lanes folded in the fixed tree above, a float32;
+- ``vsum4(a0, a1, a2, a3)`` -> the four `vsum`s in lanes 0 .. 3 (the same folds, shared shuffles);
+  ``vmul(a, b)``;
+- ``vmax(a, b)``, ``vtop(v)`` -> the larger lane by lane, the largest lane (a maximum is exact: any
+  order gives it);
 - ``prefetch(a, i, k)`` -> ask the memory system for the cache line of a[i, k] (a hint; it never
   faults). A kernel that does arithmetic on the weight as it streams in keeps the next weight rows
   on their way this way; measured on SmolLM2 at batch 8, it turns 34 ms of layer products into 22;
@@ -47,7 +51,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic, models, register_model
 
 __all__ = ["LANES", "F32x16", "vzero", "vload", "vfma", "vsum", "prefetch", "vload_part", "vload_f16", "vload_f16_part",
-           "vstore", "vstore_part", "vsplat", "vnibbles", "vexp"]
+           "vstore", "vstore_part", "vsplat", "vnibbles", "vexp", "vmax", "vtop", "vsum4", "vmul"]
 
 LANES = 16
 _VEC = ir.VectorType(ir.FloatType(), LANES)
@@ -117,16 +121,73 @@ def vfma(typingctx, a, b, c):
     return f32x16(f32x16, f32x16, f32x16), codegen
 
 
+def _fold(builder, x, combine):
+    """Fold 16 lanes into lane 0, the upper half onto the lower one: 16 -> 8 -> 4 -> 2 -> 1."""
+    n = LANES
+    while n > 1:
+        n //= 2
+        lo = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(_I32, n), list(range(n))))
+        hi = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(_I32, n), list(range(n, 2 * n))))
+        x = combine(lo, hi)
+    return builder.extract_element(x, _I32(0))
+
+
 @intrinsic
 def vsum(typingctx, v):
     def codegen(context, builder, sig, args):
-        x, n = args[0], LANES
-        while n > 1:  # fold the upper half onto the lower one: 16 -> 8 -> 4 -> 2 -> 1
-            n //= 2
-            lo = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(_I32, n), list(range(n))))
-            hi = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(_I32, n), list(range(n, 2 * n))))
-            x = builder.fadd(lo, hi)
-        return builder.extract_element(x, _I32(0))
+        return _fold(builder, args[0], builder.fadd)
+
+    return types.float32(f32x16), codegen
+
+
+@intrinsic
+def vsum4(typingctx, a0, a1, a2, a3):
+    """Lanes 0 .. 3: vsum(a0) .. vsum(a3), the very same folds (so the same bits), done four vectors
+    at a time: each fold step shuffles the halves of two vectors side by side and adds them once,
+    15 additions for four sums instead of 4 x 4 plus four extractions. Lanes 4 .. 15: undefined."""
+    def codegen(context, builder, sig, args):
+        def halves(x, y, lo, hi):  # lanes `lo` of (x ++ y) plus lanes `hi`
+            pick = lambda idx: builder.shuffle_vector(x, y, ir.Constant(ir.VectorType(_I32, len(idx)), idx))
+            return builder.fadd(pick(lo), pick(hi))
+        c01 = halves(args[0], args[1], [*range(0, 8), *range(16, 24)], [*range(8, 16), *range(24, 32)])
+        c23 = halves(args[2], args[3], [*range(0, 8), *range(16, 24)], [*range(8, 16), *range(24, 32)])
+        d = halves(c01, c23, [l + 8 * b for b in range(4) for l in range(4)], [l + 4 + 8 * b for b in range(4) for l in range(4)])
+        e = halves(d, d, [l + 4 * b for b in range(4) for l in range(2)], [l + 2 + 4 * b for b in range(4) for l in range(2)])
+        f = halves(e, e, [0, 2, 4, 6], [1, 3, 5, 7])  # <4 x float>: the four sums
+        return builder.shuffle_vector(f, f, ir.Constant(ir.VectorType(_I32, LANES), [0, 1, 2, 3] + [0] * 12))
+
+    return f32x16(f32x16, f32x16, f32x16, f32x16), codegen
+
+
+@intrinsic
+def vmul(typingctx, a, b):
+    """a * b lane by lane."""
+    def codegen(context, builder, sig, args):
+        return builder.fmul(args[0], args[1])
+
+    return f32x16(f32x16, f32x16), codegen
+
+
+def _max(builder, a, b):
+    """Lane by lane the larger of a and b (a where they compare equal or unordered)."""
+    return builder.select(builder.fcmp_ordered("<", a, b), b, a)
+
+
+@intrinsic
+def vmax(typingctx, a, b):
+    """Lane by lane the larger of a and b. A maximum is exact, so no order of taking it can change
+    its value: unlike a sum, it may be folded any way."""
+    def codegen(context, builder, sig, args):
+        return _max(builder, args[0], args[1])
+
+    return f32x16(f32x16, f32x16), codegen
+
+
+@intrinsic
+def vtop(typingctx, v):
+    """The largest of the 16 lanes, a float32."""
+    def codegen(context, builder, sig, args):
+        return _fold(builder, args[0], lambda lo, hi: _max(builder, lo, hi))
 
     return types.float32(f32x16), codegen
 
