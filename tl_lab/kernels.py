@@ -41,9 +41,10 @@ from contextlib import contextmanager
 # another process holds a core (a learner's laptop always has one), a spinning thread and a
 # descheduled one turn every one of a step's ~240 parallel loops into a wait: batch-1 decode at 2
 # threads fell from 30 to under 2 tokens/s, measured. Sleeping idle threads cost a wake-up per loop
-# instead. Read once, when numba first starts the pool; a value set by the user wins. A short spin
-# before sleeping (GOMP_SPINCOUNT=10000) was tried: batch-1 decode at 2 threads 49 -> 80 tokens/s
-# on a quiet machine, but 27 -> 12 with one core busy, so the threads sleep at once.
+# instead (about 40 us here). A short spin before sleeping was tried twice: GOMP_SPINCOUNT=10000
+# took batch-8 decode at 2 threads from 280 to 399 tokens/s on a quiet machine, but from 245 to 95
+# with one core busy, so the threads sleep at once. A lone row runs on one thread anyway
+# (`threads_for`). Read once, when numba first starts the pool; a value set by the user wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np  # noqa: E402
@@ -88,21 +89,13 @@ def _store_lanes(y, m, n0, N, a0, a1, a2, a3):  # pragma: no cover (compiled)
 
 @njit(inline="always", cache=True)
 def _prefetch_four(W, p, k):  # pragma: no cover (compiled)
-    """Ask for W[p .. p + 3, k .. k + 15], the weight rows that the block `ahead` on will read."""
+    """Ask for W[p .. p + 3, k .. k + 15]: the rows of the next block of four features, sixteen
+    columns ahead of where this block reads. One block ahead (9 KB for SmolLM2's K = 576) is the
+    measured best: 32 KB ahead was 8% slower at batch 8, because with x's eight rows (18 KB) the
+    rows asked for no longer fit the 48 KB L1 cache beside the ones in use."""
     last = W.shape[0] - 1
     for j in range(4):
         prefetch(W, min(p + j, last), k)
-
-
-AHEAD_BYTES = 32 * 1024
-"""How far ahead of its arithmetic a kernel asks for weight rows (`lanes.prefetch`): far enough
-that a row arrives before it is needed, near enough that it is still in the cache when it is."""
-
-
-@njit(inline="always", cache=True)
-def _ahead(K):  # pragma: no cover (compiled)
-    """Weight rows (a multiple of 4, at least 4) that make AHEAD_BYTES of a K-column float32 weight."""
-    return max(4, AHEAD_BYTES // (16 * K) * 4)
 
 
 @njit(parallel=True, cache=True)
@@ -131,7 +124,8 @@ def matvec_f32(x, W, y):  # pragma: no cover (compiled)
 @njit(inline="always", cache=True)
 def _block44(x, m0, W, r0, r1, r2, r3, y, n0, p, ahead):  # pragma: no cover (compiled)
     """y[m0 .. m0 + 3, n0 .. n0 + 3] = x[m0 .. m0 + 3] W[r0, r1, r2, r3]^T: 16 sums side by side in
-    `lanes` order. With `ahead`, the weight rows p .. p + 3 are asked for as the block goes."""
+    `lanes` order. With `ahead`, the weight rows p .. p + 3 (the next block's) are asked for as the
+    block goes."""
     N, K = y.shape[1], x.shape[1]
     a00, a01, a02, a03 = vzero(), vzero(), vzero(), vzero()  # a_ij: row m0 + i, feature n0 + j
     a10, a11, a12, a13 = vzero(), vzero(), vzero(), vzero()
@@ -164,14 +158,13 @@ def matmul_f32(x, W, y):  # pragma: no cover (compiled)
     features and each weight vector 4 rows, so a batch of 8 decodes or a long prefill does 4 times
     less loading per multiply-add than `matvec_f32`. Each sum is added in `lanes` order, so every
     y[m, n] has the same bits as `matvec_f32`'s: the engine picks either by the batch alone. The
-    first block of rows asks for the weight rows `_ahead` as it goes; the others find the four
+    first block of rows asks for the next block's weight rows as it goes; the others find the four
     rows it read in the cache."""
     M, K = x.shape
     N = W.shape[0]
-    ahead = _ahead(K)
     for nb in prange((N + 3) // 4):
         n0, r0, r1, r2, r3 = _four_features(nb, N)
-        p = min(r0 + ahead, N - 1)
+        p = min(r0 + 4, N - 1)
         for m0 in range(0, M, 4):
             _block44(x, m0, W, r0, r1, r2, r3, y, n0, p, m0 == 0)
 
