@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tl_lab.forward import PoolKv, Step, attend_reference, write_kv
-from tl_lab.kernels import ROWS, head_f32, product_f32, rows_f32, set_threads
+from tl_lab.kernels import ROWS, head_f32, lanes_ready, matmul8_f32, product_f32, rows_f32, set_threads
 from tl_lab.quant import QLinear, f32_to_f16
 
 SHAPES = [(64, 32), (576, 192), (576, 1536), (1536, 576), (64, 7), (36, 5), (17, 3)]  # (K, N); N % 4, K % 16 != 0 included
@@ -61,13 +61,18 @@ def test_f32_kernels_are_row_invariant(K, N, product):
 
 @pytest.mark.parametrize("K,N", SHAPES)
 def test_one_row_kernel_and_the_blocks_give_the_same_bits(K, N):
-    """`matvec_f32` (a lone row) and `matmul_f32` (blocks of 4 rows) add every sum in `lanes` order,
-    so they agree to the bit on every row of every batch: the engine may pick either by batch size."""
+    """`matvec_f32` (a lone row), `matmul_f32` (blocks of 4 rows) and `matmul8_f32` (8 rows in one
+    pass) add every sum in `lanes` order, so they agree to the bit on every row of every batch: the
+    engine may pick any by batch size."""
     rng = np.random.default_rng(K * N)
     W = rng.standard_normal((N, K)).astype(np.float32)
     for M in (2, 5, 8, 13):
         X = rng.standard_normal((M, K)).astype(np.float32)
         assert np.array_equal(product_f32(X, W).view(np.uint32), rows_f32(X, W).view(np.uint32)), f"M={M}"
+    X, W16 = lanes_ready(rng.standard_normal((8, K)).astype(np.float32), W)  # the 8-row kernel, whatever K
+    eight = np.empty((8, N), np.float32)
+    matmul8_f32(X, W16, eight)
+    assert np.array_equal(eight.view(np.uint32), rows_f32(X, W16).view(np.uint32)), "matmul8_f32"
 
 
 Q4_SHAPES = [(576, 200, 32), (1536, 9, 32), (64, 7, 64), (8, 5, 4)]  # (K, N, group); N % 4 != 0 included

@@ -8,15 +8,16 @@ the call, not where a row sits among them, not how many threads there are (a thr
 output features, never a piece of a sum), not which kernel runs. numpy's ``x @ W.T`` gives the
 order to OpenBLAS, which picks it from the shape.
 
-Two f32 kernels, one order. `matvec_f32` takes one row at a time, four output features per pass:
-a lone row does no wasted work, which is what a batch-1 decode step (bound by reading the weights)
-wants. `matmul_f32` works on blocks of 4 rows x 4 features (x padded with zero rows to a multiple
-of 4, `padded_rows`): each x vector and weight vector loaded serves four products, which is what a
-batch of decodes or a long prefill (bound by arithmetic) wants. Both build every sum from the same
-`lanes` pieces, so they give the same bits (tested), and `product_f32` picks one by the batch size
-alone. Both ask for the weight rows a little ahead of the arithmetic (`lanes.prefetch`): without
-that, a kernel busy with arithmetic let the memory sit idle, and a batch of 8 cost twice what it
-needs to. The int4 kernels (`matvec_q4` for a lone row, `matmul_q4`'s tiles for a batch) turn the
+Three f32 kernels, one order. `matvec_f32` takes one row at a time, four output features per
+pass: a lone row does no wasted work, which is what a batch-1 decode step (bound by reading the
+weights) wants. `matmul_f32` works on blocks of 4 rows x 4 features (x padded with zero rows to a
+multiple of 4, `padded_rows`): each x vector and weight vector loaded serves four products, which
+is what a long prefill (bound by arithmetic) wants. `matmul8_f32` works on blocks of 8 rows x 2
+features, in one pass over the weight, which is what a batch of eight decodes (bound by both)
+wants. All build every sum from the same `lanes` pieces, so they give the same bits (tested), and
+`product_f32` picks one by the batch's shape alone. They ask for the weight rows a little ahead of
+the arithmetic (`lanes.prefetch`): without that, a kernel busy with arithmetic let the memory sit
+idle, and a batch of 8 cost twice what it needs to. The int4 kernels (`matvec_q4` for a lone row, `matmul_q4`'s tiles for a batch) turn the
 stored nibbles into W_hat = n s - 8 s, exactly, and add x W_hat into the same lanes: an int4
 product is the f32 product on W_hat, bit for bit. Every kernel takes C-contiguous arrays only.
 
@@ -53,17 +54,17 @@ from numba import njit, prange  # noqa: E402
 from tl_lab.lanes import (LANES, prefetch, vexp, vfma, vload, vload_f16, vload_f16_part, vload_part, vmax, vmul, vsum4, vtop,  # noqa: E402
                           vnibbles, vsplat, vstore, vstore_part, vsum, vzero)
 
-__all__ = ["ROWS", "padded_rows", "lanes_ready", "matmul_f32", "matmul_q4", "matvec_f32", "attend_paged", "QUERY_TILE", "product_f32", "rows_f32", "head_f32",
+__all__ = ["ROWS", "padded_rows", "lanes_ready", "matmul_f32", "matmul8_f32", "matmul_q4", "matvec_f32", "attend_paged", "QUERY_TILE", "product_f32", "rows_f32", "head_f32",
            "product_q4", "matvec_q4", "set_threads", "threads_for", "SERIAL_ROWS"]
 
 ROWS = 4
 """Batch rows per block of the product kernels (and the multiple every x is padded to)."""
 
-def padded_rows(x: np.ndarray) -> np.ndarray:
-    """x: (M, K) -> C-contiguous float32 (ceil(M / ROWS) * ROWS, K), zero rows appended (no copy when
+def padded_rows(x: np.ndarray, rows: int = ROWS) -> np.ndarray:
+    """x: (M, K) -> C-contiguous float32 (ceil(M / rows) * rows, K), zero rows appended (no copy when
     x already fits)."""
     M, K = x.shape
-    Mp = -(-M // ROWS) * ROWS
+    Mp = -(-M // rows) * rows
     if Mp == M and x.dtype == np.float32 and x.flags.c_contiguous:
         return x
     xp = np.zeros((Mp, K), dtype=np.float32)
@@ -88,13 +89,13 @@ def _store_lanes(y, m, n0, N, a0, a1, a2, a3):  # pragma: no cover (compiled)
 
 
 @njit(inline="always", cache=True)
-def _prefetch_four(W, p, k):  # pragma: no cover (compiled)
-    """Ask for W[p .. p + 3, k .. k + 15]: the rows of the next block of four features, sixteen
-    columns ahead of where this block reads. One block ahead (9 KB for SmolLM2's K = 576) is the
-    measured best: 32 KB ahead was 8% slower at batch 8, because with x's eight rows (18 KB) the
-    rows asked for no longer fit the 48 KB L1 cache beside the ones in use."""
+def _prefetch_rows(W, p, n, k):  # pragma: no cover (compiled)
+    """Ask for W[p .. p + n - 1, k .. k + 15]: the rows of the next block of features, sixteen
+    columns ahead of where this block reads. One block ahead is the measured best: 32 KB ahead was
+    8% slower at batch 8, because beside x's eight rows the rows asked for no longer fit the 48 KB
+    L1 cache with the ones in use."""
     last = W.shape[0] - 1
-    for j in range(4):
+    for j in range(n):
         prefetch(W, min(p + j, last), k)
 
 
@@ -133,7 +134,7 @@ def _block44(x, m0, W, r0, r1, r2, r3, y, n0, p, ahead):  # pragma: no cover (co
     a30, a31, a32, a33 = vzero(), vzero(), vzero(), vzero()
     for k in range(0, K, LANES):
         if ahead:
-            _prefetch_four(W, p, k)
+            _prefetch_rows(W, p, 4, k)
         w0, w1, w2, w3 = vload(W, r0, k), vload(W, r1, k), vload(W, r2, k), vload(W, r3, k)
         x0 = vload(x, m0, k)
         a00, a01, a02, a03 = vfma(x0, w0, a00), vfma(x0, w1, a01), vfma(x0, w2, a02), vfma(x0, w3, a03)
@@ -167,6 +168,45 @@ def matmul_f32(x, W, y):  # pragma: no cover (compiled)
         p = min(r0 + 4, N - 1)
         for m0 in range(0, M, 4):
             _block44(x, m0, W, r0, r1, r2, r3, y, n0, p, m0 == 0)
+
+
+X_IN_L1 = 24 * 1024
+"""Bytes of x that `matmul8_f32` keeps in the L1 cache (48 KB here) beside the weight rows: up to
+this, eight rows of x are read from L1 for every pair of features; past it, `matmul_f32`'s two
+passes of four rows win (SmolLM2's down projection, K = 1536: 4.8 against 5.5 ms)."""
+
+
+@njit(parallel=True, cache=True)
+def matmul8_f32(x, W, y):  # pragma: no cover (compiled)
+    """y = x W^T for a batch of eight rows in blocks of 8 rows x 2 features. x: (8, K) float32
+    (`padded_rows(x, 8)`); W: (N, K) float32; y: (8, N) float32, written.
+
+    The kernel of a batch of 8 decodes: one pass over the weight, each weight vector serving all
+    eight rows while the rows of the next two blocks stream in, so memory and arithmetic overlap
+    (SmolLM2 at batch 8, 1 thread: the layers' products 18.6 -> 16.0 ms a step against
+    `matmul_f32`'s two passes of four rows, whose second pass left the memory idle; asking for the
+    next block only, or for three blocks, was slower). The same `lanes` sums as every other
+    kernel, so the same bits."""
+    K = x.shape[1]
+    N = W.shape[0]
+    for nb in prange((N + 1) // 2):
+        n0 = nb * 2
+        r1 = min(n0 + 1, N - 1)  # an odd N's last block repeats its feature (never stored)
+        a0, a1, a2, a3, a4, a5, a6, a7 = vzero(), vzero(), vzero(), vzero(), vzero(), vzero(), vzero(), vzero()
+        b0, b1, b2, b3, b4, b5, b6, b7 = vzero(), vzero(), vzero(), vzero(), vzero(), vzero(), vzero(), vzero()
+        for k in range(0, K, LANES):  # a_m: row m, feature n0; b_m: row m, feature n0 + 1
+            _prefetch_rows(W, n0 + 2, 4, k)  # the next two blocks: ~9 KB ahead, as `matmul_f32`'s next block
+            w0, w1 = vload(W, n0, k), vload(W, r1, k)
+            x0, x1, x2, x3 = vload(x, 0, k), vload(x, 1, k), vload(x, 2, k), vload(x, 3, k)
+            a0, a1, a2, a3 = vfma(x0, w0, a0), vfma(x1, w0, a1), vfma(x2, w0, a2), vfma(x3, w0, a3)
+            b0, b1, b2, b3 = vfma(x0, w1, b0), vfma(x1, w1, b1), vfma(x2, w1, b2), vfma(x3, w1, b3)
+            x4, x5, x6, x7 = vload(x, 4, k), vload(x, 5, k), vload(x, 6, k), vload(x, 7, k)
+            a4, a5, a6, a7 = vfma(x4, w0, a4), vfma(x5, w0, a5), vfma(x6, w0, a6), vfma(x7, w0, a7)
+            b4, b5, b6, b7 = vfma(x4, w1, b4), vfma(x5, w1, b5), vfma(x6, w1, b6), vfma(x7, w1, b7)
+        for m, (a, b) in enumerate(((a0, b0), (a1, b1), (a2, b2), (a3, b3), (a4, b4), (a5, b5), (a6, b6), (a7, b7))):
+            y[m, n0] = vsum(a)
+            if n0 + 1 < N:
+                y[m, n0 + 1] = vsum(b)
 
 
 @njit(inline="always", cache=True)
@@ -496,9 +536,10 @@ def product_f32(x: np.ndarray, W: np.ndarray) -> np.ndarray:
     M = x.shape[0]
     if M == 1:
         return rows_f32(x, W)
-    xp, Wp = lanes_ready(padded_rows(x), W)
+    eight = ROWS < M <= 8 and 8 * 4 * x.shape[1] <= X_IN_L1
+    xp, Wp = lanes_ready(padded_rows(x, 8 if eight else ROWS), W)
     y = np.empty((xp.shape[0], W.shape[0]), dtype=np.float32)
-    matmul_f32(xp, Wp, y)
+    (matmul8_f32 if eight else matmul_f32)(xp, Wp, y)
     return y[:M]
 
 
