@@ -176,10 +176,34 @@ this, eight rows of x are read from L1 for every pair of features; past it, `mat
 passes of four rows win (SmolLM2's down projection, K = 1536: 4.8 against 5.5 ms)."""
 
 
+@njit(inline="always", cache=True)
+def _block82(x, W, r0, r1, y, n0, p, ahead):  # pragma: no cover (compiled)
+    """y[0 .. 7, n0 .. n0 + 1] = x W[r0, r1]^T: 16 sums side by side in `lanes` order, each weight
+    vector serving x's eight rows. With `ahead`, the weight rows p .. p + 3 are asked for as the
+    block goes."""
+    N, K = y.shape[1], x.shape[1]
+    a0, a1, a2, a3, a4, a5, a6, a7 = vzero(), vzero(), vzero(), vzero(), vzero(), vzero(), vzero(), vzero()
+    b0, b1, b2, b3, b4, b5, b6, b7 = vzero(), vzero(), vzero(), vzero(), vzero(), vzero(), vzero(), vzero()
+    for k in range(0, K, LANES):  # a_m: row m, feature n0; b_m: row m, feature n0 + 1
+        if ahead:
+            _prefetch_rows(W, p, 4, k)
+        w0, w1 = vload(W, r0, k), vload(W, r1, k)
+        x0, x1, x2, x3 = vload(x, 0, k), vload(x, 1, k), vload(x, 2, k), vload(x, 3, k)
+        a0, a1, a2, a3 = vfma(x0, w0, a0), vfma(x1, w0, a1), vfma(x2, w0, a2), vfma(x3, w0, a3)
+        b0, b1, b2, b3 = vfma(x0, w1, b0), vfma(x1, w1, b1), vfma(x2, w1, b2), vfma(x3, w1, b3)
+        x4, x5, x6, x7 = vload(x, 4, k), vload(x, 5, k), vload(x, 6, k), vload(x, 7, k)
+        a4, a5, a6, a7 = vfma(x4, w0, a4), vfma(x5, w0, a5), vfma(x6, w0, a6), vfma(x7, w0, a7)
+        b4, b5, b6, b7 = vfma(x4, w1, b4), vfma(x5, w1, b5), vfma(x6, w1, b6), vfma(x7, w1, b7)
+    for m, (a, b) in enumerate(((a0, b0), (a1, b1), (a2, b2), (a3, b3), (a4, b4), (a5, b5), (a6, b6), (a7, b7))):
+        y[m, n0] = vsum(a)
+        if n0 + 1 < N:
+            y[m, n0 + 1] = vsum(b)
+
+
 @njit(parallel=True, cache=True)
 def matmul8_f32(x, W, y):  # pragma: no cover (compiled)
-    """y = x W^T for a batch of eight rows in blocks of 8 rows x 2 features. x: (8, K) float32
-    (`padded_rows(x, 8)`); W: (N, K) float32; y: (8, N) float32, written.
+    """y = x W^T for a batch of eight rows in blocks of 8 rows x 2 features (`_block82`). x: (8, K)
+    float32 (`padded_rows(x, 8)`); W: (N, K) float32; y: (8, N) float32, written.
 
     The kernel of a batch of 8 decodes: one pass over the weight, each weight vector serving all
     eight rows while the rows of the next two blocks stream in, so memory and arithmetic overlap
@@ -187,26 +211,15 @@ def matmul8_f32(x, W, y):  # pragma: no cover (compiled)
     `matmul_f32`'s two passes of four rows, whose second pass left the memory idle; asking for the
     next block only, or for three blocks, was slower). The same `lanes` sums as every other
     kernel, so the same bits."""
-    K = x.shape[1]
     N = W.shape[0]
     for nb in prange((N + 1) // 2):
-        n0 = nb * 2
-        r1 = min(n0 + 1, N - 1)  # an odd N's last block repeats its feature (never stored)
-        a0, a1, a2, a3, a4, a5, a6, a7 = vzero(), vzero(), vzero(), vzero(), vzero(), vzero(), vzero(), vzero()
-        b0, b1, b2, b3, b4, b5, b6, b7 = vzero(), vzero(), vzero(), vzero(), vzero(), vzero(), vzero(), vzero()
-        for k in range(0, K, LANES):  # a_m: row m, feature n0; b_m: row m, feature n0 + 1
-            _prefetch_rows(W, n0 + 2, 4, k)  # the next two blocks: ~9 KB ahead, as `matmul_f32`'s next block
-            w0, w1 = vload(W, n0, k), vload(W, r1, k)
-            x0, x1, x2, x3 = vload(x, 0, k), vload(x, 1, k), vload(x, 2, k), vload(x, 3, k)
-            a0, a1, a2, a3 = vfma(x0, w0, a0), vfma(x1, w0, a1), vfma(x2, w0, a2), vfma(x3, w0, a3)
-            b0, b1, b2, b3 = vfma(x0, w1, b0), vfma(x1, w1, b1), vfma(x2, w1, b2), vfma(x3, w1, b3)
-            x4, x5, x6, x7 = vload(x, 4, k), vload(x, 5, k), vload(x, 6, k), vload(x, 7, k)
-            a4, a5, a6, a7 = vfma(x4, w0, a4), vfma(x5, w0, a5), vfma(x6, w0, a6), vfma(x7, w0, a7)
-            b4, b5, b6, b7 = vfma(x4, w1, b4), vfma(x5, w1, b5), vfma(x6, w1, b6), vfma(x7, w1, b7)
-        for m, (a, b) in enumerate(((a0, b0), (a1, b1), (a2, b2), (a3, b3), (a4, b4), (a5, b5), (a6, b6), (a7, b7))):
-            y[m, n0] = vsum(a)
-            if n0 + 1 < N:
-                y[m, n0 + 1] = vsum(b)
+        n0 = nb * 2  # an odd N's last block repeats its feature (never stored)
+        _block82(x, W, n0, min(n0 + 1, N - 1), y, n0, n0 + 2, True)  # ahead: the next two blocks, ~9 KB
+
+
+def _eight_rows(M: int, K: int) -> bool:
+    """Whether a batch of M rows of K columns goes through `matmul8_f32` (padded to 8 rows)."""
+    return ROWS < M <= 8 and 8 * 4 * K <= X_IN_L1
 
 
 @njit(inline="always", cache=True)
@@ -296,7 +309,8 @@ def matmul_q4(x, P, S, f16, y):  # pragma: no cover (compiled)
     exists), then every block of 4 rows runs `matmul_f32`'s sums on it (`_block44`): the same bits
     as `matvec_q4`, and as the float32 product on W_hat. x: (M, K16) float32 with M a multiple of 4
     and K16 the columns rounded up to 16 (`lanes_ready`); P, S, f16 as in `matvec_q4` (any group
-    size); y: (M, N) float32, written."""
+    size); y: (M, N) float32, written. (`matmul8_f32`'s blocks of 8 rows on the tile were tried:
+    slower here, 24.8 against 22.4 ms a pass at batch 8, the widening being the cost.)"""
     M, K16 = x.shape
     N = S.shape[0]
     for nb in prange((N + 3) // 4):
@@ -536,7 +550,7 @@ def product_f32(x: np.ndarray, W: np.ndarray) -> np.ndarray:
     M = x.shape[0]
     if M == 1:
         return rows_f32(x, W)
-    eight = ROWS < M <= 8 and 8 * 4 * x.shape[1] <= X_IN_L1
+    eight = _eight_rows(M, x.shape[1])
     xp, Wp = lanes_ready(padded_rows(x, 8 if eight else ROWS), W)
     y = np.empty((xp.shape[0], W.shape[0]), dtype=np.float32)
     (matmul8_f32 if eight else matmul_f32)(xp, Wp, y)
