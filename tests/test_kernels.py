@@ -217,7 +217,8 @@ def test_kernels_give_the_same_bits_at_1_and_2_threads(restore_threads):
     outs = []
     for n in (1, 2, 1):
         assert _threads(n) == n
-        outs.append((product_f32(X, W), head_f32(X, W), layer.forward(X), PoolKv(data, step).attend(0, q)))
+        outs.append((product_f32(X, W), head_f32(X, W), layer.forward(X), PoolKv(data, step).attend(0, q),
+                     product_f32(X[:8], W), layer.forward(X[:8])))  # batches of 9 and of 8 (`matmul8_*`)
     for a, b in zip(outs[0], outs[1]):
         assert np.array_equal(a, b)
     for a, b in zip(outs[0], outs[2]):
@@ -243,7 +244,8 @@ out = {}
 for t in (1, 2):
     set_threads(t)
     for name, y in (("matmul_f32", product_f32(X, W)), ("matvec_f32", rows_f32(X, W)), ("head", head_f32(X, W)),
-                    ("matmul_q4", q4.forward(X)), ("attend_paged", PoolKv(data, step).attend(0, q))):
+                    ("matmul8_f32", product_f32(X[:8], W)), ("matmul_q4", q4.forward(X)),
+                    ("matmul8_q4", q4.forward(X[:8])), ("attend_paged", PoolKv(data, step).attend(0, q))):
         out[f"{name}, {t} thread(s)"] = y
 np.savez(sys.argv[1], **out)
 """

@@ -17,9 +17,10 @@ features, in one pass over the weight, which is what a batch of eight decodes (b
 wants. All build every sum from the same `lanes` pieces, so they give the same bits (tested), and
 `product_f32` picks one by the batch's shape alone. They ask for the weight rows a little ahead of
 the arithmetic (`lanes.prefetch`): without that, a kernel busy with arithmetic let the memory sit
-idle, and a batch of 8 cost twice what it needs to. The int4 kernels (`matvec_q4` for a lone row, `matmul_q4`'s tiles for a batch) turn the
-stored nibbles into W_hat = n s - 8 s, exactly, and add x W_hat into the same lanes: an int4
-product is the f32 product on W_hat, bit for bit. Every kernel takes C-contiguous arrays only.
+idle, and a batch of 8 cost twice what it needs to. The int4 kernels (`matvec_q4` for a lone
+row, `matmul8_q4` for a batch of eight, `matmul_q4`'s tiles for the rest) turn the stored nibbles
+into W_hat = n s - 8 s, exactly, and add x W_hat into the same lanes: an int4 product is the f32
+product on W_hat, bit for bit. Every kernel takes C-contiguous arrays only.
 
 Compiled with numba, ``cache=True``: the first process compiles (about 9 s for the tiny model's
 f32 and int4 forwards), later ones load the machine code from ``__pycache__`` (0.2 s). No kernel
@@ -54,7 +55,7 @@ from numba import njit, prange  # noqa: E402
 from tl_lab.lanes import (LANES, prefetch, vexp, vfma, vload, vload_f16, vload_f16_part, vload_part, vmax, vmul, vsum4, vtop,  # noqa: E402
                           vnibbles, vsplat, vstore, vstore_part, vsum, vzero)
 
-__all__ = ["ROWS", "padded_rows", "lanes_ready", "matmul_f32", "matmul8_f32", "matmul_q4", "matvec_f32", "attend_paged", "QUERY_TILE", "product_f32", "rows_f32", "head_f32",
+__all__ = ["ROWS", "padded_rows", "lanes_ready", "matmul_f32", "matmul8_f32", "matmul_q4", "matmul8_q4", "matvec_f32", "attend_paged", "QUERY_TILE", "product_f32", "rows_f32", "head_f32",
            "product_q4", "matvec_q4", "set_threads", "threads_for", "SERIAL_ROWS"]
 
 ROWS = 4
@@ -177,27 +178,38 @@ passes of four rows win (SmolLM2's down projection, K = 1536: 4.8 against 5.5 ms
 
 
 @njit(inline="always", cache=True)
-def _block82(x, W, r0, r1, y, n0, p, ahead):  # pragma: no cover (compiled)
-    """y[0 .. 7, n0 .. n0 + 1] = x W[r0, r1]^T: 16 sums side by side in `lanes` order, each weight
-    vector serving x's eight rows. With `ahead`, the weight rows p .. p + 3 are asked for as the
-    block goes."""
-    N, K = y.shape[1], x.shape[1]
-    a0, a1, a2, a3, a4, a5, a6, a7 = vzero(), vzero(), vzero(), vzero(), vzero(), vzero(), vzero(), vzero()
-    b0, b1, b2, b3, b4, b5, b6, b7 = vzero(), vzero(), vzero(), vzero(), vzero(), vzero(), vzero(), vzero()
-    for k in range(0, K, LANES):  # a_m: row m, feature n0; b_m: row m, feature n0 + 1
-        if ahead:
-            _prefetch_rows(W, p, 4, k)
-        w0, w1 = vload(W, r0, k), vload(W, r1, k)
-        x0, x1, x2, x3 = vload(x, 0, k), vload(x, 1, k), vload(x, 2, k), vload(x, 3, k)
-        a0, a1, a2, a3 = vfma(x0, w0, a0), vfma(x1, w0, a1), vfma(x2, w0, a2), vfma(x3, w0, a3)
-        b0, b1, b2, b3 = vfma(x0, w1, b0), vfma(x1, w1, b1), vfma(x2, w1, b2), vfma(x3, w1, b3)
-        x4, x5, x6, x7 = vload(x, 4, k), vload(x, 5, k), vload(x, 6, k), vload(x, 7, k)
-        a4, a5, a6, a7 = vfma(x4, w0, a4), vfma(x5, w0, a5), vfma(x6, w0, a6), vfma(x7, w0, a7)
-        b4, b5, b6, b7 = vfma(x4, w1, b4), vfma(x5, w1, b5), vfma(x6, w1, b6), vfma(x7, w1, b7)
-    for m, (a, b) in enumerate(((a0, b0), (a1, b1), (a2, b2), (a3, b3), (a4, b4), (a5, b5), (a6, b6), (a7, b7))):
-        y[m, n0] = vsum(a)
+def _fma8(x, k, w, a):  # pragma: no cover (compiled)
+    """One step of sixteen columns k .. k + 15 for x's eight rows against one weight vector w:
+    a[m] += x[m, k : k + 16] w in lanes, a: eight accumulators -> a."""
+    return (vfma(vload(x, 0, k), w, a[0]), vfma(vload(x, 1, k), w, a[1]), vfma(vload(x, 2, k), w, a[2]),
+            vfma(vload(x, 3, k), w, a[3]), vfma(vload(x, 4, k), w, a[4]), vfma(vload(x, 5, k), w, a[5]),
+            vfma(vload(x, 6, k), w, a[6]), vfma(vload(x, 7, k), w, a[7]))
+
+
+@njit(inline="always", cache=True)
+def _zeros8():  # pragma: no cover (compiled)
+    return (vzero(), vzero(), vzero(), vzero(), vzero(), vzero(), vzero(), vzero())
+
+
+@njit(inline="always", cache=True)
+def _store82(y, n0, a, b):  # pragma: no cover (compiled)
+    """y[m, n0] = vsum(a[m]), y[m, n0 + 1] = vsum(b[m]) for m = 0 .. 7, the features that exist."""
+    N = y.shape[1]
+    for m in range(8):
+        y[m, n0] = vsum(a[m])
         if n0 + 1 < N:
-            y[m, n0 + 1] = vsum(b)
+            y[m, n0 + 1] = vsum(b[m])
+
+
+@njit(inline="always", cache=True)
+def _block82(x, W, r0, r1, y, n0, p):  # pragma: no cover (compiled)
+    """y[0 .. 7, n0 .. n0 + 1] = x W[r0, r1]^T: 16 sums side by side in `lanes` order, each weight
+    vector serving x's eight rows, the weight rows p .. p + 3 asked for as the block goes."""
+    a, b = _zeros8(), _zeros8()  # a[m]: row m, feature n0; b[m]: row m, feature n0 + 1
+    for k in range(0, x.shape[1], LANES):
+        _prefetch_rows(W, p, 4, k)
+        a, b = _fma8(x, k, vload(W, r0, k), a), _fma8(x, k, vload(W, r1, k), b)  # x's loads shared
+    _store82(y, n0, a, b)
 
 
 @njit(parallel=True, cache=True)
@@ -214,7 +226,7 @@ def matmul8_f32(x, W, y):  # pragma: no cover (compiled)
     N = W.shape[0]
     for nb in prange((N + 1) // 2):
         n0 = nb * 2  # an odd N's last block repeats its feature (never stored)
-        _block82(x, W, n0, min(n0 + 1, N - 1), y, n0, n0 + 2, True)  # ahead: the next two blocks, ~9 KB
+        _block82(x, W, n0, min(n0 + 1, N - 1), y, n0, n0 + 2)  # ask for the next two blocks, ~9 KB ahead
 
 
 def _eight_rows(M: int, K: int) -> bool:
@@ -276,6 +288,35 @@ def matvec_q4(x, P, S, f16, y):  # pragma: no cover (compiled)
                     a0, a1, a2, a3 = _q4_step(x, m, grp * g + c, P, b, 4 if hi else 0, r0, r1, r2, r3,
                                               s0, s1, s2, s3, z0, z1, z2, z3, a0, a1, a2, a3)
             _store_lanes(y, m, n0, N, a0, a1, a2, a3)
+
+
+@njit(parallel=True, cache=True)
+def matmul8_q4(x, P, S, f16, y):  # pragma: no cover (compiled)
+    """y = x W_hat^T for a batch of eight rows, straight from the nibbles: `matmul8_f32`'s blocks of
+    8 rows x 2 features, each step's sixteen values of W_hat made by `matvec_q4`'s fused multiply-add
+    as they are read and used by all eight rows, never stored. The same sums, so the same bits as
+    the float32 product on W_hat. x: (8, K) float32 (`padded_rows(x, 8)`); P, S, f16 as in
+    `matvec_q4` (a group size that is a multiple of 32); y: (8, N) float32, written."""
+    K = x.shape[1]
+    N, G = S.shape
+    g = K // G
+    half = g // 2
+    for nb in prange((N + 1) // 2):
+        n0 = nb * 2
+        r1 = min(n0 + 1, N - 1)  # an odd N's last block repeats its feature (never stored)
+        a, b = _zeros8(), _zeros8()
+        for grp in range(G):
+            s0, z0 = _scale(f16, S, n0, grp)
+            s1, z1 = _scale(f16, S, r1, grp)
+            for c in range(0, g, 2 * LANES if half == LANES else LANES):  # the group's columns in order
+                hi = c >= half
+                byte, shift, k = grp * half + (c - half if hi else c), 4 if hi else 0, grp * g + c
+                a = _fma8(x, k, vfma(vnibbles(P, n0, byte, shift), s0, z0), a)
+                b = _fma8(x, k, vfma(vnibbles(P, r1, byte, shift), s1, z1), b)
+                if half == LANES:  # groups of 32: the high nibbles of the same 16 bytes, loaded once
+                    a = _fma8(x, k + LANES, vfma(vnibbles(P, n0, byte, 4), s0, z0), a)
+                    b = _fma8(x, k + LANES, vfma(vnibbles(P, r1, byte, 4), s1, z1), b)
+        _store82(y, n0, a, b)
 
 
 @njit(inline="always", cache=True)
@@ -575,7 +616,8 @@ def head_f32(x: np.ndarray, W: np.ndarray) -> np.ndarray:
 def product_q4(x: np.ndarray, planar: np.ndarray, scales: np.ndarray, f16: np.ndarray) -> np.ndarray:
     """y = x W_hat^T, the engine's int4 product. x: (M, K) float32, planar: (N, K / 2) uint8,
     scales: (N, G) uint16 -> (M, N) float32. A lone row through `matvec_q4` when the group size is
-    a multiple of 32, anything else through `matmul_q4`'s tiles; the same bits either way."""
+    a multiple of 32, five to eight rows through `matmul8_q4` (as `product_f32` picks `matmul8_f32`),
+    anything else through `matmul_q4`'s tiles; the same bits either way."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     M, K = x.shape
     N, G = scales.shape
@@ -583,6 +625,11 @@ def product_q4(x: np.ndarray, planar: np.ndarray, scales: np.ndarray, f16: np.nd
         y = np.empty((1, N), dtype=np.float32)
         matvec_q4(x, _c(planar), _c(scales), f16, y)
         return y
+    if _eight_rows(M, K) and (K // G) % (2 * LANES) == 0:
+        xp = padded_rows(x, 8)
+        y = np.empty((8, N), dtype=np.float32)
+        matmul8_q4(xp, _c(planar), _c(scales), f16, y)
+        return y[:M]
     xp = _whole_steps(padded_rows(x))
     y = np.empty((xp.shape[0], N), dtype=np.float32)
     matmul_q4(xp, _c(planar), _c(scales), f16, y)
