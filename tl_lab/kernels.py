@@ -551,13 +551,7 @@ def _weighted_values(w, a, n, data, layer, table, g, o, t, c0, tail):  # pragma:
                 values = data[table[blk], layer, 1, g]
                 for jj in range(min(B, n - blk * B)):
                     acc = vfma(vsplat(w[a, blk * B + jj]), _load_f16(values, jj, d, tail), acc)
-            _store_row(o, t, c0, d, D, acc)
-
-
-@njit(inline="always", cache=True)
-def _store_row(o, t, c0, d, D, v):  # pragma: no cover (compiled)
-    """o[t, c0 + d : c0 + min(d + 16, D)] = the first lanes of v (a head's row may end inside a step)."""
-    vstore_part(o, t, c0 + d, min(LANES, D - d), v)
+            vstore_part(o, t, c0 + d, min(LANES, D - d), acc)  # a head's row may end inside a step
 
 
 # ---------------------------------------------------------------------------------------------
