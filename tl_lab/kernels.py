@@ -22,16 +22,16 @@ row, `matmul8_q4` for a batch of eight, `matmul_q4`'s tiles for the rest) turn t
 into W_hat = n s - 8 s, exactly, and add x W_hat into the same lanes: an int4 product is the f32
 product on W_hat, bit for bit. Every kernel takes C-contiguous arrays only.
 
-Compiled with numba, ``cache=True``: the first process compiles (about 9 s for the tiny model's
-f32 and int4 forwards), later ones load the machine code from ``__pycache__`` (0.2 s). No kernel
-uses a fast-math flag: `lanes` writes the vector code of the products and of attention (q . k_j is
-a `lanes` sum over the head dimension, four keys side by side; keys and values are widened from f16
+Compiled with numba, ``cache=True``: the first process compiles (about 9 s for the tiny model's f32
+and int4 forwards), later ones load the machine code from ``__pycache__`` (0.2 s). No kernel uses a
+fast-math flag: `lanes` writes the vector code of the products and of attention (q . k_j is a
+`lanes` sum over the head dimension, four keys side by side; keys and values are widened from f16
 sixteen at a time as they are read; the softmax's sum is a `lanes` sum over the keys; and
-sum_j p_j v_j adds the values in key order, 64 of them held in registers across the keys). It was not always so: with `reassoc`, numba compiled a sum inside
-a parallel loop one way in the process that compiled the kernel and another way in the processes
-that loaded it from the cache (numba issue #10617), so the first run after a change gave other
-bits than every later one; `test_kernels_give_the_same_bits_compiled_or_cached` holds every kernel
-to the same bits both ways.
+sum_j p_j v_j adds the values in key order, 64 of them held in registers across the keys). It was
+not always so: with `reassoc`, numba compiled a sum inside a parallel loop one way in the process
+that compiled the kernel and another way in the processes that loaded it from the cache (numba issue
+#10617), so the first run after a change gave other bits than every later one;
+`test_kernels_give_the_same_bits_compiled_or_cached` holds every kernel to the same bits both ways.
 """
 
 from __future__ import annotations
@@ -52,10 +52,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import numpy as np  # noqa: E402
 from numba import njit, prange  # noqa: E402
 
-from tl_lab.lanes import (LANES, prefetch, vexp, vfma, vload, vload_f16, vload_f16_part, vload_part, vmax, vmul, vsum4, vtop,  # noqa: E402
-                          vnibbles, vsplat, vstore, vstore_part, vsum, vzero)
+from tl_lab.lanes import (LANES, prefetch, vexp, vfma, vload, vload_f16, vload_f16_part, vload_part,  # noqa: E402
+                          vmax, vmul, vnibbles, vsplat, vstore, vstore_part, vsum, vsum4, vtop, vzero)
 
-__all__ = ["ROWS", "padded_rows", "lanes_ready", "matmul_f32", "matmul8_f32", "matmul_q4", "matmul8_q4", "matvec_f32", "attend_paged", "QUERY_TILE", "product_f32", "rows_f32", "head_f32",
+__all__ = ["ROWS", "padded_rows", "lanes_ready", "matmul_f32", "matmul8_f32", "matmul_q4", "matmul8_q4",
+           "matvec_f32", "attend_paged", "QUERY_TILE", "product_f32", "rows_f32", "head_f32",
            "product_q4", "matvec_q4", "set_threads", "threads_for", "SERIAL_ROWS"]
 
 ROWS = 4
@@ -417,15 +418,6 @@ def _load_f16(a, i, d, tail):  # pragma: no cover (compiled)
     if len(tail) == 0:
         return vload_f16(a, i, d)
     return vload_f16_part(a, i, d, min(LANES, a.shape[1] - d))
-
-
-@njit(inline="always", cache=True)
-def _store(a, i, d, tail, v):  # pragma: no cover (compiled)
-    """a[i, d : d + 16] = v, masked like `_load`."""
-    if len(tail) == 0:
-        vstore(a, i, d, v)
-    else:
-        vstore_part(a, i, d, min(LANES, a.shape[1] - d), v)
 
 
 @njit(parallel=True, cache=True)

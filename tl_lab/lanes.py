@@ -151,8 +151,9 @@ def vsum4(typingctx, a0, a1, a2, a3):
             return builder.fadd(pick(lo), pick(hi))
         c01 = halves(args[0], args[1], [*range(0, 8), *range(16, 24)], [*range(8, 16), *range(24, 32)])
         c23 = halves(args[2], args[3], [*range(0, 8), *range(16, 24)], [*range(8, 16), *range(24, 32)])
-        d = halves(c01, c23, [l + 8 * b for b in range(4) for l in range(4)], [l + 4 + 8 * b for b in range(4) for l in range(4)])
-        e = halves(d, d, [l + 4 * b for b in range(4) for l in range(2)], [l + 2 + 4 * b for b in range(4) for l in range(2)])
+        lanes = lambda n, width, off: [l + off + width * b for b in range(4) for l in range(n)]  # n of each 4
+        d = halves(c01, c23, lanes(4, 8, 0), lanes(4, 8, 4))
+        e = halves(d, d, lanes(2, 4, 0), lanes(2, 4, 2))
         f = halves(e, e, [0, 2, 4, 6], [1, 3, 5, 7])  # <4 x float>: the four sums
         return builder.shuffle_vector(f, f, ir.Constant(ir.VectorType(_I32, LANES), [0, 1, 2, 3] + [0] * 12))
 
