@@ -243,6 +243,15 @@ def _scale(f16, S, r, grp):  # pragma: no cover (compiled)
 
 
 @njit(inline="always", cache=True)
+def _nibble_of(grp, half, c):  # pragma: no cover (compiled)
+    """Where column c of group grp lies in `quant.to_planar`'s layout (half = group / 2): (byte,
+    shift), the shift 0 for a byte's low nibble (c < half), 4 for its high one."""
+    if c >= half:
+        return grp * half + c - half, 4
+    return grp * half + c, 0
+
+
+@njit(inline="always", cache=True)
 def _q4_step(x, m, k, P, b, shift, r0, r1, r2, r3, s0, s1, s2, s3, z0, z1, z2, z3, a0, a1, a2, a3):  # pragma: no cover
     """One step of sixteen columns k .. k + 15 for four features: W_hat = n s - 8 s (exact) from the
     nibbles of bytes b .. b + 15 of rows r0 .. r3, added into their lanes -> (a0, a1, a2, a3)."""
@@ -284,9 +293,8 @@ def matvec_q4(x, P, S, f16, y):  # pragma: no cover (compiled)
                                               a0, a1, a2, a3)
                     continue
                 for c in range(0, g, LANES):  # the group's columns in order: low nibbles, then high
-                    hi = c >= half
-                    b = grp * half + (c - half if hi else c)  # byte of the step's first column
-                    a0, a1, a2, a3 = _q4_step(x, m, grp * g + c, P, b, 4 if hi else 0, r0, r1, r2, r3,
+                    b, shift = _nibble_of(grp, half, c)  # of the step's first column
+                    a0, a1, a2, a3 = _q4_step(x, m, grp * g + c, P, b, shift, r0, r1, r2, r3,
                                               s0, s1, s2, s3, z0, z1, z2, z3, a0, a1, a2, a3)
             _store_lanes(y, m, n0, N, a0, a1, a2, a3)
 
@@ -310,8 +318,7 @@ def matmul8_q4(x, P, S, f16, y):  # pragma: no cover (compiled)
             s0, z0 = _scale(f16, S, n0, grp)
             s1, z1 = _scale(f16, S, r1, grp)
             for c in range(0, g, 2 * LANES if half == LANES else LANES):  # the group's columns in order
-                hi = c >= half
-                byte, shift, k = grp * half + (c - half if hi else c), 4 if hi else 0, grp * g + c
+                (byte, shift), k = _nibble_of(grp, half, c), grp * g + c
                 a = _fma8(x, k, vfma(vnibbles(P, n0, byte, shift), s0, z0), a)
                 b = _fma8(x, k, vfma(vnibbles(P, r1, byte, shift), s1, z1), b)
                 if half == LANES:  # groups of 32: the high nibbles of the same 16 bytes, loaded once
@@ -351,8 +358,8 @@ def matmul_q4(x, P, S, f16, y):  # pragma: no cover (compiled)
     exists), then every block of 4 rows runs `matmul_f32`'s sums on it (`_block44`): the same bits
     as `matvec_q4`, and as the float32 product on W_hat. x: (M, K16) float32 with M a multiple of 4
     and K16 the columns rounded up to 16 (`lanes_ready`); P, S, f16 as in `matvec_q4` (any group
-    size); y: (M, N) float32, written. (`matmul8_f32`'s blocks of 8 rows on the tile were tried:
-    slower here, 24.8 against 22.4 ms a pass at batch 8, the widening being the cost.)"""
+    size); y: (M, N) float32, written. A batch of eight with groups of 32 goes through `matmul8_q4`
+    instead (8-row blocks on this tile were tried first: 24.8 against 22.4 ms a pass at batch 8)."""
     M, K16 = x.shape
     N = S.shape[0]
     for nb in prange((N + 3) // 4):
