@@ -59,19 +59,30 @@ __all__ = ["ROWS", "padded_rows", "lanes_ready", "matmul_f32", "matmul8_f32", "m
            "matvec_f32", "attend_paged", "QUERY_TILE", "product_f32", "rows_f32", "head_f32",
            "product_q4", "matvec_q4", "set_threads", "threads_for", "SERIAL_ROWS"]
 
-ROWS = 4
+ROWS = 3
 """Batch rows per block of the product kernels (and the multiple every x is padded to)."""
 
+
 def padded_rows(x: np.ndarray, rows: int = ROWS) -> np.ndarray:
-    """x: (M, K) -> C-contiguous float32 (ceil(M / rows) * rows, K), zero rows appended (no copy when
-    x already fits)."""
+    """x: (M, K) -> C-contiguous float32 (ceil(M / rows) * rows, K) starting on a 64-byte line, zero
+    rows appended (no copy when x already fits). Why the line: numpy starts a large array 16 bytes
+    past one, and then every 64-byte vector load of x straddles two lines; the 3 x 8 blocks ran
+    117 GFLOP/s on aligned rows against 88 on such rows, measured on processor B."""
     M, K = x.shape
     Mp = -(-M // rows) * rows
-    if Mp == M and x.dtype == np.float32 and x.flags.c_contiguous:
+    if Mp == M and x.dtype == np.float32 and x.flags.c_contiguous and x.ctypes.data % 64 == 0:
         return x
-    xp = np.zeros((Mp, K), dtype=np.float32)
+    xp = aligned_zeros((Mp, K))
     xp[:M] = x
     return xp
+
+
+def aligned_zeros(shape: tuple[int, int]) -> np.ndarray:
+    """A C-contiguous float32 array of zeros whose first element starts a 64-byte cache line."""
+    n = shape[0] * shape[1]
+    buf = np.zeros(n + 16, dtype=np.float32)
+    first = (-buf.ctypes.data % 64) // 4
+    return buf[first : first + n].reshape(shape)
 
 
 @njit(inline="always", cache=True)
@@ -125,51 +136,67 @@ def matvec_f32(x, W, y):  # pragma: no cover (compiled)
 
 
 @njit(inline="always", cache=True)
-def _block44(x, m0, W, r0, r1, r2, r3, y, n0, p, ahead):  # pragma: no cover (compiled)
-    """y[m0 .. m0 + 3, n0 .. n0 + 3] = x[m0 .. m0 + 3] W[r0, r1, r2, r3]^T: 16 sums side by side in
-    `lanes` order. With `ahead`, the weight rows p .. p + 3 (the next block's) are asked for as the
+def _block38(x, m0, W, w0, y, n0, p, ahead):  # pragma: no cover (compiled)
+    """y[m0 .. m0 + 2, n0 .. n0 + 7] = x[m0 .. m0 + 2] W[w0 .. w0 + 7]^T (a row past W's last reads the
+    last again: its features are never stored): 24 sums side
+    by side in `lanes` order, each x vector loaded serving eight features and each weight vector
+    three rows (24 accumulators, three x vectors and one weight vector: 28 of AVX-512's 32
+    registers). With `ahead`, the weight rows p .. p + 7 (the next block's) are asked for as the
     block goes."""
-    N, K = y.shape[1], x.shape[1]
-    a00, a01, a02, a03 = vzero(), vzero(), vzero(), vzero()  # a_ij: row m0 + i, feature n0 + j
-    a10, a11, a12, a13 = vzero(), vzero(), vzero(), vzero()
-    a20, a21, a22, a23 = vzero(), vzero(), vzero(), vzero()
-    a30, a31, a32, a33 = vzero(), vzero(), vzero(), vzero()
+    N, K, last = y.shape[1], x.shape[1], W.shape[0] - 1
+    r = (w0, min(w0 + 1, last), min(w0 + 2, last), min(w0 + 3, last), min(w0 + 4, last), min(w0 + 5, last),
+         min(w0 + 6, last), min(w0 + 7, last))
+    a00 = a01 = a02 = a03 = a04 = a05 = a06 = a07 = vzero()  # a_ij: row m0 + i, feature n0 + j
+    a10 = a11 = a12 = a13 = a14 = a15 = a16 = a17 = vzero()
+    a20 = a21 = a22 = a23 = a24 = a25 = a26 = a27 = vzero()
     for k in range(0, K, LANES):
         if ahead:
-            _prefetch_rows(W, p, 4, k)
-        w0, w1, w2, w3 = vload(W, r0, k), vload(W, r1, k), vload(W, r2, k), vload(W, r3, k)
-        x0 = vload(x, m0, k)
-        a00, a01, a02, a03 = vfma(x0, w0, a00), vfma(x0, w1, a01), vfma(x0, w2, a02), vfma(x0, w3, a03)
-        x1 = vload(x, m0 + 1, k)
-        a10, a11, a12, a13 = vfma(x1, w0, a10), vfma(x1, w1, a11), vfma(x1, w2, a12), vfma(x1, w3, a13)
-        x2 = vload(x, m0 + 2, k)
-        a20, a21, a22, a23 = vfma(x2, w0, a20), vfma(x2, w1, a21), vfma(x2, w2, a22), vfma(x2, w3, a23)
-        x3 = vload(x, m0 + 3, k)
-        a30, a31, a32, a33 = vfma(x3, w0, a30), vfma(x3, w1, a31), vfma(x3, w2, a32), vfma(x3, w3, a33)
-    _store_lanes(y, m0, n0, N, a00, a01, a02, a03)
+            _prefetch_rows(W, p, 8, k)
+        x0, x1, x2 = vload(x, m0, k), vload(x, m0 + 1, k), vload(x, m0 + 2, k)
+        w = vload(W, r[0], k)
+        a00, a10, a20 = vfma(x0, w, a00), vfma(x1, w, a10), vfma(x2, w, a20)
+        w = vload(W, r[1], k)
+        a01, a11, a21 = vfma(x0, w, a01), vfma(x1, w, a11), vfma(x2, w, a21)
+        w = vload(W, r[2], k)
+        a02, a12, a22 = vfma(x0, w, a02), vfma(x1, w, a12), vfma(x2, w, a22)
+        w = vload(W, r[3], k)
+        a03, a13, a23 = vfma(x0, w, a03), vfma(x1, w, a13), vfma(x2, w, a23)
+        w = vload(W, r[4], k)
+        a04, a14, a24 = vfma(x0, w, a04), vfma(x1, w, a14), vfma(x2, w, a24)
+        w = vload(W, r[5], k)
+        a05, a15, a25 = vfma(x0, w, a05), vfma(x1, w, a15), vfma(x2, w, a25)
+        w = vload(W, r[6], k)
+        a06, a16, a26 = vfma(x0, w, a06), vfma(x1, w, a16), vfma(x2, w, a26)
+        w = vload(W, r[7], k)
+        a07, a17, a27 = vfma(x0, w, a07), vfma(x1, w, a17), vfma(x2, w, a27)
+    _store_lanes(y, m0, n0, N, a00, a01, a02, a03)  # features past N: a mask of no lanes, nothing written
+    _store_lanes(y, m0, n0 + 4, N, a04, a05, a06, a07)
     _store_lanes(y, m0 + 1, n0, N, a10, a11, a12, a13)
+    _store_lanes(y, m0 + 1, n0 + 4, N, a14, a15, a16, a17)
     _store_lanes(y, m0 + 2, n0, N, a20, a21, a22, a23)
-    _store_lanes(y, m0 + 3, n0, N, a30, a31, a32, a33)
+    _store_lanes(y, m0 + 2, n0 + 4, N, a24, a25, a26, a27)
 
 
 @njit(parallel=True, cache=True)
 def matmul_f32(x, W, y):  # pragma: no cover (compiled)
-    """y = x W^T in blocks of 4 rows by 4 features. x: (M, K) float32 with M a multiple of 4
+    """y = x W^T in blocks of 3 rows by 8 features. x: (M, K) float32 with M a multiple of 3
     (`padded_rows`); W: (N, K) float32; y: (M, N) float32, written.
 
-    The kernel of a batch: 16 sums side by side (`_block44`), each x vector loaded serves 4
-    features and each weight vector 4 rows, so a batch of 8 decodes or a long prefill does 4 times
-    less loading per multiply-add than `matvec_f32`. Each sum is added in `lanes` order, so every
-    y[m, n] has the same bits as `matvec_f32`'s: the engine picks either by the batch alone. The
-    first block of rows asks for the next block's weight rows as it goes; the others find the four
-    rows it read in the cache."""
-    M, K = x.shape
+    The kernel of a long batch (a prefill): 24 sums side by side (`_block38`), so each multiply-add
+    costs under half a load, and the eight weight rows of a block (18 KB for K = 576) stay in the
+    L1 cache while every block of rows passes over them (4 x 4 blocks, this kernel's first form,
+    ran 68 GFLOP/s on one thread against 96 for 3 x 8, SmolLM2's layer shapes at 512 rows, measured
+    on processor B; torch's sgemm 131). Each sum is added in `lanes` order, so every y[m, n] has the
+    same bits as `matvec_f32`'s: the engine picks either by the batch alone. The first block of
+    rows asks for the next block's weight rows as it goes; the others find the rows it read in the
+    cache."""
+    M = x.shape[0]
     N = W.shape[0]
-    for nb in prange((N + 3) // 4):
-        n0, r0, r1, r2, r3 = _four_features(nb, N)
-        p = min(r0 + 4, N - 1)
-        for m0 in range(0, M, 4):
-            _block44(x, m0, W, r0, r1, r2, r3, y, n0, p, m0 == 0)
+    for nb in prange((N + 7) // 8):
+        n0 = nb * 8
+        p = min(n0 + 8, N - 1)
+        for m0 in range(0, M, ROWS):
+            _block38(x, m0, W, n0, y, n0, p, m0 == 0)
 
 
 X_IN_L1 = 24 * 1024
@@ -232,7 +259,7 @@ def matmul8_f32(x, W, y):  # pragma: no cover (compiled)
 
 def _eight_rows(M: int, K: int) -> bool:
     """Whether a batch of M rows of K columns goes through `matmul8_f32` (padded to 8 rows)."""
-    return ROWS < M <= 8 and 8 * 4 * K <= X_IN_L1
+    return 4 < M <= 8 and 8 * 4 * K <= X_IN_L1
 
 
 @njit(inline="always", cache=True)
@@ -328,13 +355,14 @@ def matmul8_q4(x, P, S, f16, y):  # pragma: no cover (compiled)
 
 
 @njit(inline="always", cache=True)
-def _widen_tile(P, S, f16, r0, r1, r2, r3, tile):  # pragma: no cover (compiled)
-    """tile[j, :K] = W_hat[r_j] (exact), tile: (4, K16) float32 whose columns past K stay 0."""
+def _widen_tile(P, S, f16, n0, tile):  # pragma: no cover (compiled)
+    """tile[j, :K] = W_hat[n0 + j] (exact), tile: (J, K16) float32 whose columns past K stay 0."""
     N, G = S.shape
     K = P.shape[1] * 2
     g = K // G
     half = g // 2
-    for j, r in enumerate((r0, r1, r2, r3)):
+    for j in range(tile.shape[0]):
+        r = n0 + j
         if g % (2 * LANES) == 0:
             for grp in range(G):
                 s, z = _scale(f16, S, r, grp)
@@ -353,21 +381,21 @@ def _widen_tile(P, S, f16, r0, r1, r2, r3, tile):  # pragma: no cover (compiled)
 
 @njit(parallel=True, cache=True)
 def matmul_q4(x, P, S, f16, y):  # pragma: no cover (compiled)
-    """y = x W_hat^T for a batch: per block of four output features, W_hat of the four is widened
-    into a 4 x K tile that stays in the thread's cache (nothing larger than four rows of W_hat ever
-    exists), then every block of 4 rows runs `matmul_f32`'s sums on it (`_block44`): the same bits
-    as `matvec_q4`, and as the float32 product on W_hat. x: (M, K16) float32 with M a multiple of 4
-    and K16 the columns rounded up to 16 (`lanes_ready`); P, S, f16 as in `matvec_q4` (any group
+    """y = x W_hat^T for a batch: per block of eight output features, W_hat of the eight is widened
+    into an 8 x K tile that stays in the thread's cache (nothing larger than eight rows of W_hat
+    ever exists), then every block of 3 rows runs `matmul_f32`'s sums on it (`_block38`): the same
+    bits as `matvec_q4`, and as the float32 product on W_hat. x: (M, K16) float32 with M a multiple
+    of 3 and K16 the columns rounded up to 16 (`lanes_ready`); P, S, f16 as in `matvec_q4` (any group
     size); y: (M, N) float32, written. A batch of eight with groups of 32 goes through `matmul8_q4`
-    instead (8-row blocks on this tile were tried first: 24.8 against 22.4 ms a pass at batch 8)."""
+    instead (8-row blocks on a tile were tried first: 24.8 against 22.4 ms a pass at batch 8)."""
     M, K16 = x.shape
     N = S.shape[0]
-    for nb in prange((N + 3) // 4):
-        n0, r0, r1, r2, r3 = _four_features(nb, N)
-        tile = np.zeros((4, K16), dtype=np.float32)
-        _widen_tile(P, S, f16, r0, r1, r2, r3, tile)
-        for m0 in range(0, M, 4):
-            _block44(x, m0, tile, 0, 1, 2, 3, y, n0, 0, False)
+    for nb in prange((N + 7) // 8):
+        n0 = nb * 8
+        tile = np.zeros((min(8, N - n0), K16), dtype=np.float32)
+        _widen_tile(P, S, f16, n0, tile)
+        for m0 in range(0, M, ROWS):
+            _block38(x, m0, tile, 0, y, n0, 0, False)
 
 
 @njit(inline="always", cache=True)
