@@ -37,6 +37,7 @@ that compiled the kernel and another way in the processes that loaded it from th
 from __future__ import annotations
 
 import os
+import weakref
 from contextlib import contextmanager
 
 # numba runs prange loops on an OpenMP pool whose idle threads spin by default. On a machine where
@@ -57,7 +58,7 @@ from tl_lab.lanes import (LANES, prefetch, vexp, vfma, vload, vload_f16, vload_f
 
 __all__ = ["ROWS", "padded_rows", "lanes_ready", "matmul_f32", "matmul8_f32", "matmul_q4", "matmul8_q4",
            "matvec_f32", "attend_paged", "QUERY_TILE", "product_f32", "rows_f32", "head_f32",
-           "product_q4", "matvec_q4", "set_threads", "threads_for", "SERIAL_ROWS"]
+           "product_q4", "matvec_q4", "set_threads", "threads_for", "SERIAL_ROWS", "LoneRowThreads"]
 
 ROWS = 3
 """Batch rows per block of the product kernels (and the multiple every x is padded to)."""
@@ -666,26 +667,77 @@ def product_q4(x: np.ndarray, planar: np.ndarray, scales: np.ndarray, f16: np.nd
 
 
 SERIAL_ROWS = 1
-"""A step of at most this many rows runs the kernels on one thread (`threads_for`). A lone decode
-row gains nothing from a second thread: its f32 products are bound by reading the weights, which one
-core does as fast as two here, and every one of a step's ~150 parallel loops would pay to wake the
-sleeping thread (SmolLM2, 2 threads, batch 1: int4 66 tokens/s with the wake-ups, 80 on one thread)."""
+"""Steps of at most this many rows get their thread count from `LoneRowThreads`; larger ones run on
+the count in force."""
+
+
+class LoneRowThreads:
+    """How many threads a one-row step (a batch-1 decode) runs on: 1 or the count in force, chosen
+    by timing the steps themselves.
+
+    Why measured, and measured all along: a lone row is bound by reading the weights, and whether a
+    second thread helps depends on the machine and on the moment. On processor A one core read
+    memory as fast as two and each of a step's ~150 parallel loops paid to wake the sleeping thread
+    (SmolLM2 int4, 2 threads: 66 tokens/s against 80 on one); on processor B one thread reads 15-18
+    GB/s and two 31, so f32 batch 1 on one thread stopped at 40% of the machine's bandwidth. And with
+    a core busy (a learner's laptop always has one) the second thread waits for its core on every
+    loop. So the first steps try both counts, the faster wins, and every PROBE-th step runs the
+    other count once: a busy core that makes the split slower turns it off within a few probes, and
+    it comes back when the core frees. The bits do not depend on the count (tested)."""
+
+    PROBE = 16
+    KEEP = 5  # recent times per count; their median is the count's speed
+
+    def __init__(self) -> None:
+        self.times: dict[int, list[float]] = {}
+        self.steps = 0
+
+    def pick(self, full: int) -> int:
+        """The count for the next one-row step, given the count in force (`full`)."""
+        if full == 1:
+            return 1
+        self.steps += 1
+        for n in (1, full):  # too few times yet: try the count with fewer
+            if len(self.times.get(n, ())) < 3:
+                return min((1, full), key=lambda c: len(self.times.get(c, ())))
+        best = min((1, full), key=self._median)
+        return (full + 1 - best) if self.steps % self.PROBE == 0 else best
+
+    def record(self, n: int, seconds: float) -> None:
+        """A one-row step took `seconds` on n threads."""
+        t = self.times.setdefault(n, [])
+        t.append(seconds)
+        del t[: -self.KEEP]
+
+    def _median(self, n: int) -> float:
+        return float(np.median(self.times[n]))
+
+
+_LONE_ROW = weakref.WeakKeyDictionary()  # owner (a runner) -> its LoneRowThreads: one model's steps, timed together
 
 
 @contextmanager
-def threads_for(rows: int):
-    """Run the block with the kernels on one thread when a step has at most SERIAL_ROWS rows, with the
-    thread count in force otherwise; the count is restored after. The bits do not depend on it."""
+def threads_for(rows: int, owner=None):
+    """Run the block (one step's forward) with the kernels on the thread count the step should use:
+    for a step of at most SERIAL_ROWS rows the count the owner's `LoneRowThreads` picks (the block
+    is timed for it; owner: what runs the steps, a runner, so that two models' times never mix),
+    otherwise the count in force. The count is restored after. The bits do not depend on it."""
+    import time
+
     import numba
 
     before = numba.get_num_threads()
     if rows > SERIAL_ROWS or before == 1:
         yield
         return
-    numba.set_num_threads(1)
+    chooser = _LONE_ROW.setdefault(owner if owner is not None else threads_for, LoneRowThreads())
+    n = chooser.pick(before)
+    numba.set_num_threads(n)
+    t0 = time.perf_counter()
     try:
         yield
     finally:
+        chooser.record(n, time.perf_counter() - t0)
         numba.set_num_threads(before)
 
 
