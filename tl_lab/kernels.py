@@ -10,9 +10,9 @@ order to OpenBLAS, which picks it from the shape.
 
 Three f32 kernels, one order. `matvec_f32` takes one row at a time, four output features per
 pass: a lone row does no wasted work, which is what a batch-1 decode step (bound by reading the
-weights) wants. `matmul_f32` works on blocks of 4 rows x 4 features (x padded with zero rows to a
-multiple of 4, `padded_rows`): each x vector and weight vector loaded serves four products, which
-is what a long prefill (bound by arithmetic) wants. `matmul8_f32` works on blocks of 8 rows x 2
+weights) wants. `matmul_f32` works on blocks of 3 rows x 8 features (x padded with zero rows to a
+multiple of 3, `padded_rows`): each x vector loaded serves eight products and each weight vector
+three, which is what a long prefill (bound by arithmetic) wants. `matmul8_f32` works on blocks of 8 rows x 2
 features, in one pass over the weight, which is what a batch of eight decodes (bound by both)
 wants. All build every sum from the same `lanes` pieces, so they give the same bits (tested), and
 `product_f32` picks one by the batch's shape alone. They ask for the weight rows a little ahead of
@@ -22,12 +22,30 @@ row, `matmul8_q4` for a batch of eight, `matmul_q4`'s tiles for the rest) turn t
 into W_hat = n s - 8 s, exactly, and add x W_hat into the same lanes: an int4 product is the f32
 product on W_hat, bit for bit. Every kernel takes C-contiguous arrays only.
 
+What depends on the machine, and where it comes from (the same code must be fast on every
+processor it lands on; a constant tuned on one host was 40% of another's bandwidth):
+
+- threads for a step: a one-row step (a batch-1 decode) runs on 1 thread or on the count in force,
+  whichever its own recent steps ran faster on, measured per runner as it decodes and probed again
+  every `LoneRowThreads.PROBE` steps (a busy core turns the split off); larger steps use the count
+  in force;
+- the kernel for a batch size: one row `matvec_*`, five to eight rows `matmul8_*` when eight rows of
+  x fit `X_IN_L1`, else `matmul_*`; `X_IN_L1` is half the L1 data cache, read from the system
+  (`machine.cache_bytes`);
+- vector width: not a choice. The 16 lanes are part of the order of every sum (`lanes`), so they
+  are the same on every machine: one AVX-512 register where there is one, two AVX2 halves where
+  not; only `lanes.vhat` picks its instructions by the target's features (the same bits either way);
+- prefetch distance, the 3 x 8 and 8 x 2 blocks: fixed, measured on processor B (and the 8 x 2
+  blocks on A), each next to its figures below; they depend on the cache line (64 bytes) and the
+  register count (32 with AVX-512), not on a cache size.
+
 Compiled with numba, ``cache=True``: the first process compiles (about 9 s for the tiny model's f32
 and int4 forwards), later ones load the machine code from ``__pycache__`` (0.2 s). No kernel uses a
 fast-math flag: `lanes` writes the vector code of the products and of attention (q . k_j is a
 `lanes` sum over the head dimension, four keys side by side; keys and values are widened from f16
-sixteen at a time as they are read; the softmax's sum is a `lanes` sum over the keys; and
-sum_j p_j v_j adds the values in key order, 64 of them held in registers across the keys). It was
+once per task, sixteen at a time; the softmax's sum is a `lanes` sum over the keys; and
+sum_j p_j v_j adds the values in key order, 64 of them for each of three heads held in registers
+across the keys). It was
 not always so: with `reassoc`, numba compiled a sum inside a parallel loop one way in the process
 that compiled the kernel and another way in the processes that loaded it from the cache (numba issue
 #10617), so the first run after a change gave other bits than every later one;
@@ -46,15 +64,16 @@ from contextlib import contextmanager
 # threads fell from 30 to under 2 tokens/s, measured. Sleeping idle threads cost a wake-up per loop
 # instead (about 40 us here). A short spin before sleeping was tried twice: GOMP_SPINCOUNT=10000
 # took batch-8 decode at 2 threads from 280 to 399 tokens/s on a quiet machine, but from 245 to 95
-# with one core busy, so the threads sleep at once. A lone row runs on one thread anyway
-# (`threads_for`). Read once, when numba first starts the pool; a value set by the user wins.
+# with one core busy, so the threads sleep at once. A lone row splits only where its own steps say
+# it pays (`threads_for`). Read once, when numba first starts the pool; a value set by the user wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np  # noqa: E402
 from numba import njit, prange  # noqa: E402
 
-from tl_lab.lanes import (LANES, prefetch, vexp, vfma, vload, vload_f16, vload_f16_part, vload_part,  # noqa: E402
-                          vmax, vmul, vhat, vsplat, vstore, vstore_part, vsum, vsum4, vtop, vzero)
+from tl_lab.lanes import (LANES, prefetch, vexp, vfma, vhat, vload, vload_f16, vload_f16_part, vload_part,  # noqa: E402
+                          vmax, vmul, vsplat, vstore, vstore_part, vsum, vsum4, vtop, vzero)
+from tl_lab.machine import cache_bytes  # noqa: E402
 
 __all__ = ["ROWS", "padded_rows", "lanes_ready", "matmul_f32", "matmul8_f32", "matmul_q4", "matmul8_q4",
            "matvec_f32", "attend_paged", "QUERY_TILE", "product_f32", "rows_f32", "head_f32",
@@ -200,10 +219,11 @@ def matmul_f32(x, W, y):  # pragma: no cover (compiled)
             _block38(x, m0, W, n0, y, n0, p, m0 == 0)
 
 
-X_IN_L1 = 24 * 1024
-"""Bytes of x that `matmul8_f32` keeps in the L1 cache (48 KB here) beside the weight rows: up to
-this, eight rows of x are read from L1 for every pair of features; past it, `matmul_f32`'s two
-passes of four rows win (SmolLM2's down projection, K = 1536: 4.8 against 5.5 ms)."""
+X_IN_L1 = (cache_bytes(1) or 48 * 1024) // 2
+"""Bytes of x that `matmul8_f32` keeps in the L1 cache beside the weight rows: half of this machine's
+L1 data cache (read from the system, `machine.cache_bytes`; 48 KB on processors A and B). Up to
+this, eight rows of x are read from L1 for every pair of features; past it, `matmul_f32`'s blocks
+win (SmolLM2's down projection, K = 1536, on a 48 KB L1: 4.8 against 5.5 ms)."""
 
 
 @njit(inline="always", cache=True)
@@ -468,7 +488,8 @@ def _load_f16(a, i, d, tail):  # pragma: no cover (compiled)
 def attend_paged(q, data, layer, tables, seq_of, starts, firsts, tiles, o, tail):  # pragma: no cover
     """Grouped-query causal attention read from the pool's blocks in place (section 2.4, "going
     further": PagedAttention). Nothing is gathered: key j of sequence s is read where it lives,
-    block tables[s, j // B], slot j % B, and widened from f16 sixteen values at a time as it is read.
+    block tables[s, j // B], slot j % B, and widened from f16 sixteen values at a time as it is read,
+    once per task (`_widen_kv`).
 
     q: (N, H, D) float32, the step's queries after RoPE; data: the pool (n_blocks, n_layers, 2, H_kv,
     B, D) uint16; tables: (S, T) int64 block tables (padded); seq_of: (N,) the sequence of each row;
@@ -502,92 +523,119 @@ def attend_paged(q, data, layer, tables, seq_of, starts, firsts, tiles, o, tail)
         for i in range(nq):
             last[i] = starts[s] + (t0 + i - firsts[s])  # q_offset = p_s: the i-th new token sees keys 0 .. p_s + i
         L = last[nq - 1] + 1  # the tile's last query sees the most keys
+        keys, values = np.empty((L, D), dtype=np.float32), np.empty((L, D), dtype=np.float32)
+        _widen_kv(data, layer, tables[s], g, keys, values, tail)
         w = np.empty((nq * rep, L), dtype=np.float32)  # row i * rep + r: scores, then weights
-        _scores(q, data, layer, tables[s], g, t0, last, scale, w, tail)
+        _scores(q, keys, g, t0, last, scale, w, B, tail)
         for i in range(nq):
             for r in range(rep):
                 _softmax(w, i * rep + r, last[i] + 1)
         for i in range(nq):
-            for r in range(rep):
-                _weighted_values(w, i * rep + r, last[i] + 1, data, layer, tables[s], g, o, t0 + i, (g * rep + r) * D,
-                                 tail)
+            for r in range(0, rep, 3):  # three heads of the group at a time (the last repeated where rep % 3)
+                r1, r2 = min(r + 1, rep - 1), min(r + 2, rep - 1)
+                _weighted_values(w, i * rep + r, i * rep + r1, i * rep + r2, last[i] + 1, values, o, t0 + i,
+                                 (g * rep + r) * D, (g * rep + r1) * D, (g * rep + r2) * D, tail)
 
 
 @njit(inline="always", cache=True)
-def _scores(q, data, layer, table, g, t0, last, scale, w, tail):  # pragma: no cover (compiled)
-    """w[i * rep + r, j] = scale * q[t0 + i, g * rep + r] . k_j for the keys j <= last[i] each query
-    sees, block by block, four keys at a time where a query sees all four; each block's values are
-    asked for while its keys are read, so they are on their way when the weights reach them."""
-    nq, L = last.size, w.shape[1]
+def _widen_kv(data, layer, table, g, keys, values, tail):  # pragma: no cover (compiled)
+    """keys[j], values[j] = key and value j of KV head g, widened from the pool's f16 (exact), for j <
+    L = len(keys): read once per task, block by block, the next block asked for while one is widened.
+    Every query of the task then reads float32 rows, widened once for all the task's queries (rep
+    of them at a decode, up to QUERY_TILE x rep in a prefill) instead of once per query (a 512-token
+    prefill's attention: about 4% faster; a decode's: within the noise, 0.01 ms a layer slower)."""
+    L, D = keys.shape
     B = data.shape[4]
+    for blk in range((L + B - 1) // B):
+        kb, vb = data[table[blk], layer, 0, g], data[table[blk], layer, 1, g]  # (B, D) f16 bits, in place
+        if (blk + 1) * B < L:  # a block sits far from the next one: ask for the next now
+            _prefetch_block(data[table[blk + 1], layer, 0, g])
+            _prefetch_block(data[table[blk + 1], layer, 1, g])
+        for jj in range(min(B, L - blk * B)):
+            for d in range(0, D, LANES):
+                m = min(LANES, D - d)
+                vstore_part(keys, blk * B + jj, d, m, _load_f16(kb, jj, d, tail))
+                vstore_part(values, blk * B + jj, d, m, _load_f16(vb, jj, d, tail))
+
+
+@njit(inline="always", cache=True)
+def _scores(q, keys, g, t0, last, scale, w, B, tail):  # pragma: no cover (compiled)
+    """w[i * rep + r, j] = scale * q[t0 + i, g * rep + r] . k_j for the keys j <= last[i] each query
+    sees (keys: (L, D) float32, `_widen_kv`), B keys at a time for every query (so a run of keys is
+    read from the L1 cache by all of them), four keys at a time where a query sees all four."""
+    nq, L = last.size, w.shape[1]
     rep = w.shape[0] // nq
     s4 = vsplat(scale)
-    for blk in range((L + B - 1) // B):
-        keys = data[table[blk], layer, 0, g]  # (B, D) f16 bits: key blk * B + jj is row jj, read in place
-        _prefetch_block(data[table[blk], layer, 1, g])
-        if (blk + 1) * B < L:  # a block sits far from the next one: ask for the next keys now
-            _prefetch_block(data[table[blk + 1], layer, 0, g])
-        j0 = blk * B
+    for j0 in range(0, L, B):
         for i in range(nq):
-            q_i, seen = q[t0 + i], min(B, last[i] + 1 - j0)  # (H, D); keys of this block query i sees
+            q_i, seen = q[t0 + i], min(B, last[i] + 1 - j0)  # (H, D); keys of this run query i sees
             for r in range(rep):
                 a, h = i * rep + r, g * rep + r
                 jj = 0
                 while jj + 4 <= seen:
-                    vstore_part(w, a, j0 + jj, 4, vmul(s4, _dot4(q_i, h, keys, jj, tail)))
+                    vstore_part(w, a, j0 + jj, 4, vmul(s4, _dot4(q_i, h, keys, j0 + jj, tail)))
                     jj += 4
                 for jj in range(jj, seen):
-                    w[a, j0 + jj] = vsum(_dot(q_i, h, keys, jj, tail)) * scale
+                    w[a, j0 + jj] = vsum(_dot(q_i, h, keys, j0 + jj, tail)) * scale
 
 
 @njit(inline="always", cache=True)
-def _dot(q_i, h, keys, jj, tail):  # pragma: no cover (compiled)
-    """q_i[h] . k (k = keys[jj], f16) in lanes over d, not yet folded."""
+def _dot(q_i, h, keys, j, tail):  # pragma: no cover (compiled)
+    """q_i[h] . keys[j] in lanes over d, not yet folded."""
     acc = vzero()
     for d in range(0, q_i.shape[1], LANES):
-        acc = vfma(_load(q_i, h, d, tail), _load_f16(keys, jj, d, tail), acc)
+        acc = vfma(_load(q_i, h, d, tail), _load(keys, j, d, tail), acc)
     return acc
 
 
 @njit(inline="always", cache=True)
-def _dot4(q_i, h, keys, jj, tail):  # pragma: no cover (compiled)
-    """q_i[h] . keys[jj + c] for c = 0 .. 3 in lanes 0 .. 3: four `_dot`s side by side, each q vector
+def _dot4(q_i, h, keys, j, tail):  # pragma: no cover (compiled)
+    """q_i[h] . keys[j + c] for c = 0 .. 3 in lanes 0 .. 3: four `_dot`s side by side, each q vector
     loaded once for the four, folded together (`lanes.vsum4`: the same bits as four `vsum`s)."""
     a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
     for d in range(0, q_i.shape[1], LANES):
         qv = _load(q_i, h, d, tail)
-        a0, a1 = vfma(qv, _load_f16(keys, jj, d, tail), a0), vfma(qv, _load_f16(keys, jj + 1, d, tail), a1)
-        a2, a3 = vfma(qv, _load_f16(keys, jj + 2, d, tail), a2), vfma(qv, _load_f16(keys, jj + 3, d, tail), a3)
+        a0, a1 = vfma(qv, _load(keys, j, d, tail), a0), vfma(qv, _load(keys, j + 1, d, tail), a1)
+        a2, a3 = vfma(qv, _load(keys, j + 2, d, tail), a2), vfma(qv, _load(keys, j + 3, d, tail), a3)
     return vsum4(a0, a1, a2, a3)
 
 
 @njit(inline="always", cache=True)
-def _weighted_values(w, a, n, data, layer, table, g, o, t, c0, tail):  # pragma: no cover (compiled)
-    """o[t, c0 : c0 + D] = sum_j w[a, j] v_j over j = 0 .. n - 1, added in key order: each output
-    value is one chain of fused multiply-adds, so its bits do not depend on how many are computed
-    side by side. Sixty-four values (four steps) of the row at a time, held in registers across
-    the whole pass over the keys."""
-    D, B = data.shape[5], data.shape[4]
-    for c in range(0, D, 4 * LANES):
-        if len(tail) == 0 and c + 4 * LANES <= D:
-            o0, o1, o2, o3 = vzero(), vzero(), vzero(), vzero()
-            for blk in range((n + B - 1) // B):
-                values = data[table[blk], layer, 1, g]  # (B, D): value blk * B + jj is row jj
-                for jj in range(min(B, n - blk * B)):
-                    p = vsplat(w[a, blk * B + jj])
-                    o0, o1 = vfma(p, vload_f16(values, jj, c), o0), vfma(p, vload_f16(values, jj, c + LANES), o1)
-                    o2 = vfma(p, vload_f16(values, jj, c + 2 * LANES), o2)
-                    o3 = vfma(p, vload_f16(values, jj, c + 3 * LANES), o3)
-            for k, v in enumerate((o0, o1, o2, o3)):
-                vstore(o, t, c0 + c + k * LANES, v)
+def _weighted_values(w, a, b, c, n, values, o, t, ca, cb, cc, tail):  # pragma: no cover (compiled)
+    """o[t, ca : ca + D] = sum_j w[a, j] v_j over j = 0 .. n - 1 (values: (L, D) float32, `_widen_kv`),
+    and the same for rows b, c of w into columns cb, cc (three heads that share the KV head), added
+    in key order: each output value is one chain of fused multiply-adds, so its bits do not depend
+    on how many are computed side by side. Sixty-four values (four steps) of each of the three rows
+    at a time, twelve chains held in registers across the whole pass over the keys: each value
+    vector read serves three heads, and twelve chains keep the multiply-adds busy where four waited
+    on each other's latency (a 512-token prefill's attention, one layer, 1 thread, processor B:
+    11.2-12.6 ms -> 8.8-10.4)."""
+    D = values.shape[1]
+    for d0 in range(0, D, 4 * LANES):
+        if len(tail) == 0 and d0 + 4 * LANES <= D:
+            a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
+            b0, b1, b2, b3 = vzero(), vzero(), vzero(), vzero()
+            c0, c1, c2, c3 = vzero(), vzero(), vzero(), vzero()
+            for j in range(n):
+                v0, v1 = vload(values, j, d0), vload(values, j, d0 + LANES)
+                v2, v3 = vload(values, j, d0 + 2 * LANES), vload(values, j, d0 + 3 * LANES)
+                p = vsplat(w[a, j])
+                a0, a1, a2, a3 = vfma(p, v0, a0), vfma(p, v1, a1), vfma(p, v2, a2), vfma(p, v3, a3)
+                p = vsplat(w[b, j])
+                b0, b1, b2, b3 = vfma(p, v0, b0), vfma(p, v1, b1), vfma(p, v2, b2), vfma(p, v3, b3)
+                p = vsplat(w[c, j])
+                c0, c1, c2, c3 = vfma(p, v0, c0), vfma(p, v1, c1), vfma(p, v2, c2), vfma(p, v3, c3)
+            for k, (va, vb, vc) in enumerate(((a0, b0, c0), (a1, b1, c1), (a2, b2, c2), (a3, b3, c3))):
+                vstore(o, t, ca + d0 + k * LANES, va)
+                vstore(o, t, cb + d0 + k * LANES, vb)
+                vstore(o, t, cc + d0 + k * LANES, vc)
             continue
-        for d in range(c, min(c + 4 * LANES, D), LANES):  # a chunk short of 64 values: a step at a time
-            acc = vzero()
-            for blk in range((n + B - 1) // B):
-                values = data[table[blk], layer, 1, g]
-                for jj in range(min(B, n - blk * B)):
-                    acc = vfma(vsplat(w[a, blk * B + jj]), _load_f16(values, jj, d, tail), acc)
-            vstore_part(o, t, c0 + d, min(LANES, D - d), acc)  # a head's row may end inside a step
+        for row, col in ((a, ca), (b, cb), (c, cc)):  # a chunk short of 64 values: a step at a time
+            for d in range(d0, min(d0 + 4 * LANES, D), LANES):
+                acc = vzero()
+                for j in range(n):
+                    acc = vfma(vsplat(w[row, j]), _load(values, j, d, tail), acc)
+                vstore_part(o, t, col + d, min(LANES, D - d), acc)  # a head's row may end inside a step
 
 
 # ---------------------------------------------------------------------------------------------
