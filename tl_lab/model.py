@@ -737,34 +737,36 @@ class SafeTensors:
         offset = self.layout.data_start + t.data_offsets[0]
         return np.frombuffer(self._mm, dtype=dt, count=t.numel, offset=offset).reshape(t.shape)
 
-    def f32(self, name: str, shape=None, out: np.ndarray | None = None) -> np.ndarray:
+    def f32(self, name: str, shape=None, out: np.ndarray | None = None, finite: bool = False) -> np.ndarray:
         """Tensor `name` as a new float32 array: F32 copied, F16 and BF16 widened (each as itself).
 
-        `shape`, when given, must equal the stored shape (FormatError otherwise). `out`, a
-        C-contiguous float32 array of the tensor's shape (a slice of a stacked weight), is filled
-        and returned instead of a new array. How the widening runs: see `f32_into`.
+        Every stored value is read exactly, infinities and NaNs included (an attention mask of -inf
+        is a valid file; f16 0x7C00 is inf, section 2.3). `shape`, when given, must equal the stored
+        shape (FormatError otherwise). `out`, a C-contiguous float32 array of the tensor's shape (a
+        slice of a stacked weight), is filled and returned instead of a new array. `finite=True`
+        (what `load_weights` asks of a weight) refuses a non-finite value: see `f32_into`.
         """
         t = self.info(name)
         if shape is not None and tuple(shape) != t.shape:
             raise FormatError(f"tensor {name!r} has shape {t.shape}, expected {tuple(shape)}")
         out = _f32_out(out, t.shape, name)
-        self.f32_into({name: out})
+        self.f32_into({name: out}, finite=finite)
         return out
 
-    def f32_into(self, outs: dict[str, np.ndarray]) -> None:
+    def f32_into(self, outs: dict[str, np.ndarray], finite: bool = False) -> None:
         """Widen each tensor `name` into `outs[name]`, a C-contiguous float32 array of its stored shape.
 
         Section 2.3, loading. All the tensors are cut into pieces of WIDEN_CHUNK elements that
         `widen_threads()` threads widen in parallel (numpy releases the GIL inside each piece), each
-        piece straight into its destination, so the only full-size arrays are the destinations. Every
-        piece is checked finite: a NaN or infinite weight is a FormatError naming the first such
-        tensor (in the order of `outs`) and its flat index. Each piece's file pages are handed back to
-        the OS once read (they stay in the page cache), so a load never holds the file AND the
-        widened copy.
+        piece straight into its destination, so the only full-size arrays are the destinations. With
+        `finite=True` (a model's weights) every piece is checked finite: a NaN or infinite weight is a
+        FormatError naming the first such tensor (in the order of `outs`) and its flat index. Each
+        piece's file pages are handed back to the OS once read (they stay in the page cache), so a
+        load never holds the file AND the widened copy.
         """
         jobs = [self._widening(name, out) for name, out in outs.items()]
         pieces = [(k, a) for k, job in enumerate(jobs) for a in range(0, job.out.size, WIDEN_CHUNK)]
-        bad: list[tuple[int, int]] = []  # (k, flat index) of non-finite weights in jobs[k]; list.append is atomic
+        bad: list[tuple[int, int]] | None = [] if finite else None  # (k, flat index); list.append is atomic
         _parallel_for(lambda piece: self._widen_piece(jobs, *piece, bad), pieces, widen_threads())
         if bad:
             k, i = min(bad)
@@ -781,15 +783,16 @@ class SafeTensors:
         out = _f32_out(out, t.shape, name)
         return _Widening(name, t, self.raw(name).reshape(-1), out.reshape(-1), widen)
 
-    def _widen_piece(self, jobs: list[_Widening], k: int, a: int, bad: list) -> None:
-        """Widen elements [a, a + WIDEN_CHUNK) of tensor jobs[k], check them finite (the first
-        non-finite one goes into `bad` as (k, flat index)) and hand their file pages back."""
+    def _widen_piece(self, jobs: list[_Widening], k: int, a: int, bad: list | None) -> None:
+        """Widen elements [a, a + WIDEN_CHUNK) of tensor jobs[k], check them finite unless `bad` is
+        None (the first non-finite one goes into `bad` as (k, flat index)) and hand their file pages back."""
         job = jobs[k]
         b = min(a + WIDEN_CHUNK, job.out.size)
         chunk = job.widen(job.bits[a:b], out=job.out[a:b])
-        finite = np.isfinite(chunk)
-        if not finite.all():
-            bad.append((k, a + int(np.argmin(finite))))
+        if bad is not None:
+            finite = np.isfinite(chunk)
+            if not finite.all():
+                bad.append((k, a + int(np.argmin(finite))))
         begin, size = job.info.data_offsets[0], job.bits.itemsize
         self._drop_pages(begin + a * size, begin + b * size)
 
@@ -1042,7 +1045,7 @@ def load_weights(directory: str | os.PathLike, quant: Int4 | None = None) -> Wei
         expected = tensor_shapes(config)
         _check_names(st, expected, stored, config)
         if config.arch == "bigram":
-            return BigramWeights(config, st.f32("bigram.logits", expected["bigram.logits"]))
+            return BigramWeights(config, st.f32("bigram.logits", expected["bigram.logits"], finite=True))
         return _load_llama(st, config, expected, stored, quant)
 
 
@@ -1111,7 +1114,7 @@ def _load_llama(st, config, expected, stored: Int4 | None, quant: Int4 | None) -
     resident = [name for name in expected if f32_linears or not _is_layer_linear(name)]
     arena = _Arena(sum(math.prod(expected[name]) for name in resident))
     w = {name: arena.take(expected[name]) for name in resident}
-    st.f32_into(w)
+    st.f32_into(w, finite=True)  # a weight must be finite (the file may hold inf: section 2.3)
 
     def linear(module: str) -> AnyLinear:
         name = f"{module}.weight"
@@ -1121,7 +1124,7 @@ def _load_llama(st, config, expected, stored: Int4 | None, quant: Int4 | None) -
         if stored is not None:
             return st.q4(module, out, inp, stored.group)
         try:  # st.f32's array, the only f32 copy of this linear, dies on return
-            return QLinear.quantize(st.f32(name, (out, inp)), quant.group)
+            return QLinear.quantize(st.f32(name, (out, inp), finite=True), quant.group)
         except ValueError as exc:
             raise ValueError(f"cannot quantize {module!r} as {quant.tag}: {exc}") from None
 
