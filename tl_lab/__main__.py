@@ -390,6 +390,7 @@ def _transcript(messages) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run one command; return its exit code (EXIT_CODES). argparse's own errors exit 2 through SystemExit."""
     try:
+        _pitfall_env()
         args = _parser().parse_args(argv)
         code = args.run(args)
         if sys.stdout is not None:
@@ -409,6 +410,15 @@ def main(argv: list[str] | None = None) -> int:
             raise
         _err(f"error: {message}")
         return code
+
+
+def _pitfall_env() -> None:
+    """A TL_LAB_PITFALL that could not be switched on (`import tl_lab` kept its error): a usage error,
+    before anything else, --help included, since every command would run the wrong code."""
+    pitfalls = sys.modules.get("tl_lab.pitfalls")
+    error = pitfalls.env_error() if pitfalls is not None else None
+    if error is not None:
+        raise UsageError(f"TL_LAB_PITFALL={os.environ.get('TL_LAB_PITFALL', '')!r}: {error}")
 
 
 def _classify(exc: Exception) -> tuple[int, str]:
