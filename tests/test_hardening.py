@@ -405,3 +405,44 @@ def test_pitfalls_jobs_0_is_a_usage_error(capsys):
     code, out, err = run_main(capsys, "pitfalls", "--check", "s01", "--jobs", "0")
     assert code == USAGE and out == ""
     one_error_line(err, "--jobs must be at least 1, got 0")
+
+
+def _header_file(tmp_path: Path, header: bytes) -> Path:
+    d = model_copy(tmp_path)
+    (d / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
+    return d
+
+
+@pytest.mark.parametrize("what, header", [
+    ("metadata entries", b'{"__metadata__":{' + b",".join(b'"%d":""' % i for i in range(1_700_000)) + b"}}"),
+    ("extra keys", b'{"t":{"dtype":"F32","shape":[0],"data_offsets":[0,0],'
+                   + b",".join(b'"%d":0' % i for i in range(1_700_000)) + b"}}"),
+    ("a list of {}", b'{"t":[' + b",".join([b"{}"] * 2_000_000) + b"]}"),
+    ("dimensions", b'{"t":{"dtype":"F32","shape":[' + b",".join([b"1"] * 3_000_000) + b'],"data_offsets":[0,0]}}'),
+])
+def test_a_header_of_millions_of_values_is_refused_before_its_json_is_parsed(tmp_path, capsys, monkeypatch, what, header):
+    """Was: 7.5 million metadata entries accepted after 13 s and 2 GB; 8 million extra keys, 30 million {},
+    a shape of 40 million dimensions 7-16 s and 1.3-2.4 GB before the refusal. The values are counted
+    in the raw bytes (commas, colons, braces) first; these are 1.7-3 million of them."""
+    from tl_lab import model
+
+    d = _header_file(tmp_path, header)
+    before = snapshot(d)
+    monkeypatch.setattr(model, "_parse_header_json", lambda text: pytest.fail("parsed before counting"))
+    code, out, err = run_main(capsys, "generate", "--model", str(d), "--prompt", "hi")
+    assert code == REFUSED and out == ""
+    one_error_line(err, "JSON values, over the limit of 1,600,000", "refused before parsing it")
+    assert snapshot(d) == before
+
+
+def test_a_tensor_name_of_megabytes_gives_a_short_message(tmp_path, capsys):
+    """Was: a 95 MB tensor name, a 95 MB stderr line. Every TlError's message is clipped, and the
+    header's messages clip the name before quoting it."""
+    from tl_lab.errors import MAX_MESSAGE
+
+    name = "w" * 5_000_000
+    d = _header_file(tmp_path, b'{"%s":{"dtype":"F32","shape":[1],"data_offsets":[0,0]}}' % name.encode())
+    code, out, err = run_main(capsys, "generate", "--model", str(d), "--prompt", "hi")
+    assert code == REFUSED and out == ""
+    one_error_line(err, "tensor 'www", "characters left out", "needs 1 x 4 = 4")
+    assert len(err) < MAX_MESSAGE + 100

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from tl_lab.errors import BatchError, ConfigError, KvError, TlError
+from tl_lab.errors import BatchError, ConfigError, KvError, TlError, clip
 
 BUNDLED = ("bigram", "tiny-llama", "tiny-llama-int4")
 MAX_THREADS = 1024  # far above any machine this runs on; 2**40 threads is a typo, not a request
@@ -408,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         code, message = _classify(exc)
         if os.environ.get("TL_LAB_TRACEBACK") and code == EXIT_BUG:
             raise
-        _err(f"error: {message}")
+        _err(f"error: {clip(message)}")  # a ValueError or OSError names what the user gave, too
         return code
 
 

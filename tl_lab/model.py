@@ -28,7 +28,7 @@ from typing import Callable, Iterator, Union
 
 import numpy as np
 
-from tl_lab.errors import ConfigError, FormatError
+from tl_lab.errors import ConfigError, FormatError, clip
 from tl_lab.checks import as_float, as_int, is_int
 from tl_lab.kernels import product_f32
 from tl_lab.paths import FORMATS_DIR, open_regular, read_regular
@@ -62,6 +62,10 @@ MAX_HEADER_BYTES = 100_000_000  # 100 MB: no real header comes close (SmolLM2's 
 # Counted in the raw header before its JSON is parsed (the parse of 1.7 million entries takes 1.7 GB);
 # a real shard holds hundreds to a few thousand tensors.
 MAX_TENSORS = 100_000
+# JSON values in the header (counted as its commas, colons, '{' and '['), also before the parse: a real
+# entry has about 12 ("name": {"dtype": .., "shape": [a, b], "data_offsets": [x, y]}), so this is
+# MAX_TENSORS of them; 7.5 million metadata entries or a shape of 40 million dimensions are not.
+MAX_HEADER_VALUES = 16 * MAX_TENSORS
 MAX_CONFIG_BYTES = 10_000_000  # config.json: SmolLM2's, chat template included, is 4 KB
 
 
@@ -534,17 +538,35 @@ def parse_layout(buf) -> Layout:
             f"header length N = {N} runs past the end of the file (8 + N = {8 + N} > {size} bytes): "
             f"truncated or not a safetensors file"
         )
-    raw = bytes(buf[8 : 8 + N])
+    raw = _header_bytes(buf, N)
     _check_entry_count(raw)
-    header = _parse_header_json(raw)
+    text = _header_text(raw)
+    del raw  # the parse holds the text and what it builds, not the bytes too
+    header = _parse_header_json(text)
     tensors, metadata = _check_entries(header)
     _check_tiling(tensors, data_size=size - 8 - N, data_start=8 + N)
     ordered = dict(sorted(tensors.items(), key=lambda kv: (kv[1].data_offsets, kv[0])))
     return Layout(ordered, metadata, 8 + N)
 
 
+def _header_bytes(buf, N: int) -> bytes | bytearray:
+    """Bytes [8, 8 + N) of buf, the header. From a map they are copied a piece at a time, each piece's
+    pages handed back as soon as it is copied, so a 100 MB header is held once, not twice."""
+    if not isinstance(buf, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED"):
+        return bytes(buf[8 : 8 + N])
+    raw, step = bytearray(N), 1 << 22
+    for a in range(0, N, step):
+        b = min(a + step, N)
+        raw[a:b] = buf[8 + a : 8 + b]
+        lo, hi = (8 + a) - (8 + a) % mmap.PAGESIZE, (8 + b) - (8 + b) % mmap.PAGESIZE
+        if hi > lo:
+            buf.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+    return raw
+
+
 def _check_entry_count(raw: bytes) -> None:
-    """Refuse a header with more than MAX_TENSORS entries before parsing it (cheap: a byte count).
+    """Refuse a header with more than MAX_TENSORS entries or MAX_HEADER_VALUES JSON values before
+    parsing it (cheap: byte counts; the parse would take about 1 KB for each).
 
     Every entry has one "data_offsets" key; a name that happens to contain the string only makes the
     count larger, never smaller, so nothing over the limit slips through."""
@@ -554,13 +576,25 @@ def _check_entry_count(raw: bytes) -> None:
             f"the header lists about {n:,} tensors, over the limit of {MAX_TENSORS:,} (a real checkpoint "
             "file holds a few thousand at most); refused before parsing it"
         )
+    values = sum(raw.count(c) for c in (b",", b":", b"{", b"["))  # inside strings too: only ever more
+    if values > MAX_HEADER_VALUES:
+        raise FormatError(
+            f"the header holds about {values:,} JSON values, over the limit of {MAX_HEADER_VALUES:,} "
+            f"({MAX_HEADER_VALUES // MAX_TENSORS} for each of {MAX_TENSORS:,} tensors); refused before parsing it"
+        )
 
 
-def _parse_header_json(raw: bytes) -> dict:
+def _header_text(raw: bytes | bytearray) -> str:
     if not raw.startswith(b"{"):
-        raise FormatError(f"the header must be a JSON object starting with '{{', got {raw[:16]!r}")
+        raise FormatError(f"the header must be a JSON object starting with '{{', got {bytes(raw[:16])!r}")
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise FormatError(f"the header is not valid JSON: {str(exc)[:200]}") from None
+
+
+def _parse_header_json(text: str) -> dict:
+    try:
         decoder = json.JSONDecoder(object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants)
         header, end = decoder.raw_decode(text)
     except _DuplicateKey as exc:
@@ -589,6 +623,11 @@ def _check_entries(header: dict) -> tuple[dict[str, TensorInfo], dict[str, str]]
     return tensors, metadata
 
 
+def _q(name: str) -> str:
+    """A tensor name for a message: quoted, and clipped before it is quoted (a name can be 95 MB)."""
+    return repr(clip(name, 200))
+
+
 def _is_count(v) -> bool:
     return type(v) is int and v >= 0  # not bool, not 2.0, not "2"
 
@@ -597,25 +636,25 @@ def _check_entry(name: str, entry) -> TensorInfo:
     if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
         keys = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
         raise FormatError(
-            f"tensor {name!r}: an entry must have exactly dtype, shape and data_offsets, got {keys}"
+            f"tensor {_q(name)}: an entry must have exactly dtype, shape and data_offsets, got {clip(str(keys), 200)}"
         )
     dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
     if not isinstance(dtype, str) or dtype not in DTYPES:
-        raise FormatError(f"tensor {name!r}: unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
+        raise FormatError(f"tensor {_q(name)}: unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
     if not isinstance(shape, list) or not all(_is_count(s) for s in shape):
-        raise FormatError(f"tensor {name!r}: shape must be a list of non-negative integers, got {shape!r}")
+        raise FormatError(f"tensor {_q(name)}: shape must be a list of non-negative integers, got {clip(repr(shape), 200)}")
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)):
         raise FormatError(
-            f"tensor {name!r}: data_offsets must be [begin, end], two non-negative integers, got {offsets!r}"
+            f"tensor {_q(name)}: data_offsets must be [begin, end], two non-negative integers, got {clip(repr(offsets), 200)}"
         )
     begin, end = offsets
     if begin > end:
-        raise FormatError(f"tensor {name!r}: data_offsets [{begin}, {end}] end before they begin")
+        raise FormatError(f"tensor {_q(name)}: data_offsets [{begin}, {end}] end before they begin")
     info = TensorInfo(dtype, tuple(shape), (begin, end))
     need = info.numel * DTYPES[dtype][1]
     if end - begin != need:
         raise FormatError(
-            f"tensor {name!r}: data_offsets [{begin}, {end}] hold {end - begin} bytes, but shape "
+            f"tensor {_q(name)}: data_offsets [{begin}, {end}] hold {end - begin} bytes, but shape "
             f"{tuple(shape)} of {dtype} needs {info.numel} x {DTYPES[dtype][1]} = {need}"
         )
     return info
@@ -633,7 +672,7 @@ def _check_tiling(tensors: dict[str, TensorInfo], data_size: int, data_start: in
     for (begin, end), name in ranges:
         if end > data_size:
             raise FormatError(
-                f"tensor {name!r}: data_offsets [{begin}, {end}] run past the end of the data buffer "
+                f"tensor {_q(name)}: data_offsets [{begin}, {end}] run past the end of the data buffer "
                 f"({data_size} bytes): truncated file{hint}"
             )
     cursor, prev = 0, None
@@ -641,11 +680,11 @@ def _check_tiling(tensors: dict[str, TensorInfo], data_size: int, data_start: in
         if begin > cursor:
             raise FormatError(
                 f"bytes [{cursor}, {begin}) of the data buffer belong to no tensor: a gap before "
-                f"tensor {name!r}{hint}"
+                f"tensor {_q(name)}{hint}"
             )
         if begin < cursor:
             raise FormatError(
-                f"tensor {name!r}: data_offsets [{begin}, {end}] overlap tensor {prev!r}, which ends at {cursor}"
+                f"tensor {_q(name)}: data_offsets [{begin}, {end}] overlap tensor {_q(prev)}, which ends at {cursor}"
             )
         cursor, prev = end, name
     if cursor < data_size:
