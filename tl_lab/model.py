@@ -20,6 +20,7 @@ import math
 import mmap
 import os
 import re
+import sys
 import threading
 from dataclasses import dataclass, field, fields, replace
 from functools import cache
@@ -148,9 +149,10 @@ class ModelConfig:
             raise ConfigError(f"tl_tokenizer: {self.tokenizer!r} is not one of {list(TOKENIZERS)}")
         if self.vocab_size < 1:
             raise ConfigError(f"vocab_size: must be positive, got {self.vocab_size}")
-        if self.tokenizer == "byte" and self.vocab_size < BYTE_VOCAB:
+        if self.tokenizer == "byte" and self.vocab_size != BYTE_VOCAB:  # an id >= 256 would not decode
             raise ConfigError(
-                f"vocab_size: the byte tokenizer needs at least {BYTE_VOCAB} ids, got {self.vocab_size}"
+                f"vocab_size: the byte tokenizer has exactly {BYTE_VOCAB} ids (one per byte value), got "
+                f"{self.vocab_size}"
             )
         if self.max_position_embeddings < 1:
             raise ConfigError(
@@ -205,9 +207,12 @@ class ModelConfig:
     def from_json(cls, text: str | bytes) -> ModelConfig:
         """Parse and check config.json text. Refusals raise ConfigError naming the field."""
         try:
-            raw = json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants)
+            raw = json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants,
+                             parse_int=_json_int)
         except _DuplicateKey as exc:
             raise ConfigError(f"config.json repeats the key {exc.args[0]!r}") from None
+        except _HugeInt as exc:
+            raise ConfigError(f"config.json holds {exc}") from None
         except (ValueError, RecursionError) as exc:  # JSONDecodeError, bad UTF-8, NaN/Infinity
             raise ConfigError(f"config.json is not valid JSON: {exc}") from None
         _validate_against_schema(raw)
@@ -318,13 +323,33 @@ def _no_constants(name: str):
     raise ValueError(f"{name} is not JSON")
 
 
+class _HugeInt(ValueError):
+    pass
+
+
+def _json_int(text: str) -> int:
+    """An integer literal of a JSON file. Python reads at most sys.get_int_max_str_digits() digits
+    (4,300); a longer one is valid JSON but no number any field takes, and is said to be that."""
+    digits = len(text.lstrip("-"))
+    limit = sys.get_int_max_str_digits() or digits
+    if digits > limit:
+        raise _HugeInt(f"an integer of {digits:,} digits (no field takes one of more than {limit:,})")
+    return int(text)
+
+
 @cache
 def _schema_validator():
     """The validator of config.json. The schema is a file of this package, checked against JSON
     Schema's own metaschema by tests/test_model.py (test_config_schema_is_a_real_json_schema), not
     again in every process: that check was 8 ms of a 0.2 s load."""
     Draft202012Validator = _import_validator()
-    return Draft202012Validator(json.loads(CONFIG_SCHEMA_PATH.read_text()))
+    from jsonschema import validators
+
+    # JSON Schema counts 64.0 as an integer; ModelConfig does not (2.0 is refused, see _check_types)
+    strict = Draft202012Validator.TYPE_CHECKER.redefine(
+        "integer", lambda checker, v: isinstance(v, int) and not isinstance(v, bool))
+    Validator = validators.extend(Draft202012Validator, type_checker=strict)
+    return Validator(json.loads(CONFIG_SCHEMA_PATH.read_text()))
 
 
 # Packages jsonschema imports, when installed, only for its "format" checks (jsonschema/_format.py).
@@ -595,10 +620,13 @@ def _header_text(raw: bytes | bytearray) -> str:
 
 def _parse_header_json(text: str) -> dict:
     try:
-        decoder = json.JSONDecoder(object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants)
+        decoder = json.JSONDecoder(object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants,
+                                   parse_int=_json_int)
         header, end = decoder.raw_decode(text)
     except _DuplicateKey as exc:
         raise FormatError(f"the header repeats the key {exc.args[0]!r} (duplicate tensor name?)") from None
+    except _HugeInt as exc:
+        raise FormatError(f"the header holds {exc}") from None
     except (ValueError, RecursionError) as exc:  # bad UTF-8, bad JSON, NaN, absurd nesting
         raise FormatError(f"the header is not valid JSON: {str(exc)[:200]}") from None
     if text[end:].strip(" "):
@@ -717,10 +745,13 @@ class SafeTensors:
         path = Path(path)
         with open_regular(path, "safetensors file", FormatError) as f:
             size = os.fstat(f.fileno()).st_size
-            if size < 8:  # mmap refuses empty files; parse_layout says what is wrong
-                mm: mmap.mmap | bytes = f.read()
-            else:
-                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            try:
+                if size < 8:  # mmap refuses empty files; parse_layout says what is wrong
+                    mm: mmap.mmap | bytes = f.read(8)
+                else:
+                    mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            except OSError as exc:  # /proc/self/mem, a dying disk: say which file
+                raise FormatError(f"safetensors file: cannot read {path}: {exc.strerror or exc}") from None
         try:
             layout = parse_layout(mm)
         except BaseException:
