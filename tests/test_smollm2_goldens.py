@@ -20,32 +20,14 @@ import json
 import numpy as np
 import pytest
 
-from conftest import smollm2_path, tool
-from test_smollm2 import may_differ, must_differ
+from conftest import tool
+from test_smollm2 import may_differ, model_dir, must_differ, ours, runner  # noqa: F401 (fixtures)
 from tl_lab.paths import GOLDEN_DIR
-from tl_lab.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.smollm2
 
 GOLDEN = json.loads((GOLDEN_DIR / "smollm2_hf.json").read_text())
 BOUND = GOLDEN["rel_bound"]
-
-
-@pytest.fixture(scope="module")
-def model_dir():
-    return smollm2_path()
-
-
-@pytest.fixture(scope="module")
-def ours(model_dir):
-    return load_tokenizer(model_dir)
-
-
-@pytest.fixture(scope="module")
-def runner(model_dir):
-    from tl_lab.runner import EngineConfig, KvConfig, ModelRunner
-
-    return ModelRunner.load(model_dir, EngineConfig(kv=KvConfig(n_blocks=64)))
 
 
 def test_the_golden_prompts_are_our_token_ids(ours):

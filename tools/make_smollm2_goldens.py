@@ -194,20 +194,24 @@ def make(model_dir: Path | None = None) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", type=Path, default=None, help="model directory (default: the fetched SmolLM2)")
-    ap.add_argument("--out", type=Path, default=OUT, help="output JSON (default data/golden/smollm2_hf.json)")
-    args = ap.parse_args(argv)
-    data = make(args.model)
-    text = json.dumps(data, indent=None, ensure_ascii=False, separators=(",", ":"))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text.replace('},{"', '},\n{"') + "\n")  # one case a line: readable diffs
+def write(data: dict, out: Path) -> None:
+    """`data` as compact JSON, one case a line (readable diffs), and a line of figures per case."""
+    text = json.dumps(data, indent=None, ensure_ascii=False, separators=(",", ":")).replace('},{"', '},\n{"')
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text + "\n")
     for c in data["logits"]:
         print(f"{len(c['ids']):4d} tokens  max|logit| {c['max_abs']:.3f}  logsumexp {c['logsumexp']:.3f}")
     for c in data["greedy"]:
         print(f"{len(c['ids']):4d} tokens  greedy min gap {min(c['gap']):.4f}")
-    print(f"wrote {args.out} ({args.out.stat().st_size:,} bytes)")
+    print(f"wrote {out} ({out.stat().st_size:,} bytes)")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", type=Path, default=None, help="model directory (default: the fetched SmolLM2)")
+    ap.add_argument("--out", type=Path, default=OUT, help=f"output JSON (default {OUT.relative_to(OUT.parents[2])})")
+    args = ap.parse_args(argv)
+    write(make(args.model), args.out)
 
 
 if __name__ == "__main__":
