@@ -158,43 +158,41 @@ def matvec_f32(x, W, y):  # pragma: no cover (compiled)
 @njit(inline="always", cache=True)
 def _block38(x, m0, W, w0, y, n0, p, ahead):  # pragma: no cover (compiled)
     """y[m0 .. m0 + 2, n0 .. n0 + 7] = x[m0 .. m0 + 2] W[w0 .. w0 + 7]^T (a row past W's last reads the
-    last again: its features are never stored): 24 sums side
-    by side in `lanes` order, each x vector loaded serving eight features and each weight vector
-    three rows (24 accumulators, three x vectors and one weight vector: 28 of AVX-512's 32
-    registers). With `ahead`, the weight rows p .. p + 7 (the next block's) are asked for as the
-    block goes."""
+    last again: its features are never stored): 24 sums side by side in `lanes` order, each x
+    vector loaded serving eight features and each weight vector three rows (24 accumulators, three
+    x vectors and four weight vectors: 31 of AVX-512's 32 registers). With `ahead`, the weight rows
+    p .. p + 7 (the next block's) are asked for as the block goes."""
     N, K, last = y.shape[1], x.shape[1], W.shape[0] - 1
-    r = (w0, min(w0 + 1, last), min(w0 + 2, last), min(w0 + 3, last), min(w0 + 4, last), min(w0 + 5, last),
-         min(w0 + 6, last), min(w0 + 7, last))
-    a00 = a01 = a02 = a03 = a04 = a05 = a06 = a07 = vzero()  # a_ij: row m0 + i, feature n0 + j
-    a10 = a11 = a12 = a13 = a14 = a15 = a16 = a17 = vzero()
-    a20 = a21 = a22 = a23 = a24 = a25 = a26 = a27 = vzero()
+    lo0, lo1, lo2 = _zeros4(), _zeros4(), _zeros4()  # lo_i: row m0 + i, features n0 .. n0 + 3
+    hi0, hi1, hi2 = _zeros4(), _zeros4(), _zeros4()  # hi_i: row m0 + i, features n0 + 4 .. n0 + 7
     for k in range(0, K, LANES):
         if ahead:
             _prefetch_rows(W, p, 8, k)
         x0, x1, x2 = vload(x, m0, k), vload(x, m0 + 1, k), vload(x, m0 + 2, k)
-        w = vload(W, r[0], k)
-        a00, a10, a20 = vfma(x0, w, a00), vfma(x1, w, a10), vfma(x2, w, a20)
-        w = vload(W, r[1], k)
-        a01, a11, a21 = vfma(x0, w, a01), vfma(x1, w, a11), vfma(x2, w, a21)
-        w = vload(W, r[2], k)
-        a02, a12, a22 = vfma(x0, w, a02), vfma(x1, w, a12), vfma(x2, w, a22)
-        w = vload(W, r[3], k)
-        a03, a13, a23 = vfma(x0, w, a03), vfma(x1, w, a13), vfma(x2, w, a23)
-        w = vload(W, r[4], k)
-        a04, a14, a24 = vfma(x0, w, a04), vfma(x1, w, a14), vfma(x2, w, a24)
-        w = vload(W, r[5], k)
-        a05, a15, a25 = vfma(x0, w, a05), vfma(x1, w, a15), vfma(x2, w, a25)
-        w = vload(W, r[6], k)
-        a06, a16, a26 = vfma(x0, w, a06), vfma(x1, w, a16), vfma(x2, w, a26)
-        w = vload(W, r[7], k)
-        a07, a17, a27 = vfma(x0, w, a07), vfma(x1, w, a17), vfma(x2, w, a27)
-    _store_lanes(y, m0, n0, N, a00, a01, a02, a03)  # features past N: a mask of no lanes, nothing written
-    _store_lanes(y, m0, n0 + 4, N, a04, a05, a06, a07)
-    _store_lanes(y, m0 + 1, n0, N, a10, a11, a12, a13)
-    _store_lanes(y, m0 + 1, n0 + 4, N, a14, a15, a16, a17)
-    _store_lanes(y, m0 + 2, n0, N, a20, a21, a22, a23)
-    _store_lanes(y, m0 + 2, n0 + 4, N, a24, a25, a26, a27)
+        w = _load4(W, w0, last, k)
+        lo0, lo1, lo2 = _fma4(x0, w, lo0), _fma4(x1, w, lo1), _fma4(x2, w, lo2)
+        w = _load4(W, min(w0 + 4, last), last, k)
+        hi0, hi1, hi2 = _fma4(x0, w, hi0), _fma4(x1, w, hi1), _fma4(x2, w, hi2)
+    for i, (lo, hi) in enumerate(((lo0, hi0), (lo1, hi1), (lo2, hi2))):
+        _store_lanes(y, m0 + i, n0, N, lo[0], lo[1], lo[2], lo[3])  # features past N: no lanes, nothing written
+        _store_lanes(y, m0 + i, n0 + 4, N, hi[0], hi[1], hi[2], hi[3])
+
+
+@njit(inline="always", cache=True)
+def _zeros4():  # pragma: no cover (compiled)
+    return (vzero(), vzero(), vzero(), vzero())
+
+
+@njit(inline="always", cache=True)
+def _load4(W, r, last, k):  # pragma: no cover (compiled)
+    """W[r .. r + 3, k : k + 16] (rows past `last` read `last` again)."""
+    return (vload(W, r, k), vload(W, min(r + 1, last), k), vload(W, min(r + 2, last), k), vload(W, min(r + 3, last), k))
+
+
+@njit(inline="always", cache=True)
+def _fma4(xv, w, a):  # pragma: no cover (compiled)
+    """a[j] += xv w[j] in lanes for the four features j: one x vector against four weight vectors."""
+    return vfma(xv, w[0], a[0]), vfma(xv, w[1], a[1]), vfma(xv, w[2], a[2]), vfma(xv, w[3], a[3])
 
 
 @njit(parallel=True, cache=True)
