@@ -47,7 +47,7 @@ def blas_threads_set(n: int):
 
     The SmolLM2 tests run with one: on two shared cores, OpenBLAS's two threads wait on each other
     whenever the machine is busy (a step several times slower)."""
-    from tl_lab.runner import blas_threads, set_blas_threads
+    from tl_lab.tuning import blas_threads, set_blas_threads
 
     before = blas_threads()
     set_blas_threads(n)
