@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 import tl_lab.sample as ts
 from tl_lab.paths import GOLDEN_DIR
+from tl_lab.sample_reference import sample_reference
 from tl_lab.sample import (
     PURPOSE_SAMPLE,
     Pcg32,
@@ -24,7 +25,6 @@ from tl_lab.sample import (
     child_seed,
     mix64,
     sample,
-    sample_reference,
     sample_trace,
     stream,
 )
