@@ -119,19 +119,21 @@ def _env(workspace: Path, module: str, use: list[str], report: Path, timeout: fl
     return env
 
 
-def _run(workspace: Path, module: str, use: list[str], timeout: float) -> tuple[dict | None, Path, float]:
-    """pytest on `module`'s graded tests -> (the plugin's report or None, the log file, seconds)."""
+def _run(workspace: Path, module: str, use: list[str], timeout: float, tests=None,
+         first_failure: bool = False) -> tuple[dict | None, Path, float]:
+    """pytest on `module`'s graded tests (or the nodes `tests`) -> (the plugin's report or None, the
+    log file, seconds); first_failure: stop at the first failing test (pytest -x)."""
     from tl_lab.pitfalls import _QUIET_PLUGINS
 
     logs = workspace / STATUS_DIR
     logs.mkdir(exist_ok=True)
     log = logs / f"check-{module}.log"
-    files = sorted({g.file for g in graded(module)})
+    files = list(tests) if tests else sorted({g.file for g in graded(module)})
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tl-exercise-") as tmp:
         report = Path(tmp) / "report.json"
         cmd = [sys.executable, "-m", "pytest", *files, "-p", "tl_lab.exercise.plugin", "-q", "--tb=short",
-               "-rfE", *_QUIET_PLUGINS]
+               "-rfE", *(["-x"] if first_failure else []), *_QUIET_PLUGINS]
         budget = timeout * (len(PIECES[module]) + 10) + 120  # far beyond any honest run; a hung process ends
         with open(log, "w", encoding="utf-8") as out:
             try:
