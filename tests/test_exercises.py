@@ -292,3 +292,24 @@ def test_written_counts_the_pieces_left_to_write(tmp_path):
     done = written(ws, "forward")
     assert [q for q, v in done.items() if not v] == ["silu"]
     assert DEPS["forward"] == ("quant", "kv", "model")
+
+
+def _nbval(ws, *notebooks):
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TL_LAB_WORKSPACE": str(ws)}
+    return subprocess.run([PY, "-m", "pytest", "--nbval-lax", "-q", "-p", "no:cacheprovider",
+                           *[f"notebooks/{n}.ipynb" for n in notebooks]], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
+
+
+def test_the_sampler_and_kv_notebooks_run_on_a_complete_workspace(tmp_path):
+    """The section notebooks run the learner's files: 04 and 07 pass on a workspace of reference
+    copies, and 07 fails on one whose sample.py has the pitfall s04 (so 07 really ran that file)."""
+    ws = workspace(tmp_path, "ref")
+    p = _nbval(ws, "07_sampler", "04_kv_pool")
+    assert p.returncode == 0, p.stdout[-3000:]
+    src = reference_source("sample")
+    for e in PITFALLS["s04"].edits:
+        src = apply_edit(src, e, "s04")
+    (ws / "sample.py").write_text(src)
+    p = _nbval(ws, "07_sampler")
+    assert p.returncode == 1 and "failed" in p.stdout.splitlines()[-1], p.stdout[-3000:]

@@ -201,10 +201,10 @@ class SamplerPlayground(widgets.VBox):
         self.shown_ids = self._pick_ids(self.trace)
         self.chart_data = stage_data(self.trace, self.shown_ids, params)
         self.result.value = self.token_line()
-        self.compare.value = self._compare(logits, params, prompt, output)
+        self.compare.value = self._yours_line(logits, params, prompt, output)
         self.charts.value = render_charts(self.chart_data, self.trace, params, self.labels, self.shown_ids)
 
-    def _compare(self, logits, params, prompt, output) -> str:
+    def _yours_line(self, logits, params, prompt, output) -> str:
         """The learner's sample on the same inputs and the same draws: one line, same bits or not."""
         self.yours_result = None
         if self.yours is None:
