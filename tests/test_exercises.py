@@ -313,3 +313,13 @@ def test_the_sampler_and_kv_notebooks_run_on_a_complete_workspace(tmp_path):
     (ws / "sample.py").write_text(src)
     p = _nbval(ws, "07_sampler")
     assert p.returncode == 1 and "failed" in p.stdout.splitlines()[-1], p.stdout[-3000:]
+
+
+def test_a_learner_module_that_does_not_import_is_a_printed_line(tmp_path, capsys):
+    from tl_lab.exercise.side import yours_or_none
+
+    ws = workspace(tmp_path, modules=["sample"])
+    assert yours_or_none("sample", ws) is None and capsys.readouterr().out == ""  # the stub: nothing yet
+    (ws / "sample.py").write_text("x = 1\ndef broken(:\n")
+    assert yours_or_none("sample", ws) is None
+    assert f"your sample.py does not import: {ws / 'sample.py'}:2: SyntaxError" in capsys.readouterr().out

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from tl_lab.exercise.registry import MODULES
 from tl_lab.exercise.stubs import ExerciseError
+from tl_lab.exercise import side  # noqa: F401 (exercise.side.yours in the notebooks)
 from tl_lab.exercise.workspace import active, install, origins, resolve
 
 __all__ = ["MODULES", "ExerciseError", "activate", "origins", "active"]

@@ -16,7 +16,7 @@ from pathlib import Path
 from tl_lab.exercise.stubs import reference_path, stub_source
 from tl_lab.exercise.workspace import resolve
 
-__all__ = ["load", "yours", "reference"]
+__all__ = ["load", "yours", "yours_or_none", "reference"]
 
 
 def load(path: Path, name: str):
@@ -45,3 +45,21 @@ def yours(module: str, workspace=None):
 def reference(module: str):
     """The reference's `module`, loaded from tl_lab's file (whatever tl_lab.<module> is here)."""
     return load(reference_path(module), f"{__name__}.reference_{module}")
+
+
+def yours_or_none(module: str, workspace=None):
+    """`yours`, or None with the learner's error printed (file and line) when their module does not
+    import, so a notebook cell that shows it stays usable."""
+    try:
+        return yours(module, workspace)
+    except Exception as exc:  # noqa: BLE001: the learner's code; its error is what to show
+        tb = exc.__traceback__
+        where = ""
+        while tb is not None:
+            if tb.tb_frame.f_code.co_filename.endswith(f"{module}.py") and "tl_lab" not in tb.tb_frame.f_code.co_filename:
+                where = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}: "
+            tb = tb.tb_next
+        if isinstance(exc, SyntaxError):
+            where = f"{exc.filename}:{exc.lineno}: "
+        print(f"your {module}.py does not import: {where}{type(exc).__name__}: {exc}; the reference's is shown alone")
+        return None

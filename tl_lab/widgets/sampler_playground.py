@@ -24,7 +24,7 @@ from dataclasses import fields
 import ipywidgets as widgets
 import numpy as np
 
-from tl_lab.sample import PURPOSE_SAMPLE, SampleTrace, SamplingParams, sample_trace, stream
+from tl_lab.sample import PURPOSE_SAMPLE, SampleTrace, SamplingParams
 from tl_lab.widgets.common import MONO, Control, build_controls, field_style, message
 from tl_lab.widgets.sampler_charts import render_charts, stage_data
 
@@ -65,6 +65,9 @@ class SamplerPlayground(widgets.VBox):
                  seed: int = 0, show_top: int = 20, yours=None):
         self.show_top = int(show_top)
         self.yours = yours  # the learner's sample module (SamplingParams, stream, sample), or None
+        # what the charts show: tl_lab.sample, or beside the learner's the reference's own file (in a
+        # kernel whose workspace is active, tl_lab.sample is the learner's)
+        self.engine = _sample_module() if yours is None else _reference()
         self.yours_result: tuple | None = None  # (token, logprob) of the learner's sample, None if none or it raised
         self._quiet = True
         self.trace: SampleTrace | None = None
@@ -154,7 +157,7 @@ class SamplerPlayground(widgets.VBox):
 
     def params(self) -> SamplingParams:
         """The SamplingParams the sliders describe."""
-        return SamplingParams(**{name: w.value for name, w in self.sliders.items()})
+        return self.engine.SamplingParams(**{name: w.value for name, w in self.sliders.items()})
 
     def _read_logits(self):
         if self._logits is not None and self.logits_text.disabled:
@@ -177,7 +180,7 @@ class SamplerPlayground(widgets.VBox):
         n = self.draw.value
         if not 0 <= n <= MAX_DRAWS:
             raise ValueError(f"draws before must be in [0, {MAX_DRAWS:,}], got {n:,}")
-        rng = stream(self.seed.value, PURPOSE_SAMPLE)
+        rng = self.engine.stream(self.seed.value, PURPOSE_SAMPLE)
         for _ in range(n):
             rng.uniform_f64()
         return rng
@@ -193,7 +196,7 @@ class SamplerPlayground(widgets.VBox):
             prompt = _read_ids(self.prompt_text.value, "prompt")
             output = _read_ids(self.output_text.value, "output")
             params = self.params()
-            self.trace = sample_trace(logits, params, prompt, output, self._rng())
+            self.trace = self.engine.sample_trace(logits, params, prompt, output, self._rng())
         except (ValueError, TypeError) as exc:
             self.show_refusal(str(exc))
             return
@@ -259,6 +262,18 @@ class SamplerPlayground(widgets.VBox):
             f"{tr.logprob:.5f} (p = {math.exp(tr.logprob):.4f}) &middot; {draw} &middot; kept {len(kept)} "
             f"of {tr.penalised.size}: {kept_txt}</p>"
         )
+
+
+def _sample_module():
+    import tl_lab.sample
+
+    return tl_lab.sample
+
+
+def _reference():
+    from tl_lab.exercise.side import reference
+
+    return reference("sample")
 
 
 def _ids_text(ids) -> str:
