@@ -26,7 +26,13 @@ def _schema_validator():
     Schema's own metaschema by tests/test_model.py (test_config_schema_is_a_real_json_schema), not
     again in every process: that check was 8 ms of a 0.2 s load."""
     Draft202012Validator = _import_validator()
-    return Draft202012Validator(json.loads(CONFIG_SCHEMA_PATH.read_text()))
+    from jsonschema import validators
+
+    # JSON Schema counts 64.0 as an integer; ModelConfig does not (2.0 is refused, see _check_types)
+    strict = Draft202012Validator.TYPE_CHECKER.redefine(
+        "integer", lambda checker, v: isinstance(v, int) and not isinstance(v, bool))
+    Validator = validators.extend(Draft202012Validator, type_checker=strict)
+    return Validator(json.loads(CONFIG_SCHEMA_PATH.read_text()))
 
 
 # Packages jsonschema imports, when installed, only for its "format" checks (jsonschema/_format.py).

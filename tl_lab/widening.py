@@ -84,12 +84,12 @@ def f32_out(out: np.ndarray | None, shape: tuple, name: str) -> np.ndarray:
     return out
 
 
-def widen_all(jobs: list[Widening], drop: Callable[[int, int], None]) -> None:
+def widen_all(jobs: list[Widening], drop: Callable[[int, int], None], finite: bool = False) -> None:
     """Widen every job, cut into pieces of WIDEN_CHUNK elements that `widen_threads()` threads widen
     in parallel (numpy releases the GIL inside each piece), each piece straight into its destination.
-    Every piece is checked finite: a NaN or infinite weight is a FormatError naming the first such
-    tensor (in the order of `jobs`) and its flat index. drop(begin, end) is told each piece's bytes
-    of the data buffer once they are read."""
+    With `finite` every piece is checked finite: a NaN or infinite weight is a FormatError naming the
+    first such tensor (in the order of `jobs`) and its flat index. drop(begin, end) is told each
+    piece's bytes of the data buffer once they are read."""
     pieces = [(k, a) for k, job in enumerate(jobs) for a in range(0, job.out.size, WIDEN_CHUNK)]
     bad: list[tuple[int, int]] = []  # (k, flat index) of non-finite weights in jobs[k]; list.append is atomic
 
@@ -98,9 +98,10 @@ def widen_all(jobs: list[Widening], drop: Callable[[int, int], None]) -> None:
         job = jobs[k]
         b = min(a + WIDEN_CHUNK, job.out.size)
         chunk = job.widen(job.bits[a:b], out=job.out[a:b])
-        finite = np.isfinite(chunk)
-        if not finite.all():
-            bad.append((k, a + int(np.argmin(finite))))
+        if finite:
+            ok = np.isfinite(chunk)
+            if not ok.all():
+                bad.append((k, a + int(np.argmin(ok))))
         size = job.bits.itemsize
         drop(job.begin + a * size, job.begin + b * size)
 

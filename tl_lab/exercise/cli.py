@@ -152,6 +152,8 @@ def _tests(args) -> int:
         print(f"{g.name:<46} {g.kind:<20} {g.module:<8} {last:<7} {g.file}::test_{g.name}*")
         print(f"{'':<46} checks: {g.checks}")
         print(f"{'':<46} why: {g.why}")
+        if g.also:
+            print(f"{'':<46} with: {', '.join(g.also)}")
     print(f"{len(CATALOGUE)} tests; you write no graded tests here (rung R0)")
     return EXIT_OK
 

@@ -149,10 +149,7 @@ PIECES: dict[str, tuple[Piece, ...]] = {
     ]),
     "runner": _pieces("runner", [
         ("KvConfig.pool_cfg", "2.1", "the user's blocks and block size completed with the model's KV shape"),
-        ("Logits.rows", "4", "one row per sequence"),
-        ("Logits.row", "4", "sequence i's logits"),
         ("_run_llama", "2.4", "the one call of llama_forward, its K and V into the pool"),
-        ("_run_bigram", "2.1", "the bigram: no KV, the last token of each sequence"),
         ("ModelRunner.__init__", "2.1", "the weights, the pool of the model's KV shape, the block manager"),
         ("ModelRunner.load", "2.1", "load_weights of the directory, then the runner"),
         ("ModelRunner._check", "4", "every sequence checked before anything is written: a refused batch changes nothing"),
@@ -160,7 +157,6 @@ PIECES: dict[str, tuple[Piece, ...]] = {
         ("ModelRunner._check_table", "4", "the table covers every position written, its blocks in use, no block written twice"),
         ("ModelRunner.forward", "4", "check, run the step, raise the fill of the blocks written"),
         ("ModelRunner._run_temporary", "4", "temporary blocks from the block manager, GIVEN BACK after the step (s17)"),
-        ("ModelRunner.last_logits", "4", "each prompt alone on temporary blocks"),
         ("ModelRunner.run_once", "4", "hidden (T, d) and the last logits on temporary blocks, returned after"),
     ]),
     "sample": _pieces("sample", [
@@ -187,7 +183,8 @@ PIECES: dict[str, tuple[Piece, ...]] = {
 class Graded:
     """One row of the chapter's section-4 catalogue: `name` (the chapter's), kind, what it checks,
     why it matters downstream, the `module` it grades and our pytest nodes (`file`, the function
-    test_<name> and its variants test_<name>_*; params in `exclude` are not graded)."""
+    test_<name> and its variants test_<name>_*, and the functions `also` that hold the same promise
+    for the rest of the module's interface; params in `exclude` are not graded)."""
 
     name: str
     kind: str
@@ -196,10 +193,11 @@ class Graded:
     module: str
     file: str
     exclude: tuple[str, ...] = ()
+    also: tuple[str, ...] = ()
 
 
-def _g(name, kind, checks, why, module, file, exclude=()) -> Graded:
-    return Graded(name, kind, checks, why, module, f"tests/test_{file}.py", tuple(exclude))
+def _g(name, kind, checks, why, module, file, exclude=(), also=()) -> Graded:
+    return Graded(name, kind, checks, why, module, f"tests/test_{file}.py", tuple(exclude), tuple(also))
 
 
 _REF = ("[reference]",)  # the sampler tests' second parameter runs the given twin, not the learner's sample
@@ -215,10 +213,16 @@ CATALOGUE: tuple[Graded, ...] = (
     _g("kv_pool_evicts_the_oldest_cached_block", "boundary", "exhausted allocation evicts the oldest cached prefix", "cache policy preserves recent prefixes", "kv", "kv"),
     _g("kv_pool_rejects_zero_capacity", "boundary", "zero blocks is rejected during construction", "invalid engine configuration fails early", "kv", "kv"),
     _g("kv_pool_exports_and_imports_rust_owned_blocks", "differential", "a written f16 value survives an export/import round trip", "disaggregated decode resumes with the same cache", "kv", "kv"),
-    _g("f16_rounds_to_nearest_even", "boundary", "ties, overflow, subnormals, NaN; every f16 pattern round-trips", "the KV cache stores f16", "quant", "quant"),
+    # bf16 is f16's twin in the reader's widening (section 2.3): its rounding and round trip are graded here
+    _g("f16_rounds_to_nearest_even", "boundary", "ties, overflow, subnormals, NaN; every f16 pattern round-trips", "the KV cache stores f16", "quant", "quant",
+       also=("test_bf16_round_trips_every_pattern", "test_bf16_rounds_to_nearest_even")),
     _g("int4_hand_example", "unit", "section 3: nibble order and the stored-scale rule", "int4 files written by your Python load here", "quant", "quant"),
     _g("q4_linear_matches_its_dequantized_weights", "differential", "the product equals x times the dequantized weights within float tolerance", "the packed layout means what the format says", "quant", "quant"),
-    _g("safetensors_reader_rules", "boundary", "offsets from the data buffer, F16 and BF16 widening, gaps and trailing bytes refused", "every checkpoint goes through this reader", "model", "model"),
+    # the weights the reader gives (section 4: Linear, Weights, SafeTensors.q4) are graded with it
+    _g("safetensors_reader_rules", "boundary", "offsets from the data buffer, F16 and BF16 widening, gaps and trailing bytes refused", "every checkpoint goes through this reader", "model", "model",
+       also=("test_load_weights_tiny_llama_tied_and_shaped", "test_load_weights_bigram", "test_linear_forward_is_x_times_w_transposed",
+             "test_q4_checks_the_metadata_and_the_tensors", "test_load_weights_int4_file_and_quantize_at_load_agree",
+             "test_int4_file_equals_quantize_of_the_f32_weights", "test_load_weights_refuses_tensors_that_do_not_fit")),
     _g("config_refuses_what_the_engine_cannot_run", "boundary", "scaled RoPE, sliding window, unknown arch, missing tokenizer refused at load", "wrong models fail loudly at start", "model", "model"),
     _g("bigram_checkpoint_still_serves", "conformance", "the tracer checkpoint loads and greedy continues bcd", "the Pass 1 smoke stays green (D32)", "forward", "runner"),
     _g("tiny_llama_logits_match_hf", "golden", "last-token logits within 2e-2 of HF's float32 forward", "the whole graph: GQA, tied embeddings, BF16 file", "forward", "runner"),
@@ -246,7 +250,7 @@ def match(nodeid: str) -> Graded | None:
     path, _, func = nodeid.partition("::")
     base = func.split("[", 1)[0]
     for g in CATALOGUE:
-        if path == g.file and (base == f"test_{g.name}" or base.startswith(f"test_{g.name}_")):
+        if path == g.file and (base == f"test_{g.name}" or base.startswith(f"test_{g.name}_") or base in g.also):
             return None if any(x in func for x in g.exclude) else g
     return None
 
