@@ -251,3 +251,8 @@ def test_every_notebook_is_committed_without_outputs():
         cells = json.loads(nb.read_text())["cells"]
         dirty = [i for i, c in enumerate(cells) if c.get("outputs") or c.get("execution_count")]
         assert not dirty, f"{nb.name}: cells {dirty} carry outputs; clear them before committing"
+
+
+def test_quickstart_names_its_three_modes_and_refuses_others():
+    p = subprocess.run(["bash", str(ROOT / "tools" / "quickstart.sh"), "bogus"], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2 and "usage: tools/quickstart.sh lab|test|hf" in p.stderr, p.stderr
