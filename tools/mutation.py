@@ -1,0 +1,216 @@
+"""Mutation testing of tl_lab: how many of the mistakes a developer makes do the tests catch?
+
+Two kinds of mutants, both scored as killed / (killed + survived):
+
+* Python modules: mutmut (pip install mutmut; 3.8.1 was used) mutates one module at a time in a
+  scratch copy of the tree (`git archive REF`), with that module's own fast test files only, one
+  worker (`--max-children 1`: the machine is shared). With `--sample N` a seeded random N of the
+  module's mutants is run and the result says so; otherwise all of them.
+* The compiled kernels (kernels.py, lanes.py): mutmut's trampolines cannot enter a numba loop, so
+  KERNEL_MUTANTS is a short hand-written list of text edits, each applied to a scratch copy and run
+  against tests/test_kernels.py and tests/test_lanes.py.
+
+    python tools/mutation.py --label before --ref main --sample 40 kv blocks
+    python tools/mutation.py --label after --kernels
+
+Each run merges its scores into benchmarks/results/mutation.json under results[label][module],
+with the survivors' names and diffs (mutmut show) so they can be read and closed or called
+equivalent. tools/mutation.sh is the rerun of the whole measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results" / "mutation.json"
+SCRATCH = Path(os.environ.get("TL_LAB_MUTATION_DIR", "/tmp/tl_lab-mutation"))
+
+# module -> its fast test selection: the tests a developer runs after touching it.
+MODULES = {
+    "kv": ["tests/test_kv.py"],
+    "blocks": ["tests/test_blocks.py"],
+    "sample": ["tests/test_sample.py"],
+    "quant": ["tests/test_quant.py"],
+    # the reader, the config and the loader; not the fuzzers (minutes under mutmut's trampolines) nor
+    # the subprocess that imports a fresh tl_lab
+    "model": ["tests/test_model.py", "-m", "not hf and not smollm2", "-k", "not random and not imports_no"],
+    "generate": ["tests/test_generate.py", "-m", "not hf and not smollm2"],
+    "tokenizer": ["tests/test_tokenizer.py", "-m", "not hf and not smollm2"],
+    "fetch": ["tests/test_fetch.py"],
+}
+
+# (name, file, old text, new text): each a mistake a later refactor of a compiled loop could make.
+KERNEL_MUTANTS = [
+    ("int4 zero point -7 s instead of -8 s", "tl_lab/kernels.py", "np.float32(-8.0) * s", "np.float32(-7.0) * s"),
+    ("int4 high nibble read with shift 0", "tl_lab/kernels.py",
+     "return grp * half + c - half, 4", "return grp * half + c - half, 0"),
+    ("softmax without the maximum subtracted", "tl_lab/kernels.py", "vsplat(-top)", "vsplat(np.float32(0.0))"),
+    ("causal mask: each query sees one key too many", "tl_lab/kernels.py",
+     "min(B, last[i] + 1 - j0)", "min(B, last[i] + 2 - j0)"),
+    ("weighted sum drops each block's last value", "tl_lab/kernels.py",
+     "for jj in range(min(B, n - blk * B)):\n                    p = vsplat",
+     "for jj in range(min(B, n - blk * B) - 1):\n                    p = vsplat"),
+    ("the last block of four features repeats the wrong row", "tl_lab/kernels.py",
+     "min(n0 + 3, last)", "min(n0 + 2, last)"),
+    ("matvec_f32 skips the last step of sixteen columns", "tl_lab/kernels.py",
+     "for k in range(0, K, LANES):\n                xv = vload(x, m, k)\n                a0 = vfma(xv, vload(W, r0, k), a0)",
+     "for k in range(0, K - LANES, LANES):\n                xv = vload(x, m, k)\n                a0 = vfma(xv, vload(W, r0, k), a0)"),
+    ("dot4 reads key jj + 2 for jj + 3", "tl_lab/kernels.py",
+     "_load_f16(keys, jj + 3, d, tail), a3)", "_load_f16(keys, jj + 2, d, tail), a3)"),
+    ("masked loads take one lane too many", "tl_lab/lanes.py",
+     'builder.icmp_signed("<", lane, ends)', 'builder.icmp_signed("<=", lane, ends)'),
+    ("the fold adds the lower half to itself", "tl_lab/lanes.py",
+     "list(range(n, 2 * n))", "list(range(0, n))"),
+    ("the next block's keys not prefetched (speed only: an equivalent mutant)", "tl_lab/kernels.py",
+     "if (blk + 1) * B < L:", "if False:"),
+]
+
+
+def _sh(cmd: list[str], cwd: Path, timeout: float | None = None, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=cwd, text=True, capture_output=True, timeout=timeout, **kw)
+
+
+def _checkout(ref: str, where: Path) -> None:
+    """A clean copy of the tracked tree at `ref` (no .git, no caches)."""
+    if where.exists():
+        shutil.rmtree(where)
+    where.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", ref], cwd=REPO, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x"], cwd=where, input=archive, check=True)
+
+
+def _setup_cfg(module: str, selection: list[str]) -> str:
+    tests = "\n".join(f"    {a}" for a in selection)
+    return (f"[mutmut]\nsource_paths = tl_lab\nonly_mutate = tl_lab/{module}.py\nalso_copy =\n    data\n    docs\n"
+            f"pytest_add_cli_args_test_selection =\n{tests}\n"
+            "pytest_add_cli_args =\n    -p\n    no:cacheprovider\n    -q\n    -x\n")
+
+
+def _meta(work: Path, module: str) -> dict[str, int | None]:
+    """mutant name -> mutmut's exit code for it (None: not run yet)."""
+    path = work / "mutants" / "tl_lab" / f"{module}.py.meta"
+    return json.loads(path.read_text())["exit_code_by_key"] if path.exists() else {}
+
+
+def run_module(module: str, ref: str, sample: int | None, seed: int, budget: float) -> dict:
+    """Mutate tl_lab/<module>.py at `ref`: its score over all or a seeded sample of its mutants."""
+    work = SCRATCH / ref.replace("/", "_") / module
+    _checkout(ref, work)
+    (work / "setup.cfg").write_text(_setup_cfg(module, MODULES[module]))
+    mutmut = [sys.executable, "-m", "mutmut"]
+    t0 = time.time()
+    # A filter matching nothing: mutmut generates the mutants, maps tests to functions, then stops.
+    _sh([*mutmut, "run", "--max-children", "1", "no-such-mutant"], work, timeout=budget)
+    names = sorted(_meta(work, module))
+    chosen = names if sample is None or sample >= len(names) else sorted(random.Random(seed).sample(names, sample))
+    left = max(60.0, budget - (time.time() - t0))
+    timed_out = False
+    try:
+        _sh([*mutmut, "run", "--max-children", "1", *chosen], work, timeout=left)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    codes = _meta(work, module)
+    status = {n: _status(codes.get(n)) for n in chosen}
+    killed = sum(s == "killed" for s in status.values())
+    survived = [n for n, s in status.items() if s == "survived"]
+    tried = killed + len(survived)
+    return {
+        "mutants_in_module": len(names),
+        "sampled": None if chosen is names else {"n": len(chosen), "seed": seed},
+        "tried": tried, "killed": killed, "survived": len(survived),
+        "not_run": sum(s == "not run" for s in status.values()),
+        "no_tests": sum(s == "no tests" for s in status.values()),
+        "score": round(killed / tried, 3) if tried else None,
+        "seconds": round(time.time() - t0, 1), "budget_hit": timed_out,
+        "tests": MODULES[module],
+        "survivors": {n: _sh([*mutmut, "show", n], work).stdout[-1500:] for n in survived},
+    }
+
+
+def _status(code: int | None) -> str:
+    """mutmut's exit codes: 1 (a test failed) and timeouts (-24, 152, 36) kill; 0 survives; 33 no tests."""
+    if code is None:
+        return "not run"
+    if code == 0:
+        return "survived"
+    if code == 33:
+        return "no tests"
+    return "killed"
+
+
+def run_kernels(ref: str, budget: float) -> dict:
+    """The hand-written kernel mutants: each a text edit in a fresh copy, tests must fail."""
+    work = SCRATCH / ref.replace("/", "_") / "kernels"
+    tests = ["tests/test_kernels.py", "tests/test_lanes.py", "-q", "-x", "-p", "no:cacheprovider"]
+    out, t0 = {}, time.time()
+    for name, file, old, new in KERNEL_MUTANTS:
+        _checkout(ref, work)
+        src = (work / file).read_text()
+        if old not in src:
+            out[name] = {"status": "not applicable (text not found)", "edit": [file, old, new]}
+            continue
+        (work / file).write_text(src.replace(old, new, 1))
+        env = dict(os.environ, PYTHONPATH=str(work), NUMBA_CACHE_DIR=str(work / ".numba"))
+        try:
+            p = _sh([sys.executable, "-m", "pytest", *tests], work, timeout=max(60.0, budget - (time.time() - t0)), env=env)
+            status = "killed" if p.returncode == 1 else ("survived" if p.returncode == 0 else f"error {p.returncode}")
+        except subprocess.TimeoutExpired:
+            status = "not run (budget)"
+        out[name] = {"status": status, "edit": [file, old, new]}
+    killed = sum(v["status"] == "killed" for v in out.values())
+    tried = sum(v["status"] in ("killed", "survived") for v in out.values())
+    return {"mutants": out, "tried": tried, "killed": killed, "survived": tried - killed,
+            "score": round(killed / tried, 3) if tried else None, "seconds": round(time.time() - t0, 1)}
+
+
+def _machine() -> dict:
+    import platform
+
+    mutmut = _sh([sys.executable, "-m", "pip", "show", "mutmut"], REPO).stdout.split("\n")
+    return {"processor": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "python": platform.python_version(),
+            "mutmut": next((l.split()[-1] for l in mutmut if l.startswith("Version")), None)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("modules", nargs="*", help=f"modules to mutate, of {', '.join(MODULES)} (default: none)")
+    p.add_argument("--label", required=True, help="where the scores go in the results, e.g. before / after")
+    p.add_argument("--ref", default="HEAD", help="the git commit to mutate (default HEAD)")
+    p.add_argument("--sample", type=int, help="run a seeded random sample of this many mutants per module")
+    p.add_argument("--seed", type=int, default=20)
+    p.add_argument("--budget", type=float, default=900.0, help="seconds per module at most")
+    p.add_argument("--kernels", action="store_true", help="also the hand-written kernel mutants")
+    args = p.parse_args(argv)
+    unknown = [m for m in args.modules if m not in MODULES]
+    if unknown:
+        p.error(f"no test selection for {unknown}; known: {', '.join(MODULES)}")
+    doc = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"results": {}}
+    doc["machine"] = _machine()
+    bucket = doc["results"].setdefault(args.label, {})
+    commit = _sh(["git", "rev-parse", args.ref], REPO).stdout.strip()
+    for module in args.modules:
+        r = run_module(module, args.ref, args.sample, args.seed, args.budget)
+        bucket[module] = {"commit": commit, **r}
+        print(f"{args.label} {module}: {r['killed']}/{r['tried']} killed (score {r['score']}), "
+              f"{r['mutants_in_module']} mutants in the module, {r['seconds']} s", flush=True)
+        RESULTS.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    if args.kernels:
+        r = run_kernels(args.ref, args.budget)
+        bucket["kernels (hand-written)"] = {"commit": commit, **r}
+        print(f"{args.label} kernels: {r['killed']}/{r['tried']} killed, {r['seconds']} s", flush=True)
+        RESULTS.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
