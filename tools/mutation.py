@@ -190,11 +190,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=20)
     p.add_argument("--budget", type=float, default=900.0, help="seconds per module at most")
     p.add_argument("--kernels", action="store_true", help="also the hand-written kernel mutants")
+    p.add_argument("--out", type=Path, default=RESULTS, help=f"the results file (default {RESULTS.relative_to(REPO)})")
     args = p.parse_args(argv)
     unknown = [m for m in args.modules if m not in MODULES]
     if unknown:
         p.error(f"no test selection for {unknown}; known: {', '.join(MODULES)}")
-    doc = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"results": {}}
+    doc = json.loads(args.out.read_text()) if args.out.exists() else {"results": {}}
     doc["machine"] = _machine()
     bucket = doc["results"].setdefault(args.label, {})
     commit = _sh(["git", "rev-parse", args.ref], REPO).stdout.strip()
@@ -203,12 +204,12 @@ def main(argv: list[str] | None = None) -> int:
         bucket[module] = {"commit": commit, **r}
         print(f"{args.label} {module}: {r['killed']}/{r['tried']} killed (score {r['score']}), "
               f"{r['mutants_in_module']} mutants in the module, {r['seconds']} s", flush=True)
-        RESULTS.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        args.out.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     if args.kernels:
         r = run_kernels(args.ref, args.budget)
         bucket["kernels (hand-written)"] = {"commit": commit, **r}
         print(f"{args.label} kernels: {r['killed']}/{r['tried']} killed, {r['seconds']} s", flush=True)
-        RESULTS.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        args.out.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     return 0
 
 
