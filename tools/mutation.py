@@ -103,48 +103,66 @@ def _meta(work: Path, module: str) -> dict[str, int | None]:
 
 def run_module(module: str, ref: str, sample: int | None, seed: int, budget: float) -> dict:
     """Mutate tl_lab/<module>.py at `ref`: its score over all or a seeded sample of its mutants."""
-    work = SCRATCH / ref.replace("/", "_") / module
+    work = _work(ref, module)
     _checkout(ref, work)
     (work / "setup.cfg").write_text(_setup_cfg(module, MODULES[module]))
-    mutmut = [sys.executable, "-m", "mutmut"]
-    t0 = time.time()
-    # A filter matching nothing: mutmut generates the mutants, maps tests to functions, then stops.
-    _sh([*mutmut, "run", "--max-children", "1", "no-such-mutant"], work, timeout=budget)
-    names = sorted(_meta(work, module))
-    chosen = names if sample is None or sample >= len(names) else sorted(random.Random(seed).sample(names, sample))
-    left = max(60.0, budget - (time.time() - t0))
-    timed_out = False
+    t0, timed_out = time.time(), False
     try:
-        _sh([*mutmut, "run", "--max-children", "1", *chosen], work, timeout=left)
+        # A filter matching nothing: mutmut generates the mutants, maps tests to functions, then stops.
+        _sh([*MUTMUT, "run", "--max-children", "1", "no-such-mutant"], work, timeout=budget)
+        chosen = _chosen(work, module, sample, seed)
+        _sh([*MUTMUT, "run", "--max-children", "1", *chosen], work, timeout=max(60.0, budget - (time.time() - t0)))
     except subprocess.TimeoutExpired:
         timed_out = True
-    codes = _meta(work, module)
+    return {**score_module(module, ref, sample, seed), "seconds": round(time.time() - t0, 1), "budget_hit": timed_out}
+
+
+MUTMUT = [sys.executable, "-m", "mutmut"]
+
+
+def _work(ref: str, module: str) -> Path:
+    return SCRATCH / ref.replace("/", "_") / module
+
+
+def _chosen(work: Path, module: str, sample: int | None, seed: int) -> list[str]:
+    """The mutants run: all of the module's, or a sample drawn with `seed` (the same names again on a rescore)."""
+    names = sorted(_meta(work, module))
+    return names if sample is None or sample >= len(names) else sorted(random.Random(seed).sample(names, sample))
+
+
+def score_module(module: str, ref: str, sample: int | None, seed: int) -> dict:
+    """The score of a module's run, read from mutmut's results in its scratch copy."""
+    work = _work(ref, module)
+    codes, chosen = _meta(work, module), _chosen(work, module, sample, seed)
     status = {n: _status(codes.get(n)) for n in chosen}
-    killed = sum(s == "killed" for s in status.values())
-    survived = [n for n, s in status.items() if s == "survived"]
-    tried = killed + len(survived)
+    count = {s: sum(v == s for v in status.values()) for s in ("killed", "survived", "not run", "no tests", "other")}
+    survived = [n for n, v in status.items() if v == "survived"]
+    tried = count["killed"] + count["survived"]
     return {
-        "mutants_in_module": len(names),
-        "sampled": None if chosen is names else {"n": len(chosen), "seed": seed},
-        "tried": tried, "killed": killed, "survived": len(survived),
-        "not_run": sum(s == "not run" for s in status.values()),
-        "no_tests": sum(s == "no tests" for s in status.values()),
-        "score": round(killed / tried, 3) if tried else None,
-        "seconds": round(time.time() - t0, 1), "budget_hit": timed_out,
+        "mutants_in_module": len(codes),
+        "sampled": None if sample is None or sample >= len(codes) else {"n": len(chosen), "seed": seed},
+        "tried": tried, "killed": count["killed"], "survived": count["survived"], "not_run": count["not run"],
+        "no_tests": count["no tests"], "other": count["other"],
+        "score": round(count["killed"] / tried, 3) if tried else None,
         "tests": MODULES[module],
-        "survivors": {n: _sh([*mutmut, "show", n], work).stdout[-1500:] for n in survived},
+        "survivors": {n: _sh([*MUTMUT, "show", n], work).stdout[-1500:] for n in survived},
     }
 
 
+# mutmut's exit codes (mutmut/stats.py): a failing test, an internal pytest error, a timeout or a crash
+# kill the mutant; 0 survives; 5 and 33 mean no test reached it; None or 2 not run (the budget ended);
+# the rest (skipped, suspicious) count in neither.
+_KILLED = {1, 3, 36, -24, 24, 152, 255, -11, -9}
+
+
 def _status(code: int | None) -> str:
-    """mutmut's exit codes: 1 (a test failed) and timeouts (-24, 152, 36) kill; 0 survives; 33 no tests."""
-    if code is None:
+    if code is None or code == 2:
         return "not run"
     if code == 0:
         return "survived"
-    if code == 33:
+    if code in (5, 33):
         return "no tests"
-    return "killed"
+    return "killed" if code in _KILLED else "other"
 
 
 def run_kernels(ref: str, budget: float) -> dict:
@@ -190,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=20)
     p.add_argument("--budget", type=float, default=900.0, help="seconds per module at most")
     p.add_argument("--kernels", action="store_true", help="also the hand-written kernel mutants")
+    p.add_argument("--rescore", action="store_true", help="score the modules' last runs again, running nothing")
     p.add_argument("--out", type=Path, default=RESULTS, help=f"the results file (default {RESULTS.relative_to(REPO)})")
     args = p.parse_args(argv)
     unknown = [m for m in args.modules if m not in MODULES]
@@ -200,7 +219,10 @@ def main(argv: list[str] | None = None) -> int:
     bucket = doc["results"].setdefault(args.label, {})
     commit = _sh(["git", "rev-parse", args.ref], REPO).stdout.strip()
     for module in args.modules:
-        r = run_module(module, args.ref, args.sample, args.seed, args.budget)
+        if args.rescore:
+            r = {**bucket.get(module, {}), **score_module(module, args.ref, args.sample, args.seed)}
+        else:
+            r = run_module(module, args.ref, args.sample, args.seed, args.budget)
         bucket[module] = {"commit": commit, **r}
         print(f"{args.label} {module}: {r['killed']}/{r['tried']} killed (score {r['score']}), "
               f"{r['mutants_in_module']} mutants in the module, {r['seconds']} s", flush=True)
