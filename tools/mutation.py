@@ -217,8 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     doc = json.loads(args.out.read_text()) if args.out.exists() else {"results": {}}
     doc["machine"] = _machine()
     bucket = doc["results"].setdefault(args.label, {})
-    commit = _sh(["git", "rev-parse", args.ref], REPO).stdout.strip()
     for module in args.modules:
+        commit = _sh(["git", "rev-parse", args.ref], REPO).stdout.strip()  # per module: HEAD may move meanwhile
         if args.rescore:
             r = {**bucket.get(module, {}), **score_module(module, args.ref, args.sample, args.seed)}
         else:
@@ -228,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['mutants_in_module']} mutants in the module, {r['seconds']} s", flush=True)
         args.out.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     if args.kernels:
+        commit = _sh(["git", "rev-parse", args.ref], REPO).stdout.strip()
         r = run_kernels(args.ref, args.budget)
         bucket["kernels (hand-written)"] = {"commit": commit, **r}
         print(f"{args.label} kernels: {r['killed']}/{r['tried']} killed, {r['seconds']} s", flush=True)
