@@ -564,6 +564,16 @@ def test_a_config_built_in_code_checks_its_field_types(field, value):
     assert type(dataclasses.replace(good, vocab_size=np.int64(256)).vocab_size) is int
 
 
+@pytest.mark.parametrize("field", ["hidden_size", "num_attention_heads", "head_dim"])
+def test_a_config_built_in_code_with_a_zero_size_names_it(field):
+    """The schema refuses 0 in a file; a config built in code meets __post_init__'s own check, whose
+    message must name the field and the value (mutation testing, issue 20: a broken message was a
+    TypeError, exit 4, and no test saw it)."""
+    good = ModelConfig.from_json(json.dumps(TINY_CONFIG))
+    with pytest.raises(ConfigError, match=rf"^{field}: must be positive, got 0$"):
+        dataclasses.replace(good, **{field: 0})
+
+
 def test_param_count_does_not_grow_with_the_layer_count():
     good = ModelConfig.from_json(json.dumps(TINY_CONFIG))
     table = {}

@@ -401,6 +401,9 @@ def test_trace_properties(call):
         assert int(np.argmax(tr.scaled)) in tr.kept.tolist()  # the top id survives every filter
         for s in (tr.top_k_probs, tr.top_p_probs):
             assert abs(float(s.sum()) - 1.0) <= 1e-12
+        # what the playground's charts draw: a weight for every id, and the ids min-p kept
+        assert tr.weights.shape == tr.scaled.shape == x.shape
+        assert set(tr.kept.tolist()) <= set(tr.min_p.tolist()) <= set(tr.top_p.tolist())
 
 
 BIG_PARAMS = [
@@ -499,6 +502,8 @@ def test_token_ids_outside_the_vocabulary_are_refused(fn):
         (np.array([0, 9]), [], r"prompt\[1\] = 9"),
         (np.array([0.5]), [], "integer token ids"),
         (5, [], "sequence of token ids"),
+        ([0, 1.5], [], r"prompt\[1\] = 1.5 is not an integer"),  # id 0 is a token (mutation testing, issue 20)
+        ([4, 1.5], [], r"prompt\[0\] = 4 is outside the vocabulary \[0, 4\)"),  # so is not id V
     ]:
         with pytest.raises(ValueError, match=msg):
             fn(x, SamplingParams(), prompt, output, stream(0, 4))
@@ -530,6 +535,14 @@ def test_bad_params_are_refused():
     assert p.temperature == 1.0 and isinstance(p.temperature, float) and p.top_k == 3 and type(p.top_k) is int
     with pytest.raises(Exception):
         p.temperature = 2.0  # frozen
+
+
+@pytest.mark.parametrize("fn", SAMPLERS)
+def test_a_scaled_logit_exactly_at_the_limit_is_sampled(fn):
+    """LOGIT_LIMIT bounds |q| from above, inclusive: 2**100 / 2**-900 = 2**1000 exactly is a number the
+    sampler takes (mutation testing, issue 20: '<' for '<=' went unnoticed)."""
+    t, logprob = fn(np.array([0.0, 2.0**100], np.float32), SamplingParams(temperature=2.0**-900), [], [], stream(0, 4))
+    assert t == 1 and logprob == 0.0
 
 
 @pytest.mark.parametrize("fn", SAMPLERS)

@@ -419,8 +419,8 @@ def parse_layout(buf) -> Layout:
             f"header length N = {N} runs past the end of the file (8 + N = {8 + N} > {size} bytes): "
             f"truncated or not a safetensors file"
         )
+    _check_entry_count(buf, N)
     raw = _header_bytes(buf, N)
-    _check_entry_count(raw)
     text = _header_text(raw)
     del raw  # the parse holds the text and what it builds, not the bytes too
     header = _parse_header_json(text)
@@ -430,34 +430,49 @@ def parse_layout(buf) -> Layout:
     return Layout(ordered, metadata, 8 + N)
 
 
-def _header_bytes(buf, N: int) -> bytes | bytearray:
-    """Bytes [8, 8 + N) of buf, the header. From a map they are copied a piece at a time, each piece's
-    pages handed back as soon as it is copied, so a 100 MB header is held once, not twice."""
-    if not isinstance(buf, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED"):
-        return bytes(buf[8 : 8 + N])
-    raw, step = bytearray(N), 1 << 22
+_TENSOR_KEY = b'"data_offsets"'  # once in every entry
+
+
+def _header_pieces(buf, N: int, overlap: int = 0, step: int = 1 << 22) -> Iterator[bytes]:
+    """Bytes [8, 8 + N) of buf, the header, in pieces of `step` bytes (each with up to `overlap`
+    bytes of the next one after it). A map's pages are handed back as each piece is read, so the
+    header is never held twice (in the map and in a copy)."""
     for a in range(0, N, step):
         b = min(a + step, N)
-        raw[a:b] = buf[8 + a : 8 + b]
-        lo, hi = (8 + a) - (8 + a) % mmap.PAGESIZE, (8 + b) - (8 + b) % mmap.PAGESIZE
-        if hi > lo:
-            buf.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+        yield bytes(buf[8 + a : 8 + min(b + overlap, N)])
+        if isinstance(buf, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
+            lo, hi = (8 + a) - (8 + a) % mmap.PAGESIZE, (8 + b) - (8 + b) % mmap.PAGESIZE
+            if hi > lo:
+                buf.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
+
+def _header_bytes(buf, N: int) -> bytes | bytearray:
+    """The header, copied once (see `_header_pieces`)."""
+    if not isinstance(buf, mmap.mmap):
+        return bytes(buf[8 : 8 + N])
+    raw = bytearray(N)
+    for k, piece in enumerate(_header_pieces(buf, N)):
+        raw[k << 22 : (k << 22) + len(piece)] = piece
     return raw
 
 
-def _check_entry_count(raw: bytes) -> None:
+def _check_entry_count(buf, N: int) -> None:
     """Refuse a header with more than MAX_TENSORS entries or MAX_HEADER_VALUES JSON values before
-    parsing it (cheap: byte counts; the parse would take about 1 KB for each).
+    copying or parsing it (cheap: byte counts, a piece at a time; the parse takes about 1 KB for each).
 
     Every entry has one "data_offsets" key; a name that happens to contain the string only makes the
-    count larger, never smaller, so nothing over the limit slips through."""
-    n = raw.count(b'"data_offsets"')
+    count larger, never smaller, so nothing over the limit slips through. A key is counted in the
+    piece where it starts (each piece overlaps the next by the key's length - 1)."""
+    n = values = 0
+    for piece in _header_pieces(buf, N, overlap=len(_TENSOR_KEY) - 1):
+        own = min(len(piece), 1 << 22)  # the bytes of this piece, without the overlap
+        n += piece.count(_TENSOR_KEY)
+        values += sum(piece.count(c, 0, own) for c in (b",", b":", b"{", b"["))  # inside strings too
     if n > MAX_TENSORS:
         raise FormatError(
             f"the header lists about {n:,} tensors, over the limit of {MAX_TENSORS:,} (a real checkpoint "
             "file holds a few thousand at most); refused before parsing it"
         )
-    values = sum(raw.count(c) for c in (b",", b":", b"{", b"["))  # inside strings too: only ever more
     if values > MAX_HEADER_VALUES:
         raise FormatError(
             f"the header holds about {values:,} JSON values, over the limit of {MAX_HEADER_VALUES:,} "

@@ -169,8 +169,8 @@ class Arch:
 
 def _run_llama(runner: ModelRunner, step: Step, hidden: bool = False):
     """The one call of the Llama forward (section 2.4): the step's K and V go into the pool. A step of
-    one row runs on one thread (`kernels.threads_for`)."""
-    with threads_for(len(step.tokens)):
+    one row runs on the thread count its own timings pick (`kernels.threads_for`)."""
+    with threads_for(len(step.tokens), runner):
         return llama_forward(runner.weights, step, runner.pool.data, product=runner.product,
                              scratch=runner._scratch, return_hidden=hidden)
 
