@@ -39,7 +39,7 @@ from tl_lab.kernels import QUERY_TILE, attend_paged, head_f32, product_f32
 from tl_lab.lanes import LANES
 from tl_lab.kv import key_location
 from tl_lab.model import Linear, LlamaWeights
-from tl_lab.products import PRODUCTS, Scratch, matmul_rows, weight_t  # noqa: F401 (matmul_rows: notebook 05)
+from tl_lab.products import PRODUCTS, Scratch, weight_t
 from tl_lab.quant import QLinear, f16_to_f32, f32_to_f16
 
 __all__ = [
