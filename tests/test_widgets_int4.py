@@ -99,3 +99,25 @@ def test_typed_values_reach_the_engine_path():
     layer = QLinear.quantize(np.array([[0.5, -0.25, 0.125, 0.0625]], np.float32), 2)
     assert np.array_equal(w.view.W_hat, layer.dequantize()[0])
     assert w.view.q.tolist() == unpack_int4(layer.qweight)[0].tolist()
+
+
+def test_int4_widget_shows_the_learners_bytes_beside_the_reference(tmp_path):
+    """Chapter "your turn": the learner's QLinear.quantize on the same row; the odd column in the low
+    nibble (s09) shows as different bytes, a stub as the piece to write."""
+    from tl_lab.exercise.side import load
+    from tl_lab.exercise.stubs import reference_source, stub_source
+    from tl_lab.pitfalls import apply_edit, get
+    from tl_lab.widgets.int4 import Int4Widget
+
+    (tmp_path / "quant.py").write_text(reference_source("quant"))
+    w = Int4Widget(yours=load(tmp_path / "quant.py", "yours_quant_i4a"))
+    assert w.yours_result is not None and "bit for bit" in w.compare.value
+    src = reference_source("quant")
+    for e in get("s09").edits:
+        src = apply_edit(src, e, "s09")
+    (tmp_path / "quant.py").write_text(src)
+    w = Int4Widget(yours=load(tmp_path / "quant.py", "yours_quant_i4b"))
+    assert "DIFFERENT" in w.compare.value
+    (tmp_path / "quant.py").write_text(stub_source("quant"))
+    w = Int4Widget(yours=load(tmp_path / "quant.py", "yours_quant_i4c"))
+    assert w.yours_result is None and "not written yet" in w.compare.value and w.view is not None
