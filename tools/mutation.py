@@ -75,6 +75,48 @@ KERNEL_MUTANTS = [
 ]
 
 
+# Survivors read and judged equivalent (no test can or should tell them apart), or left on purpose.
+# (module, the change, why). The survivors a user would suffer from were closed with tests instead.
+EQUIVALENT = [
+    ("blocks", "BlockManager.fill: `hash_of(b) is None and fill(b) < want` -> `or`",
+     "a registered block is full, and the runner never writes inside one (a cached prompt's last block "
+     "is recomputed at want = B), so set_fill(b, B) on it changes nothing"),
+    ("kv", "KvPool.export: `payload[...] = self._data[blocks]` -> None",
+     "the big-endian branch: on a little-endian machine np.take gathers straight into place and this "
+     "line never runs"),
+    ("quant", "_int4_pair_table: `lo, hi = byte & 0xF, byte >> 4` -> None",
+     "runs once at import, before mutmut switches a mutant on; any import of the module would fail"),
+    ("sample", "_exp_battery: a constant of the exp self-check changed (-0.693.. -> -1.693.., arange from 2)",
+     "the battery's inputs, not the sampler's: the check still compares numpy's exp with math.exp on "
+     "thousands of other values"),
+    ("sample", "exp_backend: `_EXP_IS_NUMPY = bool(...)` -> None",
+     "speed only: both backends give the same bits by construction (tested), None picks the slower one"),
+    ("model", "_parallel_for: helper threads `range(1, n)` -> `range(2, n)`",
+     "speed only: one widening thread fewer; the bits do not depend on the thread count (tested)"),
+    ("model", "stack_linears: end-to-end test `==` -> `!=`",
+     "memory only on this path: parts that are not end to end are concatenated, giving the same values"),
+    ("fetch", "build_config: `vocab_size` read from another key (falls back to the token count)",
+     "the converter also checks the tokenizer's size equals vocab_size, so both agree on every GGUF it accepts"),
+    ("fetch", "build_config: pad_token_id, _write_manifest: conversion_seconds key",
+     "informational fields the engine never reads"),
+    ("fetch", "tensor_plan: the sort key of a layer's tensors",
+     "file order only: the reader sorts by offset and the loader finds tensors by name"),
+    ("kernels (hand-written)", "attention: the next block's keys not prefetched",
+     "speed only: a prefetch is a hint; the same bits (kept in the list as the harness's own check)"),
+]
+METHOD = (
+    "mutmut 3.8.1 per module, each in a scratch copy (git archive) with only that module mutated "
+    "(only_mutate) and its own test file(s) (MODULES), one worker (--max-children 1), a seeded sample "
+    "of 40 mutants per module (seed 20), a wall-time budget per module (600 s before, 900 s after: the "
+    "machine is 2 cores shared by five). score = killed / (killed + survived); mutants not run in the "
+    "budget, reached by no test, or ended by a signal mutmut does not map (SIGTERM) count in neither. "
+    "'before' is main at f1510b4 (the tests as they were), 'after' this branch's HEAD with the new tests; "
+    "the mutants differ where the code changed, so each is its own sample. The kernels: the hand-written "
+    "KERNEL_MUTANTS, each a text edit in a fresh copy with its own numba cache, run against "
+    "tests/test_kernels.py and tests/test_lanes.py."
+)
+
+
 def _sh(cmd: list[str], cwd: Path, timeout: float | None = None, **kw) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=cwd, text=True, capture_output=True, timeout=timeout, **kw)
 
@@ -194,7 +236,15 @@ def _machine() -> dict:
     import platform
 
     mutmut = _sh([sys.executable, "-m", "pip", "show", "mutmut"], REPO).stdout.split("\n")
-    return {"processor": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+    cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
+                if l.startswith("model name")), platform.machine()) if Path("/proc/cpuinfo").exists() else platform.machine()
+    try:
+        from llvmlite import binding
+
+        llvm_cpu = binding.get_host_cpu_name()
+    except ImportError:
+        llvm_cpu = None
+    return {"processor": cpu, "numba_cpu": llvm_cpu, "cores": os.cpu_count(),
             "python": platform.python_version(),
             "mutmut": next((l.split()[-1] for l in mutmut if l.startswith("Version")), None)}
 
@@ -216,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"no test selection for {unknown}; known: {', '.join(MODULES)}")
     doc = json.loads(args.out.read_text()) if args.out.exists() else {"results": {}}
     doc["machine"] = _machine()
+    doc.update(method=METHOD, equivalent=[dict(zip(("module", "change", "why"), e)) for e in EQUIVALENT])
     bucket = doc["results"].setdefault(args.label, {})
     for module in args.modules:
         commit = _sh(["git", "rev-parse", args.ref], REPO).stdout.strip()  # per module: HEAD may move meanwhile
