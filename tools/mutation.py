@@ -207,12 +207,15 @@ def _status(code: int | None) -> str:
     return "killed" if code in _KILLED else "other"
 
 
-def run_kernels(ref: str, budget: float) -> dict:
-    """The hand-written kernel mutants: each a text edit in a fresh copy, tests must fail."""
+def run_kernels(ref: str, budget: float, only: list[str] | None = None, out: dict | None = None) -> dict:
+    """The hand-written kernel mutants: each a text edit in a fresh copy, tests must fail. `only`:
+    run just the mutants whose names hold one of these words; `out`: earlier results to add to."""
     work = SCRATCH / ref.replace("/", "_") / "kernels"
     tests = ["tests/test_kernels.py", "tests/test_lanes.py", "-q", "-x", "-p", "no:cacheprovider"]
-    out, t0 = {}, time.time()
+    out, t0 = dict(out or {}), time.time()
     for name, file, old, new in KERNEL_MUTANTS:
+        if only and not any(w in name for w in only):
+            continue
         _checkout(ref, work)
         src = (work / file).read_text()
         if old not in src:
@@ -258,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=20)
     p.add_argument("--budget", type=float, default=900.0, help="seconds per module at most")
     p.add_argument("--kernels", action="store_true", help="also the hand-written kernel mutants")
+    p.add_argument("--only-kernel", nargs="*", metavar="WORD", help="only the kernel mutants whose names hold a WORD")
     p.add_argument("--rescore", action="store_true", help="score the modules' last runs again, running nothing")
     p.add_argument("--out", type=Path, default=RESULTS, help=f"the results file (default {RESULTS.relative_to(REPO)})")
     args = p.parse_args(argv)
@@ -280,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     if args.kernels:
         commit = _sh(["git", "rev-parse", args.ref], REPO).stdout.strip()
-        r = run_kernels(args.ref, args.budget)
+        earlier = bucket.get("kernels (hand-written)", {}).get("mutants")
+        r = run_kernels(args.ref, args.budget, args.only_kernel, earlier)
         bucket["kernels (hand-written)"] = {"commit": commit, **r}
         print(f"{args.label} kernels: {r['killed']}/{r['tried']} killed, {r['seconds']} s", flush=True)
         args.out.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
