@@ -35,9 +35,11 @@ def f16(x: float) -> int:
 
 
 def snapshot(pool: KvPool):
-    """Everything observable about a pool, to prove a refused call changed nothing."""
+    """Everything observable about a pool through the chapter's interface (a learner's pool has no
+    private fields of ours), to prove a refused call changed nothing: each block's state, ref, fill
+    and hash, the LRU and free orders, the counts (the index's size among them) and the data."""
     blocks = [(str(pool.state(b)), pool.ref(b), pool.fill(b), pool.hash_of(b)) for b in range(pool.n_blocks)]
-    return blocks, pool.lru(), pool.free_list(), pool.stats(), dict(pool._index), pool.data.tobytes()
+    return blocks, pool.lru(), pool.free_list(), pool.stats(), pool.data.tobytes()
 
 
 def refused(pool: KvPool, fn, exc=KvError, names=None):

@@ -12,7 +12,7 @@ import pytest
 
 from tl_lab.compare import hf_golden_cases
 from tl_lab.errors import BatchError, KvError
-from tl_lab.forward import LONG_ROWS
+from tl_lab.products import LONG_ROWS
 from tl_lab.model import Linear, LlamaLayer, LlamaWeights, ModelConfig
 from tl_lab.paths import DATA_DIR, GOLDEN_DIR
 from tl_lab.quant import QLinear
@@ -533,13 +533,3 @@ def test_smollm2_load_is_the_bf16_file_widened_bit_for_bit():
                 check(getattr(layer, field).w, f"{p}.{module}.weight")
             for stack, first in ((layer.qkv.w, layer.q_proj.w), (layer.gate_up.w, layer.gate_proj.w)):
                 assert stack.base is arena and stack.ctypes.data == first.ctypes.data
-
-
-def test_keep_freed_memory_tunes_glibc_and_only_glibc():
-    """On glibc the runner asks malloc to keep large freed blocks (both mallopt calls accepted);
-    elsewhere it says it did nothing, and nothing fails."""
-    import platform
-
-    from tl_lab.runner import keep_freed_memory
-
-    assert keep_freed_memory() is (platform.libc_ver()[0] == "glibc")
