@@ -380,3 +380,9 @@ def test_a_value_of_exactly_the_bound_is_rendered(fresh_env):
     """The bounds are inclusive: ten million characters is a value a template may make and print."""
     assert len(render_chat_template("{{ 'a' * 10000000 }}", [])) == 10_000_000
     assert render_chat_template("{{ 'ab'.ljust(100000)|length }}", []) == "100000"
+
+
+def test_filters_keep_their_defaults_under_the_bounds(fresh_env):
+    """The bounds read a filter's arguments; a filter called without them keeps Jinja's defaults
+    (mutation testing: `indent` with no width was never rendered)."""
+    assert render_chat_template('{{ "a\nb"|indent }}|{{ "a\tb".expandtabs() }}', []) == "a\n    b|a       b"
