@@ -25,7 +25,7 @@ from tl_lab.blocks import BlockManager, SeqBlocks, blocks_for, cacheable
 from tl_lab.errors import KvError
 from tl_lab.kv import KvCfg, KvPool, key_location, slab_offset
 from tl_lab.quant import f16_to_f32, f32_to_f16
-from tl_lab.widgets.common import MONO, NOTE, message
+from tl_lab.widgets.common import CellWidget, MONO, NOTE, message
 
 COLOURS = {"free": "#e5e7eb", "in_use": "#93c5fd", "cached": "#fcd34d"}
 STROKE = {"free": "#9ca3af", "in_use": "#1d4ed8", "cached": "#b45309"}
@@ -187,7 +187,7 @@ def parse_position(text: str) -> tuple[int | None, str | None]:
         return None, f"Position {t!r} is not a whole number: type one such as 37."
 
 
-class BlockMap(widgets.VBox):
+class BlockMap(CellWidget):
     """The pool as a grid (`grid.value`, HTML with an SVG), the story's caption and buttons, and the
     "where a key lands" panel (`where.value`) driven by `seq` (a Dropdown) and `position` (text).
 
