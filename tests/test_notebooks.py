@@ -8,7 +8,8 @@ One kernel per notebook (nbclient, kernel python3, cwd notebooks/) serves both c
 - re-run safety: after Run All and a learner's use of the widgets (USE), every code cell is executed
   again, one at a time, from the last to the first, on the state Run All left (a cell never sees its own
   set-up re-run first). None may raise, asserts included. A cell that must not be re-run says so in its
-  first line (RUN_ONCE); aim for none.
+  first line (RUN_ONCE); aim for none. Afterwards no tl_lab widget made by an earlier run of its cell is
+  still alive (each Run All of 01 once kept its block map, and a copy of the pool, for good).
 
 nbval (`pytest --nbval-lax notebooks/`) only checks that Run All raises nothing; these checks see what
 a learner sees next. Times are printed (`-s`); benchmarks/bench_notebooks.py measures them properly.
@@ -68,13 +69,17 @@ _tl_made = _tl_probe()
 del _tl_probe
 """
 REPORT = "import json; print(json.dumps(_tl_made['per_cell']))"
-# After the re-runs: the tl_lab widgets still open that no cell's latest run made (each Run All once
-# left its block map, with a copy of the pool, alive: tl_lab.widgets.common.CellWidget)
-LEFT_OPEN = """
-from ipywidgets.widgets.widget import _instances
-from tl_lab.widgets import common
-latest = {id(w) for _, made in common._MADE.values() for w in made}
-print(sum(isinstance(w, common.CellWidget) and id(w) not in latest for w in list(_instances.values())))
+# After the re-runs: the tl_lab widgets still alive that no cell's latest run made (each Run All once
+# left 01's block map, with its copy of the pool, alive: tl_lab.widgets.common.CellWidget)
+LEFT_ALIVE = """
+def _tl_left_alive():
+    import gc
+    from tl_lab.widgets import common
+    gc.collect()
+    latest = {id(w) for _, made in common._MADE.values() for w in made}
+    return sum(isinstance(o, common.CellWidget) and id(o) not in latest for o in gc.get_objects())
+print(_tl_left_alive())
+del _tl_left_alive
 """
 
 
@@ -86,7 +91,7 @@ class Executed:
     figures: int = 0  # matplotlib Figures made during Run All
     missing_pictures: list[str] = field(default_factory=list)
     rerun_errors: list[str] = field(default_factory=list)
-    left_open: int = 0  # tl_lab widgets of earlier runs of their cells, still open after the re-runs
+    left_alive: int = 0  # tl_lab widgets of earlier runs of their cells, still alive after the re-runs
     run_all_s: float = 0.0
     rerun_s: float = 0.0
 
@@ -120,7 +125,7 @@ def execute(name: str) -> Executed:
             except CellExecutionError as exc:
                 found.rerun_errors.append(f"cell {index} ({first_line(cell)[:60]!r}): {error_line(exc)}")
         found.rerun_s = time.perf_counter() - t0
-        found.left_open = int(k.printed(LEFT_OPEN))
+        found.left_alive = int(k.printed(LEFT_ALIVE))
     return found
 
 
@@ -200,4 +205,4 @@ def test_every_cell_that_draws_shows_a_picture(name):
 def test_every_cell_runs_again_after_run_all(name):
     found = executed(name)
     assert not found.rerun_errors, "\n".join(found.rerun_errors)
-    assert found.left_open == 0, f"{found.left_open} widgets of earlier runs of their cells are still open"
+    assert found.left_alive == 0, f"{found.left_alive} widgets of earlier runs of their cells are still alive"

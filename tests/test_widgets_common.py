@@ -21,14 +21,17 @@ def test_a_cell_run_again_closes_the_widgets_its_last_run_made(monkeypatch):
     running = {"cell": ("cell A", 1)}
     monkeypatch.setattr(common, "_running_cell", lambda: running["cell"])
     first = CellWidget([widgets.HBox([widgets.Button()])])
+    first.hidden = widgets.Dropdown(options=[1, 2])  # a control kept but not shown: its observer holds the box
+    first.hidden.observe(lambda _: first, names="value")
     inner = first.children[0].children[0]
-    closed = {first.model_id, first.children[0].model_id, inner.model_id}
+    closed = {first.model_id, first.children[0].model_id, inner.model_id, inner.layout.model_id,
+              first.hidden.model_id, first.hidden.style.model_id}
     running["cell"] = ("cell B", 2)
     other = CellWidget([widgets.Button()])
     running["cell"] = ("cell A", 3)           # cell A once more
     again = CellWidget([widgets.Button()])
     also = CellWidget()                       # a second widget of the same run: both stay
-    assert first.comm is None and inner.comm is None and first.children[0].comm is None
+    assert first.comm is None and inner.comm is None and first.hidden.comm is None
     assert all(w.comm is not None for w in (other, again, also))
     live = open_widgets()
     assert not closed & live and {other.model_id, again.model_id, also.model_id} <= live

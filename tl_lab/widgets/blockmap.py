@@ -221,10 +221,12 @@ class BlockMap(CellWidget):
         self.reset_button.on_click(lambda _: self.goto(0))
         for w in (self.seq, self.position, self.layer):
             w.observe(lambda _: self._redraw(), names="value")
-        buttons = widgets.HBox([self.back_button, self.next_button, self.reset_button])
-        picker = widgets.HBox([self.seq, self.position, self.layer])
-        top = [buttons, self.caption] if self.story else []
-        super().__init__(top + [self.grid, picker, self.where])
+        # attributes, shown or not: closing the map closes them (CellWidget), else a hidden row of buttons
+        # would stay registered and its callbacks keep the map, and its copy of a pool, alive
+        self.buttons = widgets.HBox([self.back_button, self.next_button, self.reset_button])
+        self.picker = widgets.HBox([self.seq, self.position, self.layer])
+        top = [self.buttons, self.caption] if self.story else []
+        super().__init__(top + [self.grid, self.picker, self.where])
         if self.story:
             self.goto(0)
         else:

@@ -32,17 +32,30 @@ class CellWidget(widgets.VBox):
         _one_per_cell(self)
 
     def close(self) -> None:
-        """Close this widget and every widget inside it (a closed box's children stay registered, and
-        their observers hold the box)."""
-        for child in list(getattr(self, "children", ())):
-            _close_tree(child)
+        """Close this widget and every widget it holds: its children, their layouts and styles, and the
+        controls kept as attributes but not shown (a closed box's parts stay registered otherwise, and
+        their observers hold the box, and the box what it shows)."""
+        _close_parts(self, {id(self)})
         super().close()
 
 
-def _close_tree(w: widgets.Widget) -> None:
-    for child in list(getattr(w, "children", ())):
-        _close_tree(child)
-    w.close()
+def _close_parts(w: widgets.Widget, seen: set) -> None:
+    for part in _parts(w):
+        if id(part) in seen:
+            continue
+        seen.add(id(part))
+        if isinstance(part, CellWidget):
+            part.close()  # its own close: a playground lets go of its model
+        else:
+            _close_parts(part, seen)
+            part.close()
+
+
+def _parts(w: widgets.Widget) -> list[widgets.Widget]:
+    """The widgets `w` refers to: trait values (children, layout, style) and plain attributes."""
+    values = [*getattr(w, "_trait_values", {}).values(), *vars(w).values()]
+    flat = [x for v in values for x in (v if isinstance(v, (list, tuple)) else (v,))]
+    return [x for x in flat if isinstance(x, widgets.Widget) and x is not w]
 
 
 _MADE: dict[str, tuple[int, list]] = {}  # cell -> (the execution count of its last run, the widgets it made)
