@@ -204,8 +204,8 @@ def cut_labels(page) -> list[str]:
 
 def sections(page) -> list[dict]:
     """Every code cell on the page in order: {"section": the last markdown heading above it, "index":
-    its place among the code cells, "source": its text, "image": whether its output shows a picture
-    (an img, an svg or a canvas)}."""
+    its place among the code cells, "image": whether its output shows a picture (an img, an svg or a
+    canvas)}. (Not its source: the editor puts only the lines in view on the page.)"""
     return page.evaluate("""() => {
         let section = '(top)', k = 0;
         const out = [];
@@ -214,9 +214,8 @@ def sections(page) -> list[dict]:
                 const hs = cell.querySelectorAll('.jp-RenderedMarkdown h1, .jp-RenderedMarkdown h2, .jp-RenderedMarkdown h3');
                 if (hs.length) section = hs[hs.length - 1].textContent.replace(/¶$/, '').trim();
             } else if (cell.classList.contains('jp-CodeCell')) {
-                const src = [...cell.querySelectorAll('.jp-InputArea .cm-line')].map(l => l.textContent).join('\\n');
                 const image = !!cell.querySelector('.jp-Cell-outputArea img, .jp-Cell-outputArea svg, .jp-Cell-outputArea canvas');
-                out.push({section, index: k++, source: src, image});
+                out.push({section, index: k++, image});
             }
         }
         return out;
