@@ -75,3 +75,22 @@ def smollm2_path():
     if path is None:
         pytest.fail("SmolLM2 is not in the cache; run: python -m tl_lab fetch smollm2", pytrace=False)
     return path
+
+
+# ------------------------------------------------------------------------------------------------
+# The test command runs `-m "not hf"` (tools/quickstart.sh test): say what it left to the hf step
+# ------------------------------------------------------------------------------------------------
+_hf_deselected: list[str] = []
+
+
+def pytest_deselected(items):
+    _hf_deselected.extend(item.nodeid for item in items if item.get_closest_marker("hf"))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line naming the hf-marked tests this run deselected, and the command that runs them."""
+    if _hf_deselected:
+        files = sorted({nodeid.split("::")[0] for nodeid in _hf_deselected})
+        terminalreporter.write_line(
+            f"{len(_hf_deselected)} hf tests (in {', '.join(f.removeprefix('tests/') for f in files)}) "
+            "not run here: `bash tools/quickstart.sh hf` runs them (torch, transformers)")

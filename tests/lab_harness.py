@@ -1,4 +1,4 @@
-"""Drive real JupyterLab in Debian's chromium: one server, notebooks opened, Run All, widgets played with.
+"""Drive real JupyterLab in a headless chromium or Chrome: one server, notebooks opened, Run All, widgets played with.
 
 Used by tests/test_browser.py (the browser suite) and tools/screenshots.py (the README's pictures), so
 both see exactly what a learner sees. The server runs on a scratch copy of notebooks/, so nothing in the
@@ -27,7 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = "/usr/bin/chromium"
+# Where a chromium or Chrome may be, in the order tried (find_browser): $TL_LAB_CHROMIUM, then these
+# names on PATH (Debian's chromium first: the one measured here), then macOS's application bundles,
+# then the browser Playwright downloads (`python -m playwright install chromium`).
+BROWSER_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
+BROWSER_APPS = ("/Applications/Chromium.app/Contents/MacOS/Chromium",
+                "/Applications/Google Chrome.app/Contents/MacOS/Google Chrome")
+NO_BROWSER = ("no chromium or Chrome found (tried $TL_LAB_CHROMIUM, " + ", ".join(BROWSER_NAMES) + " on PATH, "
+              "the macOS apps and Playwright's own): install one (Debian/Ubuntu: apt-get install chromium; "
+              "anywhere: python -m playwright install chromium) or set TL_LAB_CHROMIUM=/path/to/it")
 TOKEN = "tl-lab-test"
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -157,16 +165,42 @@ def rss_mb(pid: int) -> float:
     return psutil.Process(pid).memory_info().rss / 2**20
 
 
+def playwright_chromium() -> str | None:
+    """The chromium Playwright downloaded (`python -m playwright install chromium`), if it did."""
+    try:
+        from playwright.sync_api import sync_playwright
+
+        with sync_playwright() as p:
+            path = p.chromium.executable_path
+    except Exception:  # no playwright, or no driver: then there is no Playwright browser either
+        return None
+    return path if path and Path(path).is_file() else None
+
+
+def find_browser() -> str | None:
+    """The chromium or Chrome executable the browser tests drive, or None (order: BROWSER_NAMES' comment)."""
+    if os.environ.get("TL_LAB_CHROMIUM"):
+        path = os.environ["TL_LAB_CHROMIUM"]
+        return path if Path(path).is_file() else None  # a wrong setting is not silently replaced
+    for name in BROWSER_NAMES:
+        if found := shutil.which(name):
+            return found
+    for app in BROWSER_APPS:
+        if Path(app).is_file():
+            return app
+    return playwright_chromium()
+
+
 @contextlib.contextmanager
 def chromium():
-    """Playwright's chromium, headless, on Debian's binary (browser downloads are blocked here)."""
+    """Playwright driving the chromium or Chrome `find_browser` finds, headless."""
     from playwright.sync_api import sync_playwright
 
-    if not Path(CHROMIUM).exists():
-        raise LabError("these tests need Debian's chromium: apt-get install chromium "
-                       "(tools/quickstart.sh test installs it)")
+    browser = find_browser()
+    if browser is None:
+        raise LabError(NO_BROWSER)
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
+        b = p.chromium.launch(executable_path=browser, headless=True, args=CHROMIUM_FLAGS)
         try:
             yield b
         finally:
@@ -325,3 +359,11 @@ def shoot(page, cell: str, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     out.screenshot(path=str(path))
     return path
+
+
+if __name__ == "__main__":  # tools/quickstart.sh test: `python tests/lab_harness.py --find-browser`
+    if sys.argv[1:] != ["--find-browser"]:
+        sys.exit("usage: python tests/lab_harness.py --find-browser")
+    found = find_browser()
+    print(found or NO_BROWSER, file=sys.stdout if found else sys.stderr)
+    sys.exit(0 if found else 1)

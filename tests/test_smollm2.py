@@ -26,40 +26,16 @@ import unicodedata
 import numpy as np
 import pytest
 
-from conftest import blas_threads_set, need, smollm2_path
+from conftest import blas_threads_set, need, smollm2_path, tool
 from tl_lab.fetch import SMOLLM2, FetchError, downloads_dir, extract_gguf
 from tl_lab.tokenizer import load_tokenizer
 
 pytestmark = [pytest.mark.hf, pytest.mark.smollm2]
 
-CORPUS = [
-    # prose and punctuation
-    "Hello, world!", "The quick brown fox jumps over the lazy dog.", "it's don't we'll I'M they've",
-    "Mr. O'Neil said: \"No!\" -- really?!", "!!!???...;;;", "",
-    # digits
-    "The year 2024 had 366 days.", "x1 y22 z333", "1,000,000.00", "0x1F 0b1010 3e-5", "+1 (555) 010-9999",
-    " 1 2 3", "  1", "a  12  b", "\t42", "\n\n7", "Total:  12 apples", "    10 + 20 =  30",
-    "½ ² ³ ٣ ⅷ", "１２３ and ¹²", "Version 3.11.4",
-    # code
-    "def f(x):\n    return x**2  # square\n", "for i in range(10):\n\tprint(i)\n",
-    "if (a && b) { return -1; } else { x += 0x10; }", "SELECT * FROM t WHERE id = 42;",
-    "<div class=\"a\">&amp;</div>", "fn main() {\n    println!(\"{}\", 1 << 3);\n}",
-    # whitespace runs
-    "    \n   \n", "a\r\nb", "   leading and trailing   ", "tabs\t\t\tand  spaces", "\n", " ", "  ",
-    # unicode and emoji
-    "naïve café — déjà vu", "日本語のテキスト", "Здравствуй, мир", "مرحبا بالعالم", "Ελληνικά", "한국어",
-    "emoji 😀👍🏽 family 👨‍👩‍👧 flag 🇫🇷", "e\u0301 vs é", "zero\u200bwidth", "a" * 60,
-    # special tokens, whole and broken
-    "<|im_start|>user\nhi<|im_end|>\n", "<|endoftext|>", "before<file_sep>after", "<jupyter_code>print(1)<jupyter_output>1",
-    "<|im_start", "im_end|>", "<|im_start|><|im_start|>", "<repo_name>tl_lab<filename>fetch.py",
-]
-
-# Texts where the two pre-tokenizers split differently (numbers after a whitespace run, non-ASCII numerals),
-# the log-probability the model gives each tokenization is compared below.
-LIKELIHOOD_TEXTS = [
-    "Total:  12 apples", "x =\n\n7", "Scores:  98,  87,  45", "| a |  3 |\n|---|  4 |",
-    "Table\n  1. first\n  2. second", "He paid  ½ of it and  ² squared", "Line one\n\n2 items left", "    10 + 20 =  30",
-]
+# The texts, chats and prompts are the golden script's (the same answers kept for the test command).
+_make = tool("make_smollm2_goldens")
+CORPUS, LIKELIHOOD_TEXTS, CHATS, HF_PROMPTS = _make.CORPUS, _make.LIKELIHOOD_TEXTS, _make.CHATS, _make.PROMPTS
+prompt_ids = _make.prompt_ids
 
 
 def must_differ(text: str) -> bool:
@@ -249,19 +225,6 @@ def test_the_model_prefers_our_tokenization(ours, hf_tok, hf_model):
 # Chat template
 # ------------------------------------------------------------------------------------------------
 
-CHATS = [
-    [{"role": "user", "content": "What is the capital of France?"}],
-    [{"role": "system", "content": "You answer in one word."}, {"role": "user", "content": "2 + 2 = ?"}],
-    [
-        {"role": "user", "content": "Write a haiku about  caches."},
-        {"role": "assistant", "content": "Blocks wait in the pool\nold prefixes fade away\n16 tokens each"},
-        {"role": "user", "content": "Now in français, s'il te plaît 😀"},
-    ],
-    [{"role": "user", "content": ""}],
-    [{"role": "user", "content": "Pick one:\n\n1. yes\n2. no"}],
-]
-
-
 def test_chat_template_renders_like_transformers(ours, hf_tok):
     assert ours.chat_template and "<|im_start|>" in ours.chat_template
     for msgs in CHATS:
@@ -292,21 +255,7 @@ def test_chat_prompt_ids_equal_transformers(ours, hf_tok):
 # is the runner's f16 KV cache (section 2.4's f16 bound): measured 6.2e-3 to 8.6e-3 on logits whose
 # largest is 18 to 29, i.e. 2.0e-4 to 4.4e-4 of it; the chapter's bound is 1e-3 of it.
 
-REL_BOUND = 1e-3  # of max |logit|, the chapter's f16 bound
-
-HF_PROMPTS = [
-    "The capital of France is",
-    "def fibonacci(n):\n    ",
-    "Total:  12 apples and  30 pears make",  # numbers after a whitespace run: our ids, not transformers'
-    [{"role": "user", "content": "Write a haiku about caches."}],
-    [{"role": "system", "content": "You answer in one word."}, {"role": "user", "content": "2 + 2 = ?"}],
-    "Once upon a time, in a land far away, " * 8,  # 89 tokens: six KV blocks
-]
-
-
-def prompt_ids(ours, p) -> list[int]:
-    return ours.encode(ours.apply_chat_template(p) if isinstance(p, list) else p)
-
+REL_BOUND = _make.REL_BOUND  # 1e-3 of max |logit|, the chapter's f16 bound
 
 @pytest.fixture(scope="module")
 def one_thread():

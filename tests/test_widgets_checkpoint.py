@@ -98,3 +98,17 @@ def test_file_map_html_and_params_in_file(tmp_path):
         assert params_in_file(f.layout) == 90_432  # two weights per qweight byte, scales not counted
     with pytest.raises(ValueError):
         CheckpointView({})
+
+
+def test_a_tensor_name_of_megabytes_makes_a_page_of_kilobytes(tmp_path):
+    """Issue 20: a 95 MB tensor name made 285 MB of HTML (the name in the table, a title and an
+    attribute). Names are clipped on the page; the file is valid, so the map is drawn."""
+    from tl_lab.widgets.checkpoint import file_map_html
+
+    name = "w" * 3_000_000
+    header = b'{"%s":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}' % name.encode()
+    p = tmp_path / "long.safetensors"
+    p.write_bytes(len(header).to_bytes(8, "little") + header + b"\0\0\0\0")
+    page = file_map_html(p)
+    assert "tl-refusal" not in page and "characters left out" in page
+    assert len(page) < 100_000, len(page)

@@ -12,6 +12,9 @@ import os as _os
 __version__ = "0.1.0"
 
 if _os.environ.get("TL_LAB_PITFALL", "").strip():
-    from tl_lab.pitfalls import install_from_env as _install
+    from tl_lab import pitfalls as _pitfalls
 
-    _install()
+    try:
+        _pitfalls.install_from_env()
+    except _pitfalls.PitfallError as _exc:  # raised again by the next tl_lab import; the CLI's one line
+        _pitfalls.refuse_imports(_exc)

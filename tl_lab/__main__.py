@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from tl_lab.errors import BatchError, ConfigError, KvError, TlError
+from tl_lab.errors import BatchError, ConfigError, KvError, TlError, clip
 
 BUNDLED = ("bigram", "tiny-llama", "tiny-llama-int4")
 MAX_THREADS = 1024  # far above any machine this runs on; 2**40 threads is a typo, not a request
@@ -147,7 +147,7 @@ def _fetch(args) -> int:
 
 def resolve_model(name: str) -> Path:
     """--model: smollm2 (the fetched one), a bundled name, or a directory with a config.json."""
-    from tl_lab.paths import DATA_DIR
+    from tl_lab.paths import DATA_DIR, expand_user
 
     if name == "smollm2":
         from tl_lab.fetch import smollm2_dir
@@ -155,7 +155,7 @@ def resolve_model(name: str) -> Path:
         return smollm2_dir(required=True)
     if name in BUNDLED:
         return DATA_DIR / name
-    path = Path(name).expanduser()
+    path = expand_user(name, "--model")
     if not (path / "config.json").exists():  # a config.json that is not a file gets its own message at load
         raise ConfigError(f"--model {name}: not a model directory (no config.json in {path}); "
                           f"give a directory or one of smollm2, {', '.join(BUNDLED)}")
@@ -224,6 +224,9 @@ def _out(text: str) -> None:
         sys.stdout.flush()
     except BrokenPipeError:
         raise
+    except UnicodeEncodeError as exc:  # PYTHONIOENCODING=ascii, a latin-1 terminal: not a usage error
+        raise OutputError(f"cannot write the output: stdout's encoding {exc.encoding} cannot encode "
+                          f"{exc.object[exc.start:exc.end]!r}; use a UTF-8 terminal or PYTHONIOENCODING=utf-8") from None
     except OSError as exc:
         raise OutputError(f"cannot write the output: {exc.strerror or exc}") from None
 
@@ -254,8 +257,10 @@ def _generate(args) -> int:
     params, cfg = _checked(args)
     engine = _load_engine(args, cfg)
     tok = engine.tokenizer
-    text = tok.apply_chat_template([{"role": "user", "content": args.prompt}]) if args.template else args.prompt
-    ids = tok.encode(text)
+    if args.template:
+        ids = _encoded(tok, tok.apply_chat_template([{"role": "user", "content": args.prompt}]))
+    else:
+        ids = tok.encode(args.prompt)
     if not ids:
         raise UsageError("the prompt is empty: give --prompt some text")
     t0 = time.perf_counter()
@@ -266,6 +271,15 @@ def _generate(args) -> int:
     return EXIT_OK
 
 
+def _encoded(tok, rendered: str) -> list[int]:
+    """The ids of a prompt the chat template rendered: none is the template's fault, not the user's."""
+    ids = tok.encode(rendered)
+    if not ids:
+        raise ConfigError("the chat template (config.json tl_chat_template) rendered the conversation as "
+                          "empty text: there is no prompt to send")
+    return ids
+
+
 class _Chat:
     """A conversation: the messages so far, rendered through the chat template or as a transcript."""
 
@@ -274,9 +288,10 @@ class _Chat:
         self.engine, self.args, self.tok = engine, args, tok
         self.templated = bool(tok.chat_template)
         self.stop = None
+        self.note = None  # said once the session has started (after check_system)
         if not self.templated:
-            _err(f"note: {args.model} has no chat template; the conversation goes to it as plain text "
-                 "('User: ...' / 'Assistant: ...' lines)")
+            self.note = (f"note: {args.model} has no chat template; the conversation goes to it as plain "
+                         "text ('User: ...' / 'Assistant: ...' lines)")
             newline = tok.encode("\n")
             self.stop = list(engine.runner.config.eos_token_ids) + (newline if len(newline) == 1 else [])
         self.start = [{"role": "system", "content": args.system}] if args.system else []
@@ -284,32 +299,63 @@ class _Chat:
 
     def prompt_ids(self) -> list[int]:
         m = self.messages
-        return self.tok.encode(self.tok.apply_chat_template(m) if self.templated else _transcript(m))
+        return _encoded(self.tok, self.tok.apply_chat_template(m) if self.templated else _transcript(m))
 
     def reply(self, line: str, params, seed: int):
-        """Answer one user line, dropping the oldest turns while the engine refuses the prompt as too
-        long for the context or the pool. None (and the line forgotten) if it does not fit even alone."""
+        """Answer one user line, dropping the oldest turns while the prompt is too long for the context
+        or the pool (`Engine.check`, before anything runs). None, and the line forgotten, if it does
+        not fit even alone, or if the reply fails (a ValueError, reported as what it is): the
+        conversation is then as it was before the line."""
         self.messages.append({"role": "user", "content": line})
         dropped = 0
         while True:
             request = _request(self.prompt_ids(), params, seed, self.args.max_tokens, self.stop)
-            try:
-                (result,) = _run(self.engine, request)
+            overflow = self._overflow(request)
+            if overflow is None:
                 break
-            except (UsageError, KvError, BatchError) as exc:
-                first_user = len(self.start)
-                if len(self.messages) - first_user <= 1:  # only this line is left: refuse it, keep the session
-                    self.messages.pop()
-                    _err(f"error: this message does not fit even on its own, so it was not sent ({exc}); "
-                         "try a shorter one")
-                    return None
-                del self.messages[first_user : first_user + 2]  # the oldest user turn and its reply
-                dropped += 1
+            first_user = len(self.start)
+            if len(self.messages) - first_user <= 1:  # only this line is left: refuse it, keep the session
+                self.messages.pop()
+                _err(f"error: this message does not fit even on its own, so it was not sent ({overflow}); "
+                     "try a shorter one")
+                return None
+            del self.messages[first_user : first_user + 2]  # the oldest user turn and its reply
+            dropped += 1
         if dropped:
             _err(f"(the conversation outgrew the context: dropped the oldest {dropped} turn(s))")
+        try:
+            (result,) = _run(self.engine, request)
+        except UsageError as exc:  # not an overflow: say what it is, keep the conversation
+            self.messages.pop()
+            _out("\n")
+            _err(f"error: {exc}; the message was not answered")
+            return None
         text = result.text if self.templated else result.text.strip()
         self.messages.append({"role": "assistant", "content": text})
         return result
+
+    def _overflow(self, request) -> Exception | None:
+        """The engine's refusal of `request` if the prompt is too long for the context or the pool
+        (what dropping turns can cure), else None; any other refusal is raised as it is."""
+        try:
+            self.engine.check([request])
+        except KvError as exc:
+            return exc
+        except BatchError as exc:  # a RequestError: too long for the context, or a bad id (raised)
+            if len(request.prompt_ids) > self.engine.runner.config.max_position_embeddings:
+                return exc
+            raise
+        return None
+
+    def check_system(self, params) -> None:
+        """--system alone (with an empty user line) must fit: else every line would be blamed for it."""
+        if not self.start:
+            return
+        empty = [*self.start, {"role": "user", "content": ""}]
+        ids = self.tok.encode(self.tok.apply_chat_template(empty) if self.templated else _transcript(empty))
+        overflow = self._overflow(_request(ids, params, 0, self.args.max_tokens, self.stop))
+        if overflow is not None:
+            raise UsageError(f"--system: the system message alone does not fit ({overflow})")
 
 
 def _request(ids, params, seed, max_tokens, stop):
@@ -338,6 +384,9 @@ def _read_line(interactive: bool) -> str | None:
 def _chat(args) -> int:
     params, cfg = _checked(args)
     chat = _Chat(_load_engine(args, cfg), args)
+    chat.check_system(params)
+    if chat.note:
+        _err(chat.note)
     interactive = sys.stdin is not None and sys.stdin.isatty()
     turn = 0
     while True:
@@ -357,7 +406,7 @@ def _chat(args) -> int:
         if interactive:
             _out("bot> ")
         t0 = time.perf_counter()
-        result = chat.reply(line, params, args.seed + turn)
+        result = chat.reply(line, params, (args.seed + turn) % 2**64)  # a seed is a u64: wrap, never overflow
         if result is None:
             continue
         _out("\n")
@@ -390,6 +439,7 @@ def _transcript(messages) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run one command; return its exit code (EXIT_CODES). argparse's own errors exit 2 through SystemExit."""
     try:
+        _pitfall_env()
         args = _parser().parse_args(argv)
         code = args.run(args)
         if sys.stdout is not None:
@@ -407,8 +457,17 @@ def main(argv: list[str] | None = None) -> int:
         code, message = _classify(exc)
         if os.environ.get("TL_LAB_TRACEBACK") and code == EXIT_BUG:
             raise
-        _err(f"error: {message}")
+        _err(f"error: {clip(message)}")  # a ValueError or OSError names what the user gave, too
         return code
+
+
+def _pitfall_env() -> None:
+    """A TL_LAB_PITFALL that could not be switched on (`import tl_lab` kept its error): a usage error,
+    before anything else, --help included, since every command would run the wrong code."""
+    pitfalls = sys.modules.get("tl_lab.pitfalls")
+    error = pitfalls.env_error() if pitfalls is not None else None
+    if error is not None:
+        raise UsageError(f"TL_LAB_PITFALL={os.environ.get('TL_LAB_PITFALL', '')!r}: {error}")
 
 
 def _classify(exc: Exception) -> tuple[int, str]:
@@ -421,7 +480,8 @@ def _classify(exc: Exception) -> tuple[int, str]:
     if isinstance(exc, TlError):
         return EXIT_REFUSED, str(exc)
     if isinstance(exc, MemoryError):
-        return EXIT_REFUSED, f"not enough memory ({exc or 'MemoryError'}); try a smaller model or --kv-blocks"
+        why = f" ({exc})" if str(exc) else ""  # MemoryError() says nothing: no empty parentheses
+        return EXIT_REFUSED, f"not enough memory{why}; try a smaller model or fewer --kv-blocks"
     if isinstance(exc, OSError):
         where = f": {exc.filename}" if exc.filename else ""
         return EXIT_REFUSED, f"{exc.strerror or exc}{where}"

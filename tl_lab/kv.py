@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import math
 import os
 import struct
 import zlib
@@ -111,7 +112,7 @@ class KvCfg:
         as_int(self.n_blocks, "KvCfg.n_blocks", lo=1, error=KvError)  # a pool of no blocks is refused here
         for name in ("block_tokens", "n_layers", "n_kv_heads", "head_dim"):
             as_int(getattr(self, name), f"KvCfg.{name}", lo=1, error=KvError)
-        if self.dtype not in DTYPE_CODES:
+        if not isinstance(self.dtype, str) or self.dtype not in DTYPE_CODES:  # a list is unhashable
             raise KvError(f"KvCfg.dtype must be 'f16', got {self.dtype!r}")
         if not is_int(self.format) or self.format not in FORMATS:
             raise KvError(f"KvCfg.format {self.format!r} is unknown (known: {list(FORMATS)})")
@@ -119,7 +120,8 @@ class KvCfg:
         if have is not None and need > have:
             raise KvError(f"KvCfg asks for {self.n_blocks} blocks of {self.block_bytes} bytes: about "
                           f"{need / 2**30:.1f} GiB with the bookkeeping, more than this machine's "
-                          f"{have / 2**30:.1f} GiB of memory; lower n_blocks")
+                          f"{have / 2**30:.1f} GiB of memory; lower "
+                          + ("n_blocks" if self.block_bytes < have else "the block's dimensions (one block is too large)"))
 
     @property
     def block_shape(self) -> tuple[int, int, int, int, int]:
@@ -129,7 +131,7 @@ class KvCfg:
     @property
     def block_bytes(self) -> int:
         """Bytes of one block (every layer's K and V slab), 2 bytes per f16."""
-        return 2 * int(np.prod(self.block_shape))
+        return 2 * math.prod(self.block_shape)  # Python ints: np.prod wraps at 2**64 (0 or negative bytes)
 
     @property
     def pool_bytes(self) -> int:

@@ -20,6 +20,7 @@ import math
 import mmap
 import os
 import re
+import sys
 import threading
 from dataclasses import dataclass, field, fields, replace
 from functools import cache
@@ -28,7 +29,7 @@ from typing import Callable, Iterator, Union
 
 import numpy as np
 
-from tl_lab.errors import ConfigError, FormatError
+from tl_lab.errors import ConfigError, FormatError, clip
 from tl_lab.checks import as_float, as_int, is_int
 from tl_lab.kernels import product_f32
 from tl_lab.paths import FORMATS_DIR, open_regular, read_regular
@@ -62,6 +63,10 @@ MAX_HEADER_BYTES = 100_000_000  # 100 MB: no real header comes close (SmolLM2's 
 # Counted in the raw header before its JSON is parsed (the parse of 1.7 million entries takes 1.7 GB);
 # a real shard holds hundreds to a few thousand tensors.
 MAX_TENSORS = 100_000
+# JSON values in the header (counted as its commas, colons, '{' and '['), also before the parse: a real
+# entry has about 12 ("name": {"dtype": .., "shape": [a, b], "data_offsets": [x, y]}), so this is
+# MAX_TENSORS of them; 7.5 million metadata entries or a shape of 40 million dimensions are not.
+MAX_HEADER_VALUES = 16 * MAX_TENSORS
 MAX_CONFIG_BYTES = 10_000_000  # config.json: SmolLM2's, chat template included, is 4 KB
 
 
@@ -144,9 +149,10 @@ class ModelConfig:
             raise ConfigError(f"tl_tokenizer: {self.tokenizer!r} is not one of {list(TOKENIZERS)}")
         if self.vocab_size < 1:
             raise ConfigError(f"vocab_size: must be positive, got {self.vocab_size}")
-        if self.tokenizer == "byte" and self.vocab_size < BYTE_VOCAB:
+        if self.tokenizer == "byte" and self.vocab_size != BYTE_VOCAB:  # an id >= 256 would not decode
             raise ConfigError(
-                f"vocab_size: the byte tokenizer needs at least {BYTE_VOCAB} ids, got {self.vocab_size}"
+                f"vocab_size: the byte tokenizer has exactly {BYTE_VOCAB} ids (one per byte value), got "
+                f"{self.vocab_size}"
             )
         if self.max_position_embeddings < 1:
             raise ConfigError(
@@ -201,9 +207,12 @@ class ModelConfig:
     def from_json(cls, text: str | bytes) -> ModelConfig:
         """Parse and check config.json text. Refusals raise ConfigError naming the field."""
         try:
-            raw = json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants)
+            raw = json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants,
+                             parse_int=_json_int)
         except _DuplicateKey as exc:
             raise ConfigError(f"config.json repeats the key {exc.args[0]!r}") from None
+        except _HugeInt as exc:
+            raise ConfigError(f"config.json holds {exc}") from None
         except (ValueError, RecursionError) as exc:  # JSONDecodeError, bad UTF-8, NaN/Infinity
             raise ConfigError(f"config.json is not valid JSON: {exc}") from None
         _validate_against_schema(raw)
@@ -314,13 +323,33 @@ def _no_constants(name: str):
     raise ValueError(f"{name} is not JSON")
 
 
+class _HugeInt(ValueError):
+    pass
+
+
+def _json_int(text: str) -> int:
+    """An integer literal of a JSON file. Python reads at most sys.get_int_max_str_digits() digits
+    (4,300); a longer one is valid JSON but no number any field takes, and is said to be that."""
+    digits = len(text.lstrip("-"))
+    limit = sys.get_int_max_str_digits() or digits
+    if digits > limit:
+        raise _HugeInt(f"an integer of {digits:,} digits (no field takes one of more than {limit:,})")
+    return int(text)
+
+
 @cache
 def _schema_validator():
     """The validator of config.json. The schema is a file of this package, checked against JSON
     Schema's own metaschema by tests/test_model.py (test_config_schema_is_a_real_json_schema), not
     again in every process: that check was 8 ms of a 0.2 s load."""
     Draft202012Validator = _import_validator()
-    return Draft202012Validator(json.loads(CONFIG_SCHEMA_PATH.read_text()))
+    from jsonschema import validators
+
+    # JSON Schema counts 64.0 as an integer; ModelConfig does not (2.0 is refused, see _check_types)
+    strict = Draft202012Validator.TYPE_CHECKER.redefine(
+        "integer", lambda checker, v: isinstance(v, int) and not isinstance(v, bool))
+    Validator = validators.extend(Draft202012Validator, type_checker=strict)
+    return Validator(json.loads(CONFIG_SCHEMA_PATH.read_text()))
 
 
 # Packages jsonschema imports, when installed, only for its "format" checks (jsonschema/_format.py).
@@ -534,17 +563,35 @@ def parse_layout(buf) -> Layout:
             f"header length N = {N} runs past the end of the file (8 + N = {8 + N} > {size} bytes): "
             f"truncated or not a safetensors file"
         )
-    raw = bytes(buf[8 : 8 + N])
+    raw = _header_bytes(buf, N)
     _check_entry_count(raw)
-    header = _parse_header_json(raw)
+    text = _header_text(raw)
+    del raw  # the parse holds the text and what it builds, not the bytes too
+    header = _parse_header_json(text)
     tensors, metadata = _check_entries(header)
     _check_tiling(tensors, data_size=size - 8 - N, data_start=8 + N)
     ordered = dict(sorted(tensors.items(), key=lambda kv: (kv[1].data_offsets, kv[0])))
     return Layout(ordered, metadata, 8 + N)
 
 
+def _header_bytes(buf, N: int) -> bytes | bytearray:
+    """Bytes [8, 8 + N) of buf, the header. From a map they are copied a piece at a time, each piece's
+    pages handed back as soon as it is copied, so a 100 MB header is held once, not twice."""
+    if not isinstance(buf, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED"):
+        return bytes(buf[8 : 8 + N])
+    raw, step = bytearray(N), 1 << 22
+    for a in range(0, N, step):
+        b = min(a + step, N)
+        raw[a:b] = buf[8 + a : 8 + b]
+        lo, hi = (8 + a) - (8 + a) % mmap.PAGESIZE, (8 + b) - (8 + b) % mmap.PAGESIZE
+        if hi > lo:
+            buf.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+    return raw
+
+
 def _check_entry_count(raw: bytes) -> None:
-    """Refuse a header with more than MAX_TENSORS entries before parsing it (cheap: a byte count).
+    """Refuse a header with more than MAX_TENSORS entries or MAX_HEADER_VALUES JSON values before
+    parsing it (cheap: byte counts; the parse would take about 1 KB for each).
 
     Every entry has one "data_offsets" key; a name that happens to contain the string only makes the
     count larger, never smaller, so nothing over the limit slips through."""
@@ -554,17 +601,32 @@ def _check_entry_count(raw: bytes) -> None:
             f"the header lists about {n:,} tensors, over the limit of {MAX_TENSORS:,} (a real checkpoint "
             "file holds a few thousand at most); refused before parsing it"
         )
+    values = sum(raw.count(c) for c in (b",", b":", b"{", b"["))  # inside strings too: only ever more
+    if values > MAX_HEADER_VALUES:
+        raise FormatError(
+            f"the header holds about {values:,} JSON values, over the limit of {MAX_HEADER_VALUES:,} "
+            f"({MAX_HEADER_VALUES // MAX_TENSORS} for each of {MAX_TENSORS:,} tensors); refused before parsing it"
+        )
 
 
-def _parse_header_json(raw: bytes) -> dict:
+def _header_text(raw: bytes | bytearray) -> str:
     if not raw.startswith(b"{"):
-        raise FormatError(f"the header must be a JSON object starting with '{{', got {raw[:16]!r}")
+        raise FormatError(f"the header must be a JSON object starting with '{{', got {bytes(raw[:16])!r}")
     try:
-        text = raw.decode("utf-8")
-        decoder = json.JSONDecoder(object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants)
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise FormatError(f"the header is not valid JSON: {str(exc)[:200]}") from None
+
+
+def _parse_header_json(text: str) -> dict:
+    try:
+        decoder = json.JSONDecoder(object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants,
+                                   parse_int=_json_int)
         header, end = decoder.raw_decode(text)
     except _DuplicateKey as exc:
         raise FormatError(f"the header repeats the key {exc.args[0]!r} (duplicate tensor name?)") from None
+    except _HugeInt as exc:
+        raise FormatError(f"the header holds {exc}") from None
     except (ValueError, RecursionError) as exc:  # bad UTF-8, bad JSON, NaN, absurd nesting
         raise FormatError(f"the header is not valid JSON: {str(exc)[:200]}") from None
     if text[end:].strip(" "):
@@ -589,6 +651,11 @@ def _check_entries(header: dict) -> tuple[dict[str, TensorInfo], dict[str, str]]
     return tensors, metadata
 
 
+def _q(name: str) -> str:
+    """A tensor name for a message: quoted, and clipped before it is quoted (a name can be 95 MB)."""
+    return repr(clip(name, 200))
+
+
 def _is_count(v) -> bool:
     return type(v) is int and v >= 0  # not bool, not 2.0, not "2"
 
@@ -597,25 +664,25 @@ def _check_entry(name: str, entry) -> TensorInfo:
     if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
         keys = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
         raise FormatError(
-            f"tensor {name!r}: an entry must have exactly dtype, shape and data_offsets, got {keys}"
+            f"tensor {_q(name)}: an entry must have exactly dtype, shape and data_offsets, got {clip(str(keys), 200)}"
         )
     dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
     if not isinstance(dtype, str) or dtype not in DTYPES:
-        raise FormatError(f"tensor {name!r}: unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
+        raise FormatError(f"tensor {_q(name)}: unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
     if not isinstance(shape, list) or not all(_is_count(s) for s in shape):
-        raise FormatError(f"tensor {name!r}: shape must be a list of non-negative integers, got {shape!r}")
+        raise FormatError(f"tensor {_q(name)}: shape must be a list of non-negative integers, got {clip(repr(shape), 200)}")
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)):
         raise FormatError(
-            f"tensor {name!r}: data_offsets must be [begin, end], two non-negative integers, got {offsets!r}"
+            f"tensor {_q(name)}: data_offsets must be [begin, end], two non-negative integers, got {clip(repr(offsets), 200)}"
         )
     begin, end = offsets
     if begin > end:
-        raise FormatError(f"tensor {name!r}: data_offsets [{begin}, {end}] end before they begin")
+        raise FormatError(f"tensor {_q(name)}: data_offsets [{begin}, {end}] end before they begin")
     info = TensorInfo(dtype, tuple(shape), (begin, end))
     need = info.numel * DTYPES[dtype][1]
     if end - begin != need:
         raise FormatError(
-            f"tensor {name!r}: data_offsets [{begin}, {end}] hold {end - begin} bytes, but shape "
+            f"tensor {_q(name)}: data_offsets [{begin}, {end}] hold {end - begin} bytes, but shape "
             f"{tuple(shape)} of {dtype} needs {info.numel} x {DTYPES[dtype][1]} = {need}"
         )
     return info
@@ -633,7 +700,7 @@ def _check_tiling(tensors: dict[str, TensorInfo], data_size: int, data_start: in
     for (begin, end), name in ranges:
         if end > data_size:
             raise FormatError(
-                f"tensor {name!r}: data_offsets [{begin}, {end}] run past the end of the data buffer "
+                f"tensor {_q(name)}: data_offsets [{begin}, {end}] run past the end of the data buffer "
                 f"({data_size} bytes): truncated file{hint}"
             )
     cursor, prev = 0, None
@@ -641,11 +708,11 @@ def _check_tiling(tensors: dict[str, TensorInfo], data_size: int, data_start: in
         if begin > cursor:
             raise FormatError(
                 f"bytes [{cursor}, {begin}) of the data buffer belong to no tensor: a gap before "
-                f"tensor {name!r}{hint}"
+                f"tensor {_q(name)}{hint}"
             )
         if begin < cursor:
             raise FormatError(
-                f"tensor {name!r}: data_offsets [{begin}, {end}] overlap tensor {prev!r}, which ends at {cursor}"
+                f"tensor {_q(name)}: data_offsets [{begin}, {end}] overlap tensor {_q(prev)}, which ends at {cursor}"
             )
         cursor, prev = end, name
     if cursor < data_size:
@@ -678,10 +745,13 @@ class SafeTensors:
         path = Path(path)
         with open_regular(path, "safetensors file", FormatError) as f:
             size = os.fstat(f.fileno()).st_size
-            if size < 8:  # mmap refuses empty files; parse_layout says what is wrong
-                mm: mmap.mmap | bytes = f.read()
-            else:
-                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            try:
+                if size < 8:  # mmap refuses empty files; parse_layout says what is wrong
+                    mm: mmap.mmap | bytes = f.read(8)
+                else:
+                    mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            except OSError as exc:  # /proc/self/mem, a dying disk: say which file
+                raise FormatError(f"safetensors file: cannot read {path}: {exc.strerror or exc}") from None
         try:
             layout = parse_layout(mm)
         except BaseException:
@@ -737,34 +807,36 @@ class SafeTensors:
         offset = self.layout.data_start + t.data_offsets[0]
         return np.frombuffer(self._mm, dtype=dt, count=t.numel, offset=offset).reshape(t.shape)
 
-    def f32(self, name: str, shape=None, out: np.ndarray | None = None) -> np.ndarray:
+    def f32(self, name: str, shape=None, out: np.ndarray | None = None, finite: bool = False) -> np.ndarray:
         """Tensor `name` as a new float32 array: F32 copied, F16 and BF16 widened (each as itself).
 
-        `shape`, when given, must equal the stored shape (FormatError otherwise). `out`, a
-        C-contiguous float32 array of the tensor's shape (a slice of a stacked weight), is filled
-        and returned instead of a new array. How the widening runs: see `f32_into`.
+        Every stored value is read exactly, infinities and NaNs included (an attention mask of -inf
+        is a valid file; f16 0x7C00 is inf, section 2.3). `shape`, when given, must equal the stored
+        shape (FormatError otherwise). `out`, a C-contiguous float32 array of the tensor's shape (a
+        slice of a stacked weight), is filled and returned instead of a new array. `finite=True`
+        (what `load_weights` asks of a weight) refuses a non-finite value: see `f32_into`.
         """
         t = self.info(name)
         if shape is not None and tuple(shape) != t.shape:
             raise FormatError(f"tensor {name!r} has shape {t.shape}, expected {tuple(shape)}")
         out = _f32_out(out, t.shape, name)
-        self.f32_into({name: out})
+        self.f32_into({name: out}, finite=finite)
         return out
 
-    def f32_into(self, outs: dict[str, np.ndarray]) -> None:
+    def f32_into(self, outs: dict[str, np.ndarray], finite: bool = False) -> None:
         """Widen each tensor `name` into `outs[name]`, a C-contiguous float32 array of its stored shape.
 
         Section 2.3, loading. All the tensors are cut into pieces of WIDEN_CHUNK elements that
         `widen_threads()` threads widen in parallel (numpy releases the GIL inside each piece), each
-        piece straight into its destination, so the only full-size arrays are the destinations. Every
-        piece is checked finite: a NaN or infinite weight is a FormatError naming the first such
-        tensor (in the order of `outs`) and its flat index. Each piece's file pages are handed back to
-        the OS once read (they stay in the page cache), so a load never holds the file AND the
-        widened copy.
+        piece straight into its destination, so the only full-size arrays are the destinations. With
+        `finite=True` (a model's weights) every piece is checked finite: a NaN or infinite weight is a
+        FormatError naming the first such tensor (in the order of `outs`) and its flat index. Each
+        piece's file pages are handed back to the OS once read (they stay in the page cache), so a
+        load never holds the file AND the widened copy.
         """
         jobs = [self._widening(name, out) for name, out in outs.items()]
         pieces = [(k, a) for k, job in enumerate(jobs) for a in range(0, job.out.size, WIDEN_CHUNK)]
-        bad: list[tuple[int, int]] = []  # (k, flat index) of non-finite weights in jobs[k]; list.append is atomic
+        bad: list[tuple[int, int]] | None = [] if finite else None  # (k, flat index); list.append is atomic
         _parallel_for(lambda piece: self._widen_piece(jobs, *piece, bad), pieces, widen_threads())
         if bad:
             k, i = min(bad)
@@ -781,15 +853,16 @@ class SafeTensors:
         out = _f32_out(out, t.shape, name)
         return _Widening(name, t, self.raw(name).reshape(-1), out.reshape(-1), widen)
 
-    def _widen_piece(self, jobs: list[_Widening], k: int, a: int, bad: list) -> None:
-        """Widen elements [a, a + WIDEN_CHUNK) of tensor jobs[k], check them finite (the first
-        non-finite one goes into `bad` as (k, flat index)) and hand their file pages back."""
+    def _widen_piece(self, jobs: list[_Widening], k: int, a: int, bad: list | None) -> None:
+        """Widen elements [a, a + WIDEN_CHUNK) of tensor jobs[k], check them finite unless `bad` is
+        None (the first non-finite one goes into `bad` as (k, flat index)) and hand their file pages back."""
         job = jobs[k]
         b = min(a + WIDEN_CHUNK, job.out.size)
         chunk = job.widen(job.bits[a:b], out=job.out[a:b])
-        finite = np.isfinite(chunk)
-        if not finite.all():
-            bad.append((k, a + int(np.argmin(finite))))
+        if bad is not None:
+            finite = np.isfinite(chunk)
+            if not finite.all():
+                bad.append((k, a + int(np.argmin(finite))))
         begin, size = job.info.data_offsets[0], job.bits.itemsize
         self._drop_pages(begin + a * size, begin + b * size)
 
@@ -1042,7 +1115,7 @@ def load_weights(directory: str | os.PathLike, quant: Int4 | None = None) -> Wei
         expected = tensor_shapes(config)
         _check_names(st, expected, stored, config)
         if config.arch == "bigram":
-            return BigramWeights(config, st.f32("bigram.logits", expected["bigram.logits"]))
+            return BigramWeights(config, st.f32("bigram.logits", expected["bigram.logits"], finite=True))
         return _load_llama(st, config, expected, stored, quant)
 
 
@@ -1111,7 +1184,7 @@ def _load_llama(st, config, expected, stored: Int4 | None, quant: Int4 | None) -
     resident = [name for name in expected if f32_linears or not _is_layer_linear(name)]
     arena = _Arena(sum(math.prod(expected[name]) for name in resident))
     w = {name: arena.take(expected[name]) for name in resident}
-    st.f32_into(w)
+    st.f32_into(w, finite=True)  # a weight must be finite (the file may hold inf: section 2.3)
 
     def linear(module: str) -> AnyLinear:
         name = f"{module}.weight"
@@ -1121,7 +1194,7 @@ def _load_llama(st, config, expected, stored: Int4 | None, quant: Int4 | None) -
         if stored is not None:
             return st.q4(module, out, inp, stored.group)
         try:  # st.f32's array, the only f32 copy of this linear, dies on return
-            return QLinear.quantize(st.f32(name, (out, inp)), quant.group)
+            return QLinear.quantize(st.f32(name, (out, inp), finite=True), quant.group)
         except ValueError as exc:
             raise ValueError(f"cannot quantize {module!r} as {quant.tag}: {exc}") from None
 

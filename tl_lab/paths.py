@@ -28,9 +28,20 @@ GOLDEN_DIR = DATA_DIR / "golden"
 def cache_dir() -> Path:
     """The user cache for fetched models: $TL_LAB_CACHE, else $XDG_CACHE_HOME/tl_lab, else ~/.cache/tl_lab."""
     if os.environ.get("TL_LAB_CACHE"):
-        return Path(os.environ["TL_LAB_CACHE"]).expanduser()
+        return expand_user(os.environ["TL_LAB_CACHE"], "TL_LAB_CACHE")
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "tl_lab"
+
+
+def expand_user(text: str, what: str) -> Path:
+    """Path(text) with a leading ~ or ~user expanded; ConfigError naming `what` (the option or the
+    variable it came from) when there is no such user or home (pathlib raises a bare RuntimeError)."""
+    from tl_lab.errors import ConfigError
+
+    try:
+        return Path(text).expanduser()
+    except RuntimeError as exc:
+        raise ConfigError(f"{what} {text}: cannot expand {text.split('/')[0]!r} ({exc})") from None
 
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"),

@@ -546,6 +546,33 @@ def install_from_env() -> tuple[str, ...]:
     return install(text) if text else ()
 
 
+class _RefusingFinder:
+    """After a TL_LAB_PITFALL that cannot be switched on (`import tl_lab` stored the error, see
+    `env_error`): importing any other tl_lab module raises it, so a program using the library meets
+    it where it imports, while the command line (tl_lab.__main__, which needs only tl_lab.errors)
+    reports it as one line and exit code 2 instead of an import-time traceback."""
+
+    ALLOWED = ("tl_lab.__main__", "tl_lab.errors")
+
+    def __init__(self, error: PitfallError) -> None:
+        self.error = error
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.startswith("tl_lab.") and fullname not in self.ALLOWED:
+            raise PitfallError(str(self.error))
+        return None
+
+
+def refuse_imports(error: PitfallError) -> None:
+    """Keep `error` (a bad TL_LAB_PITFALL) for `env_error` and raise it on any further tl_lab import."""
+    sys.meta_path.insert(0, _RefusingFinder(error))
+
+
+def env_error() -> PitfallError | None:
+    """The PitfallError a bad TL_LAB_PITFALL gave at `import tl_lab`, or None."""
+    return next((f.error for f in sys.meta_path if isinstance(f, _RefusingFinder)), None)
+
+
 # ---------------------------------------------------------------------------------------------
 # Running a test with a pitfall on or off, in a subprocess
 # ---------------------------------------------------------------------------------------------
@@ -888,8 +915,8 @@ def cli(args) -> int:
             print(f"{p.id}  {p.module:<14} {p.test.split('::')[-1]:<58} {p.symptom}")
         return 0
     ids = parse_ids(",".join(args.check)) if args.check else tuple(PITFALLS)
-    if args.jobs < 1:
-        raise PitfallError(f"--jobs must be at least 1, got {args.jobs}")
+    if args.jobs < 1:  # a bad argument: exit 2 like argparse's own (ValueError is a usage error)
+        raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
     t0 = time.perf_counter()
 
     def progress(r: TestRun) -> None:

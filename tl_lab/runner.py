@@ -298,11 +298,17 @@ class ModelRunner:
         """Refuse a batch the forward cannot run (BatchError naming the sequence and the value).
         tables=False checks everything but the block tables (before temporary blocks are taken)."""
         seqs = getattr(batch, "seqs", None)
-        if seqs is None or len(seqs) == 0:
+        if seqs is not None and not isinstance(seqs, (list, tuple)):
+            raise BatchError(f"ForwardBatch.seqs must be a list of ForwardSeq, got {type(seqs).__name__}")
+        if not seqs:
             raise BatchError("empty batch: a ForwardBatch needs at least one sequence")
         triples, writes, reads = [], {}, {}
         for i, seq in enumerate(seqs):
+            if not isinstance(seq, ForwardSeq):
+                raise BatchError(f"seq {i} is a {type(seq).__name__}, not a ForwardSeq")
             toks, start, end = self._check_tokens(i, seq)
+            if isinstance(seq.blocks, (str, bytes)) or not hasattr(seq.blocks, "__iter__"):
+                raise BatchError(f"seq {i}: blocks must be a sequence of block ids, got {type(seq.blocks).__name__}")
             table = list(seq.blocks)
             if tables and self.arch.has_kv:
                 self._check_table(i, table, start, end, writes, reads)
@@ -320,7 +326,10 @@ class ModelRunner:
         if isinstance(raw, str):
             raise BatchError(f"seq {i}: tokens must be token ids, got the text {raw[:20]!r} "
                              "(encode it with the tokenizer first)")
-        toks = np.asarray(list(raw) if isinstance(raw, (bytes, bytearray)) else raw)
+        try:
+            toks = np.asarray(list(raw) if isinstance(raw, (bytes, bytearray)) else raw)
+        except (ValueError, TypeError) as exc:  # ragged lists, objects numpy cannot make an array of
+            raise BatchError(f"seq {i}: tokens must be a 1-D sequence of ids ({exc})") from None
         if toks.ndim != 1:
             raise BatchError(f"seq {i}: tokens must be a 1-D sequence of ids, got shape {toks.shape}")
         if toks.size == 0:
@@ -351,6 +360,11 @@ class ModelRunner:
             if self.pool.state(int(blk)) != BlockState.IN_USE:
                 raise BatchError(f"seq {i}: block {int(blk)} (table entry {j}) is "
                                  f"{self.pool.state(int(blk)).value}, not in use")
+            held = min(B, start - j * B)  # positions before start this block must hold already
+            if held > 0 and self.pool.fill(int(blk)) < held:  # else: attention reads whatever is there
+                raise BatchError(f"seq {i}: start {start} is past what its blocks hold: block {int(blk)} "
+                                 f"(table entry {j}) holds {self.pool.fill(int(blk))} of the {held} "
+                                 "positions before it (a released block is empty again)")
         used = [int(b) for b in table[:need]]
         if len(set(used)) != len(used):
             dup = next(b for b in used if used.count(b) > 1)

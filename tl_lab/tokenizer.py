@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import sys
+import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -204,9 +206,14 @@ def _field(config: Any, attr: str, key: str):
     return getattr(config, attr, None)
 
 
-# A chat template is data from a model directory: its rendering is bounded like any other input.
+# A chat template is data from a model directory: its rendering is bounded like any other input, in
+# steps, wall time, the size of every value it makes and of its output (section 2.3; issue 20: a
+# sandbox alone let `"a".ljust(10**9)` take 4 GB and three nested loops run for hours).
 MAX_TEMPLATE_STEPS = 2_000_000  # lines of template code per render (SmolLM2's runs about a hundred)
-MAX_TEMPLATE_ITEMS = 10_000_000  # characters or items a `*` or `**` in a template may make
+MAX_TEMPLATE_ITEMS = 10_000_000  # characters or items in any value a template makes, and in its output
+MAX_TEMPLATE_SECONDS = 1.0  # wall time of one render (SmolLM2's takes well under a millisecond)
+MAX_TEMPLATE_NUMBER = 100_000  # an integer argument of a call or filter: a width, a count (= range's cap)
+MAX_LIPSUM_WORDS = 10_000  # lipsum(n, max=...): n paragraphs of up to max words
 
 
 def render_chat_template(
@@ -220,34 +227,56 @@ def render_chat_template(
 
     transformers uses a sandboxed Jinja environment with trim_blocks and lstrip_blocks, the
     loopcontrols extension, a tojson filter and a raise_exception() helper; the special tokens
-    (bos_token, eos_token, ...) are variables. A template that does not parse, raises, fails or runs
-    past MAX_TEMPLATE_STEPS (a runaway loop) is refused with ConfigError naming the reason.
+    (bos_token, eos_token, ...) are variables. A template that does not parse, raises or fails is
+    refused with ConfigError naming the reason, and so is one that runs past MAX_TEMPLATE_STEPS or
+    MAX_TEMPLATE_SECONDS, passes a call or filter an integer over MAX_TEMPLATE_NUMBER, or makes a
+    value or an output of more than MAX_TEMPLATE_ITEMS characters or items (see `_jinja_env`).
     """
     env = _jinja_env()
     variables = dict(special_tokens or {})
     variables.update(messages=list(messages), add_generation_prompt=add_generation_prompt)
     try:
-        compiled = env.from_string(template)
-        with _step_budget(MAX_TEMPLATE_STEPS):
-            return compiled.render(**variables)
+        with _step_budget(MAX_TEMPLATE_STEPS, MAX_TEMPLATE_SECONDS):
+            compiled = env.from_string(template)  # inside the budget: Jinja folds constants as it compiles
+            return _bounded_join(compiled.generate(**variables))
     except Exception as exc:  # noqa: BLE001: anything a template does wrong is the template's fault
         line = getattr(exc, "lineno", None)
         where = f" (line {line})" if line else ""
         raise ConfigError(
-            f"the chat template (config.json tl_chat_template) failed{where}: {type(exc).__name__}: {exc}"
+            f"the chat template (config.json tl_chat_template) failed{where}: {type(exc).__name__}: "
+            f"{str(exc)[:300]}"
         ) from None
+
+
+def _bounded_join(pieces: Iterable[str]) -> str:
+    """The rendered text, refused once it passes MAX_TEMPLATE_ITEMS characters (a loop can print a
+    modest string a hundred thousand times)."""
+    from jinja2.exceptions import TemplateRuntimeError
+
+    out, n = [], 0
+    for piece in pieces:
+        n += len(piece)
+        if n > MAX_TEMPLATE_ITEMS:
+            raise TemplateRuntimeError(f"the output would be more than {MAX_TEMPLATE_ITEMS:,} characters")
+        out.append(piece)
+    return "".join(out)
 
 
 _TEMPLATE_FILE = "<template>"  # the file name Jinja gives the code of a template made from a string
 
 
 @contextlib.contextmanager
-def _step_budget(limit: int):
-    """Count the lines of compiled template code executed inside the block; past `limit`, raise in the
-    template. A tracer, because a template loop that emits nothing calls nothing the sandbox sees."""
+def _step_budget(limit: int, seconds: float):
+    """Count the lines of compiled template code executed inside the block and watch the clock at
+    every line and every Python call (lipsum, a filter, the compiler); past either bound, raise in
+    the template. A tracer, because a template loop that emits nothing calls nothing the sandbox sees."""
     from jinja2.exceptions import TemplateRuntimeError
 
-    left = limit
+    left, deadline = limit, time.monotonic() + seconds
+
+    def late() -> None:
+        if time.monotonic() > deadline:
+            raise TemplateRuntimeError(f"the template ran longer than {seconds:g} s (a runaway loop?)")
 
     def count(frame, event, arg):
         nonlocal left
@@ -255,9 +284,11 @@ def _step_budget(limit: int):
             left -= 1
             if left < 0:
                 raise TemplateRuntimeError(f"the template ran more than {limit:,} steps (a runaway loop?)")
+            late()
         return count
 
     def enter(frame, event, arg):
+        late()
         return count if frame.f_code.co_filename == _TEMPLATE_FILE else None
 
     previous = sys.gettrace()
@@ -276,19 +307,30 @@ def _jinja_env():
     if _ENV is None:
         from jinja2.exceptions import TemplateError, TemplateRuntimeError
         from jinja2.sandbox import ImmutableSandboxedEnvironment
+        from jinja2.utils import Namespace, generate_lorem_ipsum
+
+        def refuse(what: str):
+            raise TemplateRuntimeError(f"{what} would make more than {MAX_TEMPLATE_ITEMS:,} items")
 
         class BoundedEnvironment(ImmutableSandboxedEnvironment):
-            """The sandbox, with `*` and `**` refused when they would build something huge."""
+            """The sandbox, with every operator, call and filter bounded in what it may make."""
 
-            intercepted_binops = frozenset(["*", "**"])
+            intercepted_binops = frozenset(["*", "**", "+", "%"])  # also stops Jinja folding them at compile
 
             def call_binop(self, context, operator, left, right):
                 if _binop_size(operator, left, right) > MAX_TEMPLATE_ITEMS:
-                    raise TemplateRuntimeError(
-                        f"{operator!r} on {type(left).__name__} and {type(right).__name__} would make more "
-                        f"than {MAX_TEMPLATE_ITEMS:,} items"
-                    )
-                return super().call_binop(context, operator, left, right)
+                    refuse(f"{operator!r} on {type(left).__name__} and {type(right).__name__}")
+                return _checked_value(super().call_binop(context, operator, left, right), operator)
+
+            def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805: Jinja's own signature
+                _check_call(__obj, args, kwargs)
+                return _checked_value(super().call(__context, __obj, *args, **kwargs), _name(__obj))
+
+        class BoundedNamespace(Namespace):
+            """namespace(): `{% set ns.s = ns.s ~ ns.s %}` in a loop is where a value grows unseen."""
+
+            def __setitem__(self, name, value):
+                Namespace.__setitem__(self, name, _checked_value(value, f"namespace attribute {name!r}"))
 
         def raise_exception(message):
             raise TemplateError(message)
@@ -296,11 +338,90 @@ def _jinja_env():
         def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
             return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
+        def lipsum(n=5, html=True, min=20, max=100):
+            if as_int(n, "lipsum n") * as_int(max, "lipsum max") > MAX_LIPSUM_WORDS:
+                raise TemplateRuntimeError(f"lipsum({n}, max={max}) would make more than {MAX_LIPSUM_WORDS:,} words")
+            return generate_lorem_ipsum(n, html, min, max)
+
         env = BoundedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
         env.filters["tojson"] = tojson
-        env.globals["raise_exception"] = raise_exception
+        env.filters = {name: _bounded_filter(name, f) for name, f in env.filters.items()}
+        env.globals.update(raise_exception=raise_exception, namespace=BoundedNamespace, lipsum=lipsum)
         _ENV = env
     return _ENV
+
+
+def _name(obj) -> str:
+    return getattr(obj, "__name__", type(obj).__name__)
+
+
+def _bounded_filter(name: str, f):
+    """Filter `name` with the same bounds as a call: its arguments checked first, its value after."""
+    import functools
+
+    skip = 1 if getattr(f, "jinja_pass_arg", None) else 0  # pass_eval_context & co: the context comes first
+
+    @functools.wraps(f)
+    def bounded(*args, **kwargs):
+        _check_call(f, args[skip:], kwargs, name)
+        return _checked_value(f(*args, **kwargs), f"the filter {name!r}")
+
+    return bounded
+
+
+def _check_call(f, args, kwargs, name: str | None = None) -> None:
+    """Refuse a call or filter before it runs when an argument is over the bounds (an integer over
+    MAX_TEMPLATE_NUMBER: a width, an indent, a count; a value over MAX_TEMPLATE_ITEMS) or when what
+    it is known to make (str.replace, expandtabs, a %-format's width) would be."""
+    from jinja2.exceptions import TemplateRuntimeError
+
+    name = name or _name(f)
+    values = (*args, *kwargs.values())
+    for v in values:
+        if isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_TEMPLATE_NUMBER:
+            raise TemplateRuntimeError(f"{name}() was given {_short(v)}, over the limit of {MAX_TEMPLATE_NUMBER:,} "
+                                       "for a number a template passes")
+        _checked_value(v, f"an argument of {name}()")
+    owner = getattr(getattr(f, "__wrapped__", f), "__self__", None)  # the sandbox wraps str.format
+    this = owner if isinstance(owner, str) else (args[0] if name in ("replace", "format", "indent") and args else None)
+    rest = args if isinstance(owner, str) else args[1:]
+    if isinstance(this, str) and _call_size(name, this, rest, kwargs) > MAX_TEMPLATE_ITEMS:
+        raise TemplateRuntimeError(f"{name}() would make more than {MAX_TEMPLATE_ITEMS:,} characters")
+
+
+def _call_size(name: str, s: str, args: tuple, kwargs: dict) -> int:
+    """About how many characters str method or filter `name` makes of `s` (0: nothing to fear)."""
+    if name == "replace" and len(args) >= 2 and all(isinstance(a, str) for a in args[:2]):
+        old, new = args[:2]
+        hits = len(s) + 1 if not old else s.count(old)
+        return len(s) + hits * max(len(new) - len(old), 0)
+    if name == "expandtabs":
+        size = (args or [kwargs.get("tabsize", 8)])[0]
+        return len(s) + s.count("\t") * (size if isinstance(size, int) else 0)
+    if name == "indent":
+        width = (args or [kwargs.get("width", 4)])[0]
+        return len(s) + (s.count("\n") + 1) * (len(width) if isinstance(width, str) else width)
+    if name in ("format", "format_map"):
+        return len(s) + sum(int(w) for w in _FORMAT_WIDTH.findall(s))
+    return 0
+
+
+# the widths and precisions in a %-format ("%10.3f") or a str.format field ("{:>10}")
+_FORMAT_WIDTH = re.compile(r"(?<=[%.:<>^=+\- #0,_])(\d+)")
+
+
+def _checked_value(v, what: str):
+    """v itself, unless it is a str, list, tuple or dict of more than MAX_TEMPLATE_ITEMS items."""
+    from jinja2.exceptions import TemplateRuntimeError
+
+    if isinstance(v, (str, list, tuple, dict)) and len(v) > MAX_TEMPLATE_ITEMS:
+        raise TemplateRuntimeError(f"{what} made {len(v):,} items, more than {MAX_TEMPLATE_ITEMS:,}")
+    return v
+
+
+def _short(v: int) -> str:
+    """An integer for a message: its digits, or how many there are (str() of 10**5000 raises)."""
+    return str(v) if v.bit_length() < 64 else f"an integer of about {int(v.bit_length() * 0.30103)} digits"
 
 
 def _binop_size(operator: str, left, right) -> int:
@@ -311,6 +432,10 @@ def _binop_size(operator: str, left, right) -> int:
                 return len(seq) * max(n, 0)
     if operator == "**" and isinstance(left, int) and isinstance(right, int) and right > 0:
         return right * max(abs(left).bit_length(), 1)
+    if operator == "+" and isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
+        return len(left) + len(right)
+    if operator == "%" and isinstance(left, str):
+        return len(left) + sum(int(w) for w in _FORMAT_WIDTH.findall(left))
     return 0
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import ipywidgets as widgets
 
-from tl_lab.errors import TlError
+from tl_lab.errors import TlError, clip
 from tl_lab.model import Layout, ModelConfig, SafeTensors
 from tl_lab.paths import DATA_DIR
 from tl_lab.widgets.common import CellWidget, ERROR, MONO
@@ -109,7 +109,7 @@ def render_map(segs: list[Segment], layout: Layout, title: str, first: bytes = b
         f"height='{height}' style='font-family: sans-serif; font-size: 11px'>{''.join(rows)}</svg>"
     )
     table_rows = "".join(
-        f"<tr><td>{i}</td><td>{html.escape(s.name)}</td><td>{s.dtype or ''}</td>"
+        f"<tr><td>{i}</td><td>{_escaped(s.name)}</td><td>{s.dtype or ''}</td>"
         f"<td>{'' if s.shape is None else s.shape}</td>"
         f"<td>{'' if s.kind != 'tensor' else f'[{s.start - head_end}, {s.end - head_end}]'}</td>"
         f"<td>[{s.start}, {s.end})</td><td style='text-align:right'>{s.nbytes:,}</td></tr>"
@@ -156,7 +156,7 @@ def _bar(segs: list[Segment], lo: int, hi: int, y: int, label_all: bool) -> str:
         else:
             colour = COLOURS[s.kind]
         x, w = 10 + (s.start - lo) * scale, s.nbytes * scale
-        label = f"{s.name} ({s.nbytes:,} B)" if label_all else f"#{i} {s.name}"
+        label = f"{clip(s.name, 200)} ({s.nbytes:,} B)" if label_all else f"#{i} {clip(s.name, 200)}"
         for candidate in (label, f"#{i}", ""):
             if CHAR_W * len(candidate) + 4 <= w:
                 break
@@ -165,8 +165,8 @@ def _bar(segs: list[Segment], lo: int, hi: int, y: int, label_all: bool) -> str:
             text = (f"<text x='{x + w / 2:.2f}' y='{y + BAR_H / 2 + 4}' text-anchor='middle'>"
                     f"{html.escape(candidate)}</text>")
         parts.append(
-            f"<g><title>#{i} {html.escape(s.name)}: bytes [{s.start}, {s.end})</title>"
-            f"<rect class='tl-seg' data-index='{i}' data-kind='{s.kind}' data-name='{html.escape(s.name)}' "
+            f"<g><title>#{i} {_escaped(s.name)}: bytes [{s.start}, {s.end})</title>"
+            f"<rect class='tl-seg' data-index='{i}' data-kind='{s.kind}' data-name='{_escaped(s.name)}' "
             f"data-start='{s.start}' data-end='{s.end}' x='{x:.4f}' y='{y}' width='{w:.4f}' "
             f"height='{BAR_H}' fill='{colour}' stroke='#374151' stroke-width='0.3'/>{text}</g>"
         )
@@ -195,6 +195,11 @@ def config_html(config: ModelConfig, n_file: int | None = None, file_size: int |
         f"<p class='tl-params'>parameters: <b>{n:,}</b>{agree}{size}</p>"
         f"<table style='{MONO}; font-size: 11px'><tr><th>ModelConfig field</th><th>value</th></tr>{rows}</table>"
     )
+
+
+def _escaped(name: str) -> str:
+    """A tensor name for the page: clipped (a name can be 95 MB: the page would be three times that)."""
+    return html.escape(clip(name, 200))
 
 
 def _short(v) -> str:

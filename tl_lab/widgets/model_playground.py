@@ -161,9 +161,10 @@ class ModelPlayground(CellWidget):
     def close(self) -> None:
         """Close the widget and its children and let go of the model (ipywidgets keeps a widget alive
         until it is closed)."""
-        for w in (self.sampler, self.prompt, self.chat, self.sample_button, self.reset_button, self.info,
-                  self.context_html, self.status, *self.children):
-            w.close()
+        parts = ("sampler", "prompt", "chat", "sample_button", "reset_button", "info", "context_html", "status")
+        for w in (*(getattr(self, name, None) for name in parts), *self.children):  # a refused __init__ made none
+            if w is not None:
+                w.close()
         self.runner = self.tokenizer = self.logits = None
         super().close()
 

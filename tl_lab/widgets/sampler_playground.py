@@ -107,17 +107,19 @@ class SamplerPlayground(CellWidget):
     def set_logits(self, logits, labels=None, prompt=None, output=None) -> None:
         """Show a new logits vector (e.g. a model's next-token row), with optional token strings."""
         x = np.asarray(logits)
+        if x.dtype.kind not in "iuf":  # checked before anything changes: a refusal leaves the widget as it was
+            raise ValueError(f"logits must be real numbers, got an array of dtype {x.dtype}")
         if labels is not None and len(labels) != x.size:
             raise ValueError(f"labels has {len(labels)} entries for {x.size} logits")
+        texts = [(box, _ids_text(ids)) for box, ids in ((self.prompt_text, prompt), (self.output_text, output))
+                 if ids is not None]
         self._quiet = True
         try:
             self._logits = x
             self.labels = None if labels is None else [str(t) for t in labels]
             self._given = (x, self.labels)
-            if prompt is not None:
-                self.prompt_text.value = _ids_text(prompt)
-            if output is not None:
-                self.output_text.value = _ids_text(output)
+            for box, text in texts:
+                box.value = text
             if GIVEN not in self.preset.options:
                 self.preset.options = list(PRESETS) + [GIVEN]
             self.preset.value = GIVEN
