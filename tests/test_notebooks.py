@@ -41,7 +41,7 @@ USE = {
     "10_pitfalls.ipynb": 'lab.picker.value = "s17"\nlab.draw_button.click()',
     "11_interface.ipynb": """run_button.click()
 assert f"PASSED: {picker.value}</b>" in verdict.value, verdict.value   # the verdict names its test
-picker.value = picker.options[1]
+picker.index = 1
 assert "not run yet" in verdict.value and "PASSED" not in verdict.value, verdict.value   # and goes with it""",
     "12_where_next.ipynb": "steps.next_button.click()",
 }
@@ -74,10 +74,19 @@ REPORT = "import json; print(json.dumps(_tl_made['per_cell']))"
 LEFT_ALIVE = """
 def _tl_left_alive():
     import gc
+    from ipywidgets import Widget
     from tl_lab.widgets import common
     gc.collect()
     latest = {id(w) for _, made in common._MADE.values() for w in made}
-    return sum(isinstance(o, common.CellWidget) and id(o) not in latest for o in gc.get_objects())
+    # IPython's output history keeps every cell's result (a cell ending in `lab` keeps that lab, and
+    # what it holds, as Out[n]): the learner's to clear (%reset out), not a widget's leak
+    held, todo = set(), list(Out.values())
+    while todo:
+        w = todo.pop()
+        if id(w) not in held:
+            held.add(id(w))
+            todo += common._parts(w) if isinstance(w, Widget) else []
+    return sum(isinstance(o, common.CellWidget) and id(o) not in latest | held for o in gc.get_objects())
 print(_tl_left_alive())
 del _tl_left_alive
 """
