@@ -87,8 +87,8 @@ class SamplerPlayground(CellWidget):
         self.output_text = widgets.Text(description="output ids", placeholder="generated so far", **field_style())
         # a Text box, not IntText: the browser holds an IntText's value as a JavaScript number, which
         # rounds seeds above 2^53 (9007199254740993 would draw as ...992); the text reaches the kernel as typed
-        self.seed = widgets.Text(value=str(seed), description="seed", **field_style("230px", "90px"))
-        self.draw = widgets.IntText(value=0, description="draws before", **field_style("230px", "90px"))
+        self.seed = widgets.Text(value=str(seed), description="seed", **field_style("270px", "90px"))  # 20 digits
+        self.draw = widgets.IntText(value=0, description="draws before", **field_style("200px", "90px"))
         self.result = widgets.HTML()
         self.charts = widgets.HTML()
         left = widgets.VBox([self.preset, self.logits_text, self.prompt_text, self.output_text,
