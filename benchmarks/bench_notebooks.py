@@ -36,9 +36,22 @@ def measure(name: str) -> dict:
             "growth_mb": round(rss[-1] - rss[0])}
 
 
+def merged(rows: list[dict]) -> list[dict]:
+    """`rows` in place of the same notebooks' rows of the results file, the others kept, in order."""
+    import json
+
+    from _common import RESULTS
+
+    path = RESULTS / "notebooks.json"
+    old = json.loads(path.read_text())["rows"] if path.exists() else []
+    by_name = {r["notebook"]: r for r in old} | {r["notebook"]: r for r in rows}
+    return [by_name[k] for k in sorted(by_name)]
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", default="", help="comma-separated notebook names (default: all 13)")
+    ap.add_argument("--only", default="", help="comma-separated notebook names, their rows replaced in the "
+                    "results (default: every notebook)")
     args = ap.parse_args(argv)
     wanted = [n if n.endswith(".ipynb") else n + ".ipynb" for n in args.only.split(",") if n]
     names = [n for n in NOTEBOOKS if not wanted or n in wanted]
@@ -46,6 +59,8 @@ def main(argv=None) -> None:
     for name in names:
         rows.append(measure(name))
         print(rows[-1], flush=True)
+    if wanted:  # the other notebooks keep their rows from the last full run
+        rows = merged(rows)
     report("notebooks", rows, notes=f"{RUNS} Run Alls per notebook in one kernel; first_s: the first (a fresh "
            "kernel), again_s: the faster of the next two; rss_mb: the kernel's resident memory after each; "
            "growth_mb: after the third minus after the first")

@@ -15,7 +15,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import report, timeit  # noqa: E402
 
-from tl_lab.sample import SamplingParams, exp_backend, sample, sample_reference, sample_trace, stream  # noqa: E402
+from tl_lab.sample import SamplingParams, exp_backend, sample, sample_trace, stream  # noqa: E402
+from tl_lab.sample_reference import sample_reference  # noqa: E402
 
 V = 49152
 SETTINGS = {

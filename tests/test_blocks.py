@@ -65,6 +65,22 @@ def test_admit_finds_a_shared_prefix_and_stops_at_the_first_miss():
     assert len(new) == 2 and seq.table[2:] == new
 
 
+def test_blocks_written_after_a_cache_hit_chain_to_the_hit():
+    """A sequence admitted with a hit on block 0 then writes block 1: it registers under the hash
+    chained to block 0's, never under the hash of a first block (mutation testing, issue 20: admit
+    forgetting the hit's hash went unnoticed, and then a prompt starting with block 1's tokens would
+    get K and V computed at positions 4 .. 7 as if they were 0 .. 3)."""
+    blocks = manager()
+    pool = blocks.pool
+    x, y = [1, 2, 3, 4], [5, 6, 7, 8]
+    blocks.release(run(blocks, x + [0]))  # block x registered and cached
+    seq = run(blocks, x + y + [0])
+    assert seq.hits == 1 and seq.hashes == prefix_hashes(x + y, B)
+    assert pool.hash_of(seq.table[1]) == prefix_hashes(x + y, B)[1]
+    before = pool.stats()["hits"]
+    assert blocks.admit(y + [0], B).hits == 0 and pool.stats()["hits"] == before  # y alone is not cached
+
+
 def test_reserve_is_all_or_nothing():
     blocks = manager(n_blocks=3)
     seq = blocks.admit([1, 2, 3], 0)

@@ -446,3 +446,155 @@ def test_a_tensor_name_of_megabytes_gives_a_short_message(tmp_path, capsys):
     assert code == REFUSED and out == ""
     one_error_line(err, "tensor 'www", "characters left out", "needs 1 x 4 = 4")
     assert len(err) < MAX_MESSAGE + 100
+
+
+def test_chat_says_a_failed_reply_as_what_it_is_and_keeps_the_conversation(capsys, monkeypatch):
+    """Was: any ValueError in a reply (--frequency-penalty 1e308, an output encoding error) was
+    reported as 'this message does not fit even on its own', after part of the reply was printed,
+    and every earlier turn was dropped (4 messages to none). Only an overflow drops turns now."""
+    import tl_lab.__main__ as cli
+
+    code, out, err = run_main(capsys, "chat", "--model", "tiny-llama", "--frequency-penalty", "1e308",
+                              stdin=b"hello\nagain\n", monkeypatch=monkeypatch)
+    refusals = [l for l in err.splitlines() if l.startswith("error: ")]
+    assert code == OK and len(refusals) == 2 and "Traceback" not in err
+    assert all("penalised logit" in l and "does not fit" not in l for l in refusals), refusals
+
+    prompts, real_run = [], cli._run
+
+    def second_turn_fails(engine, request):  # turn 2 fails mid-reply; turns 1 and 3 run for real
+        prompts.append(engine.tokenizer.decode(request.prompt_ids))
+        if len(prompts) == 2:
+            raise cli.UsageError("a failure in the middle of a reply")
+        return real_run(engine, request)
+
+    monkeypatch.setattr(cli, "_run", second_turn_fails)
+    code, out, err = run_main(capsys, "chat", "--model", "tiny-llama", "--max-tokens", "3", "--temperature", "0",
+                              stdin=b"first line\nsecond line\nthird line\n", monkeypatch=monkeypatch)
+    assert code == OK and "error: a failure in the middle of a reply; the message was not answered" in err
+    assert "dropped" not in err and "does not fit" not in err
+    assert "User: first line" in prompts[2] and "second line" not in prompts[2] and "User: third line" in prompts[2]
+
+
+def test_chat_blames_a_system_message_that_alone_does_not_fit_on_system(capsys, monkeypatch):
+    """Was: a too-long --system was blamed on each user line ('this message does not fit')."""
+    code, out, err = run_main(capsys, "chat", "--model", "tiny-llama", "--kv-blocks", "3", "--system", "x" * 300,
+                              stdin=b"hi\nhello\n", monkeypatch=monkeypatch)
+    assert code == USAGE and out == ""
+    one_error_line(err, "--system: the system message alone does not fit", "KV blocks")
+
+
+def test_chat_seed_wraps_at_2_64(capsys, monkeypatch):
+    """Was: `chat --seed 18446744073709551615` ended the session at the second turn (seed + turn overflowed)."""
+    code, out, err = run_main(capsys, "chat", "--model", "tiny-llama", "--seed", str(2**64 - 1), "--max-tokens", "3",
+                              "--stats", stdin=b"one\ntwo\nthree\n", monkeypatch=monkeypatch)
+    assert code == OK and "error" not in err
+    assert err.count("[3 tokens, finish=length") == 3
+
+
+def test_a_byte_model_with_a_vocabulary_over_256_is_refused_at_load(tmp_path, capsys):
+    """Was: vocab_size 300 loaded, then failed mid-generation: 'token id 299 is outside the vocabulary (0 .. 255)'."""
+    d = model_copy(tmp_path, vocab_size=300)
+    before = snapshot(d)
+    code, out, err = run_main(capsys, "generate", "--model", str(d), "--prompt", "hi")
+    assert code == REFUSED and out == ""
+    one_error_line(err, "vocab_size: the byte tokenizer has exactly 256 ids", "got 300")
+    assert snapshot(d) == before
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("hidden_size", 64.0, ["hidden_size 64.0 is not of type 'integer'"]),  # the docstring says 2.0 is not an int
+    ("num_hidden_layers", 2.0, ["num_hidden_layers 2.0 is not of type 'integer'"]),
+])
+def test_an_integer_written_as_a_float_is_refused_as_the_docstring_says(tmp_path, capsys, field, value, words):
+    d = model_copy(tmp_path, **{field: value})
+    code, out, err = run_main(capsys, "generate", "--model", str(d), "--prompt", "hi")
+    assert code == REFUSED and out == ""
+    one_error_line(err, *words)
+
+
+def test_an_integer_of_thousands_of_digits_is_said_to_be_that(tmp_path, capsys):
+    """Was: 'config.json is not valid JSON' (Python reads at most 4,300 digits; the file is valid JSON)."""
+    d = model_copy(tmp_path)
+    (d / "config.json").write_text((d / "config.json").read_text().rstrip().rstrip("}") + ', "x": ' + "9" * 5000 + "}")
+    code, out, err = run_main(capsys, "generate", "--model", str(d), "--prompt", "hi")
+    assert code == REFUSED and out == ""
+    one_error_line(err, "config.json holds an integer of 5,000 digits", "no field takes one of more than 4,300")
+    assert "not valid JSON" not in err
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1", "cp1252"])
+def test_an_output_encoding_that_cannot_write_the_text_is_exit_3(encoding):
+    """Was: exit 2 with a codec message. The tiny model's text at this seed holds U+FFFD (bytes that
+    are not UTF-8), which none of these encodings has."""
+    p = tl_lab("generate", "--model", "tiny-llama", "--prompt", "hi", "--max-tokens", "50", "--seed", "3",
+               env={**os.environ, "PYTHONIOENCODING": encoding})
+    assert p.returncode == OUTPUT
+    one_error_line(p.stderr.decode(), "cannot write the output", "cannot encode")
+
+
+def test_a_path_of_an_unknown_user_names_the_option(capsys, monkeypatch):
+    """Was: exit 4, 'internal error, a bug in tl_lab' (pathlib's RuntimeError)."""
+    code, out, err = run_main(capsys, "generate", "--model", "~nosuchuser/x", "--prompt", "hi")
+    assert code == REFUSED and out == ""
+    one_error_line(err, "--model ~nosuchuser/x", "cannot expand '~nosuchuser'")
+    monkeypatch.setenv("TL_LAB_CACHE", "~nosuchuser/c")
+    for argv in (["generate", "--model", "smollm2", "--prompt", "hi"], ["fetch", "smollm2"]):
+        code, out, err = run_main(capsys, *argv)
+        assert code == REFUSED and out == ""
+        one_error_line(err, "TL_LAB_CACHE ~nosuchuser/c", "cannot expand '~nosuchuser'")
+
+
+def test_messages_that_misled(tmp_path, capsys, monkeypatch):
+    """Was: 'not enough memory ()'; 'Input/output error' without the file for a model.safetensors linked
+    to /proc/self/mem; 'give --prompt some text' for a chat template that renders empty."""
+    import tl_lab.__main__ as cli
+
+    def no_memory(args):
+        raise MemoryError()
+
+    monkeypatch.setattr(cli, "_generate", no_memory)
+    code, out, err = run_main(capsys, "generate", "--model", "bigram", "--prompt", "x")
+    assert code == REFUSED and "()" not in err
+    one_error_line(err, "not enough memory; try a smaller model")
+    monkeypatch.undo()
+
+    d = model_copy(tmp_path)
+    (d / "model.safetensors").unlink()
+    (d / "model.safetensors").symlink_to("/proc/self/mem")
+    code, out, err = run_main(capsys, "generate", "--model", str(d), "--prompt", "hi")
+    assert code == REFUSED
+    one_error_line(err, "cannot read", str(d / "model.safetensors"), "Input/output error")
+
+    e = model_copy(tmp_path / "e", tl_chat_template="{% if false %}x{% endif %}")
+    code, out, err = run_main(capsys, "generate", "--model", str(e), "--template", "--prompt", "hi")
+    assert code == REFUSED and "--prompt" not in err
+    one_error_line(err, "the chat template", "rendered the conversation as empty text")
+
+
+def test_widgets_refuse_without_a_half_update_or_a_noise_at_exit():
+    """Was: ModelPlayground('/nonexistent') printed 'Exception ignored in Widget.__del__' later;
+    SamplerPlayground().set_logits(np.array(['a', 'b'])) raised after half-updating the widget, and
+    picking the 'given logits' preset then raised inside the observer."""
+    code = """
+import gc, numpy as np
+from tl_lab.widgets.model_playground import ModelPlayground
+from tl_lab.widgets.sampler_playground import SamplerPlayground, GIVEN
+try:
+    ModelPlayground("/nonexistent")
+except Exception as e:
+    print(type(e).__name__)
+gc.collect()
+p = SamplerPlayground()
+state = lambda: (p.preset.value, list(p.preset.options), p.logits_text.value, p.status.value if hasattr(p, "status") else None)
+before = state()
+try:
+    p.set_logits(np.array(["a", "b"]))
+except ValueError as e:
+    print(e)
+print(state() == before, GIVEN in p.preset.options)
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    assert p.stdout.splitlines() == ["ConfigError", "logits must be real numbers, got an array of dtype <U1",
+                                     "True False"], (p.stdout, p.stderr)
+    assert "Exception ignored" not in p.stderr and "Traceback" not in p.stderr, p.stderr

@@ -272,19 +272,45 @@ def test_kernels_give_the_same_bits_compiled_or_cached(tmp_path):
     assert not differ, f"compiled and cached kernels give different bits: {differ}"
 
 
-def test_threads_for_runs_a_lone_row_on_one_thread_and_restores_the_count(restore_threads):
-    """A step of one row runs on one thread (`kernels.SERIAL_ROWS`), a larger one on the count in
-    force, and the count comes back after the block, also when it raises."""
+def test_threads_for_times_lone_rows_and_restores_the_count(restore_threads):
+    """A step of one row runs on 1 thread or on the count in force (its owner's `LoneRowThreads`
+    picks, and is told the step's time), a larger step on the count in force, and the count comes
+    back after the block, also when it raises."""
     import numba
 
-    from tl_lab.kernels import SERIAL_ROWS, threads_for
+    from tl_lab.kernels import _LONE_ROW, SERIAL_ROWS, threads_for
 
+    owner = type("Owner", (), {})()
     assert _threads(2) == 2
-    with threads_for(SERIAL_ROWS):
-        assert numba.get_num_threads() == 1
-    assert numba.get_num_threads() == 2
-    with threads_for(SERIAL_ROWS + 1):
+    seen = set()
+    for _ in range(8):
+        with threads_for(SERIAL_ROWS, owner):
+            seen.add(numba.get_num_threads())
         assert numba.get_num_threads() == 2
-    with pytest.raises(RuntimeError), threads_for(1):
+    assert seen == {1, 2}, "the first lone-row steps try both counts"
+    assert sum(map(len, _LONE_ROW[owner].times.values())) == 8
+    with threads_for(SERIAL_ROWS + 1, owner):
+        assert numba.get_num_threads() == 2
+    with pytest.raises(RuntimeError), threads_for(1, owner):
         raise RuntimeError("inside")
     assert numba.get_num_threads() == 2
+
+
+def test_lone_row_threads_pick_the_faster_count_and_leave_it_when_it_slows():
+    """Two threads twice as fast: after trying both, the split wins, with one probe of a single
+    thread every PROBE steps; then a core gets busy and the split takes four times as long: within a
+    few probes single-thread steps win."""
+    from tl_lab.kernels import LoneRowThreads
+
+    chooser, cost = LoneRowThreads(), {1: 20.0, 2: 10.0}
+    picks = []
+    for step in range(6 * LoneRowThreads.PROBE):
+        if step == 3 * LoneRowThreads.PROBE:
+            cost[2] = 40.0  # the busy core
+        n = chooser.pick(2)
+        chooser.record(n, cost[n])
+        picks.append(n)
+    quiet, busy = picks[LoneRowThreads.PROBE : 3 * LoneRowThreads.PROBE], picks[5 * LoneRowThreads.PROBE :]
+    assert quiet.count(2) >= len(quiet) - 2 and quiet.count(1) >= 1
+    assert busy.count(1) >= len(busy) - 2
+    assert LoneRowThreads().pick(1) == 1

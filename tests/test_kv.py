@@ -35,9 +35,11 @@ def f16(x: float) -> int:
 
 
 def snapshot(pool: KvPool):
-    """Everything observable about a pool, to prove a refused call changed nothing."""
+    """Everything observable about a pool through the chapter's interface (a learner's pool has no
+    private fields of ours), to prove a refused call changed nothing: each block's state, ref, fill
+    and hash, the LRU and free orders, the counts (the index's size among them) and the data."""
     blocks = [(str(pool.state(b)), pool.ref(b), pool.fill(b), pool.hash_of(b)) for b in range(pool.n_blocks)]
-    return blocks, pool.lru(), pool.free_list(), pool.stats(), dict(pool._index), pool.data.tobytes()
+    return blocks, pool.lru(), pool.free_list(), pool.stats(), pool.data.tobytes()
 
 
 def refused(pool: KvPool, fn, exc=KvError, names=None):
@@ -726,3 +728,26 @@ def test_a_large_pool_costs_memory_only_as_it_is_used():
     b = small.alloc(2)
     small.release(b[0])
     assert small.free_list() == [2, 3, 0] and small.alloc(3) == [2, 3, 0]
+
+
+@pytest.mark.parametrize("dims, words", [
+    (dict(n_layers=2**32), "4 blocks of 35184372088832 bytes"),  # np.prod wrapped: 0 bytes, the check skipped
+    (dict(block_tokens=2**62), "4 blocks of 4722366482869645213696 bytes"),  # -18446744073709551616 bytes
+    (dict(dtype=["f16"]), "KvCfg.dtype must be 'f16', got ['f16']"),  # a TypeError (unhashable)
+])
+def test_kv_cfg_of_huge_dimensions_or_a_wrong_dtype_type_is_refused_in_words(dims, words):
+    """Issue 20: the block size is computed in Python ints, so a pool larger than memory is refused
+    naming its real size (and that one block is too large), and a list as dtype is a KvError."""
+    cfg = KvCfg(**{**dict(n_blocks=4, block_tokens=16, n_layers=2, n_kv_heads=2, head_dim=64), **dims})
+    with pytest.raises(KvError) as exc:
+        KvPool(cfg)
+    assert words in str(exc.value)
+    if "dtype" not in dims:
+        assert cfg.block_bytes > 0 and "one block is too large" in str(exc.value)
+
+
+def test_a_refused_call_names_itself():
+    """Each misuse names the call it was (mutation testing, issue 20, found set_fill's name unchecked)."""
+    pool = KvPool(KvCfg(n_blocks=4, block_tokens=16, n_layers=1, n_kv_heads=1, head_dim=16))
+    with pytest.raises(KvError, match=r"^set_fill\(0\): block 0 is free, not in use$"):
+        pool.set_fill(0, 1)

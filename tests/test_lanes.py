@@ -1,9 +1,10 @@
 """tl_lab/lanes.py: the pieces every kernel builds its sums from (chapter L10.1, section 2.4)."""
 
 import numpy as np
+import pytest
 from numba import njit
 
-from tl_lab.lanes import (LANES, vexp, vfma, vload, vload_f16_part, vload_part, vmax, vnibbles, vstore_part, vsum, vsum4,
+from tl_lab.lanes import (LANES, vexp, vfma, vload, vload_f16_part, vload_part, vmax, vhat, vsplat, vstore_part, vsum, vsum4,
                           vtop, vzero)
 
 
@@ -90,8 +91,9 @@ def _part_f16(bits, n, out):
 
 
 @njit(cache=True)
-def _nibbles(P, shift, out):
-    vstore_part(out, 0, 0, LANES, vnibbles(P, 0, 0, shift))
+def _hat(P, shift, s, out):
+    for i in range(P.shape[0]):
+        vstore_part(out, i, 0, LANES, vhat(P, i, 0, shift, vsplat(s)))
 
 
 def test_masked_steps_read_and_write_only_their_lanes():
@@ -106,9 +108,52 @@ def test_masked_steps_read_and_write_only_their_lanes():
     assert out[0, :7].tolist() == halves[0].astype(np.float32).tolist() and (out[0, 7:] == -1.0).all()
 
 
-def test_nibbles_are_the_stored_values():
-    P = np.arange(256, dtype=np.uint8)[None, 16:32].copy()  # bytes 0x10 .. 0x1f
-    lo, hi = np.empty((1, LANES), np.float32), np.empty((1, LANES), np.float32)
-    _nibbles(P, 0, lo)
-    _nibbles(P, 4, hi)
-    assert lo[0].tolist() == [float(b & 15) for b in P[0]] and hi[0].tolist() == [float(b >> 4) for b in P[0]]
+
+_HAT_SCRIPT = """
+import sys
+import numpy as np
+from numba import njit
+from tl_lab.lanes import LANES, vhat, vsplat, vstore_part
+
+@njit
+def hat(P, shift, s, out):
+    for i in range(P.shape[0]):
+        vstore_part(out, i, 0, LANES, vhat(P, i, 0, shift, vsplat(s)))
+
+P = np.arange(256, dtype=np.uint8).reshape(16, 16)
+out = np.empty((2, 16, 16), np.float32)
+for shift in (0, 4):
+    hat(P, shift, np.float32(float(sys.argv[1])), out[shift // 4])
+np.save(sys.argv[2], out)
+"""
+
+
+@pytest.mark.parametrize("s", [0.0078125, 1.5 * 2.0**-9, 65504.0, -0.375])
+def test_hat_is_the_stored_nibble_minus_8_times_the_scale(s):
+    """Every byte value, both nibbles: W_hat = (n - 8) s exactly, n = the low or high nibble."""
+    P = np.arange(256, dtype=np.uint8).reshape(16, 16)
+    for shift, nib in ((0, P & 15), (4, P >> 4)):
+        out = np.empty((16, LANES), np.float32)
+        _hat(P, shift, np.float32(s), out)
+        assert np.array_equal(out, (nib.astype(np.float32) - 8) * np.float32(s)), f"shift {shift}"
+
+
+def test_hat_gives_the_same_bits_without_avx512(tmp_path):
+    """`vhat` picks each nibble's lane of a table with AVX-512 and computes (n - 8) s without: the
+    two machine codes give the same bits (a target without AVX-512 forced through numba's
+    NUMBA_CPU_NAME / NUMBA_CPU_FEATURES, in a process and cache of its own)."""
+    import os
+    import subprocess
+    import sys
+
+    outs = []
+    for name, features in ((None, None), ("haswell", "+64bit,+avx,+avx2,+fma,+f16c,+sse4.2,+popcnt,+bmi,+bmi2")):
+        env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / f"numba-{name}")}
+        if name:
+            env.update(NUMBA_CPU_NAME=name, NUMBA_CPU_FEATURES=features)
+        out = tmp_path / f"{name}.npy"
+        subprocess.run([sys.executable, "-c", _HAT_SCRIPT, "0.01171875", str(out)], env=env, check=True, timeout=300)
+        outs.append(np.load(out))
+    P = np.arange(256, dtype=np.uint8).reshape(16, 16)
+    want = (np.stack([(P & 15), (P >> 4)]).astype(np.float32) - 8) * np.float32(0.01171875)
+    assert np.array_equal(outs[0], want) and np.array_equal(outs[0], outs[1])

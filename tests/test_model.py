@@ -564,6 +564,16 @@ def test_a_config_built_in_code_checks_its_field_types(field, value):
     assert type(dataclasses.replace(good, vocab_size=np.int64(256)).vocab_size) is int
 
 
+@pytest.mark.parametrize("field", ["hidden_size", "num_attention_heads", "head_dim"])
+def test_a_config_built_in_code_with_a_zero_size_names_it(field):
+    """The schema refuses 0 in a file; a config built in code meets __post_init__'s own check, whose
+    message must name the field and the value (mutation testing, issue 20: a broken message was a
+    TypeError, exit 4, and no test saw it)."""
+    good = ModelConfig.from_json(json.dumps(TINY_CONFIG))
+    with pytest.raises(ConfigError, match=rf"^{field}: must be positive, got 0$"):
+        dataclasses.replace(good, **{field: 0})
+
+
 def test_param_count_does_not_grow_with_the_layer_count():
     good = ModelConfig.from_json(json.dumps(TINY_CONFIG))
     table = {}
@@ -929,7 +939,7 @@ def test_widening_makes_no_full_size_temporary(tmp_path):
     temporaries only (issue 12: bf16_to_f32 used to make a full-size uint32 copy first)."""
     import tracemalloc
 
-    from tl_lab.model import WIDEN_CHUNK, widen_threads
+    from tl_lab.widening import WIDEN_CHUNK, widen_threads
 
     n = 16 * 2**20
     bits = np.full(n, 0x3F80, np.uint16)  # 1.0 in bf16
@@ -957,7 +967,8 @@ def test_loading_a_config_imports_no_format_checker(tmp_path):
 
     code = (
         "import sys, importlib\n"
-        "from tl_lab.model import ModelConfig, _FORMAT_ONLY_PACKAGES\n"
+        "from tl_lab.model import ModelConfig\n"
+        "from tl_lab.schema import _FORMAT_ONLY_PACKAGES\n"
         f"ModelConfig.load({str(TINY)!r})\n"
         "print(sorted(m for m in _FORMAT_ONLY_PACKAGES if sys.modules.get(m) is not None))\n"
         "print(all(sys.modules.get(m, 1) is not None for m in _FORMAT_ONLY_PACKAGES))\n"
@@ -984,10 +995,10 @@ def _write_bf16_llama(d: Path, cfg: dict, tensors: dict) -> dict[str, np.ndarray
 def _small_pieces(monkeypatch, threads: int = 3) -> None:
     """Widen in pieces of 1000 elements on `threads` threads: every tensor but the norms is split,
     and pieces of one tensor go to different threads."""
-    import tl_lab.model as model
+    import tl_lab.widening as widening
 
-    monkeypatch.setattr(model, "WIDEN_CHUNK", 1000)
-    monkeypatch.setattr(model, "widen_threads", lambda: threads)
+    monkeypatch.setattr(widening, "WIDEN_CHUNK", 1000)
+    monkeypatch.setattr(widening, "widen_threads", lambda: threads)
 
 
 @pytest.mark.parametrize("threads", [1, 3])

@@ -418,3 +418,12 @@ def test_int4_pack_unpack_round_trip(q):
 
 def test_f32_from_bits_inverts_the_pattern():
     assert f32_from_bits(0x3F800000) == 1.0 and f32_from_bits(0xC0000000) == -2.0
+
+
+@pytest.mark.parametrize("widen", ["f16_to_f32", "bf16_to_f32"])
+def test_a_bit_pattern_that_is_not_an_integer_is_named(widen):
+    """Mutation testing (issue 20): the name in bf16_to_f32's refusal was unchecked."""
+    import tl_lab.quant as q
+
+    with pytest.raises(ValueError, match=r"^h must be an integer bit pattern, got float 2.5$"):
+        getattr(q, widen)(2.5)

@@ -5,13 +5,14 @@ own float32 LlamaForCausalLM); test_tools_goldens.py re-derives that file.
 """
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
 
 from tl_lab.compare import hf_golden_cases
 from tl_lab.errors import BatchError, KvError
-from tl_lab.forward import LONG_ROWS
+from tl_lab.products import LONG_ROWS
 from tl_lab.model import Linear, LlamaLayer, LlamaWeights, ModelConfig
 from tl_lab.paths import DATA_DIR, GOLDEN_DIR
 from tl_lab.quant import QLinear
@@ -365,6 +366,39 @@ def test_forward_refuses_bad_batches():
     assert runner.pool.fill(ok_blocks[0]) == 4
 
 
+def test_forward_refuses_batches_of_the_wrong_types_and_starts_past_what_the_blocks_hold():
+    """Issue 20: ForwardSeq(blocks=None), an int table, a tuple for a seq, ragged tokens gave
+    TypeError/AttributeError/ValueError; now each is a BatchError and nothing changes. And a start
+    past the blocks' written fill (blocks released and taken again, fill 0) ran, attending over the
+    previous owner's K and V (in a server: one user's prompt read by another's request)."""
+    runner = tiny(n_blocks=16)
+    blocks = runner.pool.alloc(2)
+    runner.forward(ForwardBatch([ForwardSeq(list(b"twenty tokens here.."), 0, blocks)]))  # fills 16 + 4
+    bad = {
+        "blocks None": (ForwardBatch([ForwardSeq([1], 0, None)]), "blocks must be a sequence of block ids"),
+        "an int table": (ForwardBatch([ForwardSeq([1], 0, 5)]), "blocks must be a sequence of block ids, got int"),
+        "a str table": (ForwardBatch([ForwardSeq([1], 0, "ab")]), "got str"),
+        "a tuple seq": (ForwardBatch([([1], 0, blocks)]), "seq 0 is a tuple, not a ForwardSeq"),
+        "seqs not a list": (ForwardBatch(5), "ForwardBatch.seqs must be a list"),
+        "ragged tokens": (ForwardBatch([ForwardSeq([[1, 2], [3]], 0, blocks)]), "seq 0: tokens must be a 1-D"),
+        "start past the fill": (ForwardBatch([ForwardSeq([1], 25, blocks)]),
+                                "start 25 is past what its blocks hold: block"),
+    }
+    for what, (batch, words) in bad.items():
+        before = snapshot(runner)
+        with pytest.raises(BatchError, match=re.escape(words)):
+            runner.forward(batch)
+        assert snapshot(runner) == before, what
+    runner.forward(ForwardBatch([ForwardSeq([1], 20, blocks)]))  # right after what they hold: fine
+    for b in blocks:
+        runner.pool.release(b)
+    taken = runner.pool.alloc(runner.pool.available())
+    again = [b for b in taken if b in blocks]  # the same blocks, the old K and V still in their bytes
+    assert sorted(again) == sorted(blocks) and runner.pool.fill(again[0]) == 0
+    with pytest.raises(BatchError, match=f"block {again[0]} .table entry 0. holds 0 of the 16 positions"):
+        runner.forward(ForwardBatch([ForwardSeq([1], 20, again)]))
+
+
 def test_forward_fills_the_blocks_it_writes():
     runner = tiny()
     blocks = blocks_for(runner, 40)
@@ -499,13 +533,3 @@ def test_smollm2_load_is_the_bf16_file_widened_bit_for_bit():
                 check(getattr(layer, field).w, f"{p}.{module}.weight")
             for stack, first in ((layer.qkv.w, layer.q_proj.w), (layer.gate_up.w, layer.gate_proj.w)):
                 assert stack.base is arena and stack.ctypes.data == first.ctypes.data
-
-
-def test_keep_freed_memory_tunes_glibc_and_only_glibc():
-    """On glibc the runner asks malloc to keep large freed blocks (both mallopt calls accepted);
-    elsewhere it says it did nothing, and nothing fails."""
-    import platform
-
-    from tl_lab.runner import keep_freed_memory
-
-    assert keep_freed_memory() is (platform.libc_ver()[0] == "glibc")

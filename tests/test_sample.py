@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 import tl_lab.sample as ts
 from tl_lab.paths import GOLDEN_DIR
+from tl_lab.sample_reference import sample_reference
 from tl_lab.sample import (
     PURPOSE_SAMPLE,
     Pcg32,
@@ -24,7 +25,6 @@ from tl_lab.sample import (
     child_seed,
     mix64,
     sample,
-    sample_reference,
     sample_trace,
     stream,
 )
@@ -122,6 +122,15 @@ def test_hand_example_sampling(fn):
         Z += math.exp(v - 3.0)
     assert Z == pytest.approx(2.52153, abs=5e-6)
     assert logprob == (3.0 - 3.0) - math.log(Z)
+    rng = stream(0, PURPOSE_SAMPLE)
+    assert rng.uniform_f64() == 0.8020949661137535  # the u of section 3, the one draw the token took
+
+
+def test_trace_of_the_hand_example():
+    """Section 3's stages, as the playground shows them (sample_trace: the lab's, not graded)."""
+    x = [1.0, 3.0, 2.0, 3.0, -1.0]
+    params = SamplingParams(temperature=1.0, top_k=3, top_p=0.8)
+    token, logprob = sample(np.array(x, np.float32), params, [], [], stream(0, PURPOSE_SAMPLE))
     tr = sample_trace(x, params, [], [], stream(0, PURPOSE_SAMPLE))
     assert tr.top_k.tolist() == [1, 2, 3]
     assert tr.nucleus_order.tolist() == [1, 3]
@@ -191,19 +200,32 @@ def test_greedy_takes_no_draw_and_sampling_takes_one(fn):
 def test_top_p_keeps_the_crossing_token(fn):
     # four equal logits: every weight is exp(0) = 1 exactly, every probability exactly 0.25
     x = np.array([5.0, 5.0, 5.0, 5.0, -100.0], np.float32)
-    tr = sample_trace(x, SamplingParams(top_p=0.5), [], [], stream(0, 4))
-    assert tr.nucleus_cum.tolist() == [0.25, 0.5]  # the mass reaches p exactly at id 1
-    assert tr.top_p.tolist() == [0, 1]
-    assert sample_trace(x, SamplingParams(top_p=0.75), [], [], stream(0, 4)).top_p.tolist() == [0, 1, 2]
     # dyadic probabilities 0.5, 0.25, 0.125, 0.125 (exp(log 2^-j) rounds back to 2^-j exactly)
     y = [0.0, math.log(0.5), math.log(0.25), math.log(0.25)]
     assert [math.exp(v) for v in y] == [1.0, 0.5, 0.25, 0.25]
-    tr = sample_trace(y, SamplingParams(top_p=0.75), [], [], stream(0, 4))
-    assert tr.nucleus_cum.tolist() == [0.5, 0.75] and tr.top_p.tolist() == [0, 1]
+    # the mass reaches p exactly at id 1: x keeps {0, 1} at 0.5 each (u < 0.5 draws 0), y keeps
+    # {0, 1} at 2/3 and 1/3; the largest u still draws id 1, never an id past the crossing one
+    for u, want in ((0.0, 0), (0.4999999999999999, 0), (0.5, 1), (U_MAX, 1)):
+        assert fn(x, SamplingParams(top_p=0.5), [], [], FixedU(u))[0] == want, u
+    for u, want in ((0.0, 0), (0.6, 0), (0.7, 1), (U_MAX, 1)):
+        assert fn(y, SamplingParams(top_p=0.75), [], [], FixedU(u))[0] == want, u
+    assert fn(x, SamplingParams(top_p=0.75), [], [], FixedU(U_MAX))[0] == 2  # three kept at 0.75
     for seed in range(150):  # the crossing id is drawn, nothing past it ever is
         assert fn(x, SamplingParams(top_p=0.5), [], [], stream(seed, 4))[0] in (0, 1)
         assert fn(y, SamplingParams(top_p=0.75), [], [], stream(seed, 4))[0] in (0, 1)
     assert {fn(x, SamplingParams(top_p=0.5), [], [], stream(s, 4))[0] for s in range(40)} == {0, 1}
+
+
+def test_nucleus_trace_stops_at_the_crossing_token():
+    """The top-p walk as the playground shows it (sample_trace: the lab's, not graded)."""
+    x = np.array([5.0, 5.0, 5.0, 5.0, -100.0], np.float32)
+    tr = sample_trace(x, SamplingParams(top_p=0.5), [], [], stream(0, 4))
+    assert tr.nucleus_cum.tolist() == [0.25, 0.5]  # the mass reaches p exactly at id 1
+    assert tr.top_p.tolist() == [0, 1]
+    assert sample_trace(x, SamplingParams(top_p=0.75), [], [], stream(0, 4)).top_p.tolist() == [0, 1, 2]
+    y = [0.0, math.log(0.5), math.log(0.25), math.log(0.25)]
+    tr = sample_trace(y, SamplingParams(top_p=0.75), [], [], stream(0, 4))
+    assert tr.nucleus_cum.tolist() == [0.5, 0.75] and tr.top_p.tolist() == [0, 1]
 
 
 @pytest.mark.parametrize("fn", SAMPLERS)
@@ -219,7 +241,8 @@ def test_penalties_follow_hf_and_openai_semantics(fn):
         0.5,  # untouched
     ]
     assert expect == [1.0, -4.0, -0.25, -3.0, 0.5]
-    assert sample_trace(x, params, prompt, output, None).penalised.tolist() == expect
+    # greedy after the penalties: the logprob is the penalised logit's; at T = 1 each id's weight
+    # is exp(penalised), so a draw u lands where the penalised CDF says
     M, Z = 1.0, 0.0
     for v in expect:
         Z += math.exp(v - M)
@@ -230,6 +253,18 @@ def test_penalties_follow_hf_and_openai_semantics(fn):
     only_pf = SamplingParams(temperature=0.0, presence_penalty=1.5, frequency_penalty=1.0)
     assert fn(x, only_pf, [0, 0, 0], [], None)[0] == 0
     assert fn(x, only_pf, [], [0], None)[0] == 2  # 2.0 - (1.0 + 1.5) = -0.5 < 1.0
+    # every penalised value, through the logprobs of a sampled token at T = 1: log p(t) = l'_t - log Z
+    t1 = SamplingParams(repetition_penalty=2.0, presence_penalty=0.5, frequency_penalty=0.25)
+    for u in (0.0, 0.3, 0.6, 0.95):
+        t, lp = fn(x, t1, prompt, output, FixedU(u))
+        assert lp == (expect[t] - M) - math.log(Z), (u, t)
+
+
+def test_penalised_logits_in_the_trace():
+    """Step 2's output as the playground shows it (sample_trace: the lab's, not graded)."""
+    x = np.array([2.0, -2.0, 1.0, -1.0, 0.5], np.float32)
+    params = SamplingParams(temperature=0.0, repetition_penalty=2.0, presence_penalty=0.5, frequency_penalty=0.25)
+    assert sample_trace(x, params, [0, 1, 0], [2, 3, 3], None).penalised.tolist() == [1.0, -4.0, -0.25, -3.0, 0.5]
 
 
 @pytest.mark.parametrize("fn", SAMPLERS)
@@ -366,6 +401,9 @@ def test_trace_properties(call):
         assert int(np.argmax(tr.scaled)) in tr.kept.tolist()  # the top id survives every filter
         for s in (tr.top_k_probs, tr.top_p_probs):
             assert abs(float(s.sum()) - 1.0) <= 1e-12
+        # what the playground's charts draw: a weight for every id, and the ids min-p kept
+        assert tr.weights.shape == tr.scaled.shape == x.shape
+        assert set(tr.kept.tolist()) <= set(tr.min_p.tolist()) <= set(tr.top_p.tolist())
 
 
 BIG_PARAMS = [
@@ -464,6 +502,8 @@ def test_token_ids_outside_the_vocabulary_are_refused(fn):
         (np.array([0, 9]), [], r"prompt\[1\] = 9"),
         (np.array([0.5]), [], "integer token ids"),
         (5, [], "sequence of token ids"),
+        ([0, 1.5], [], r"prompt\[1\] = 1.5 is not an integer"),  # id 0 is a token (mutation testing, issue 20)
+        ([4, 1.5], [], r"prompt\[0\] = 4 is outside the vocabulary \[0, 4\)"),  # so is not id V
     ]:
         with pytest.raises(ValueError, match=msg):
             fn(x, SamplingParams(), prompt, output, stream(0, 4))
@@ -495,6 +535,14 @@ def test_bad_params_are_refused():
     assert p.temperature == 1.0 and isinstance(p.temperature, float) and p.top_k == 3 and type(p.top_k) is int
     with pytest.raises(Exception):
         p.temperature = 2.0  # frozen
+
+
+@pytest.mark.parametrize("fn", SAMPLERS)
+def test_a_scaled_logit_exactly_at_the_limit_is_sampled(fn):
+    """LOGIT_LIMIT bounds |q| from above, inclusive: 2**100 / 2**-900 = 2**1000 exactly is a number the
+    sampler takes (mutation testing, issue 20: '<' for '<=' went unnoticed)."""
+    t, logprob = fn(np.array([0.0, 2.0**100], np.float32), SamplingParams(temperature=2.0**-900), [], [], stream(0, 4))
+    assert t == 1 and logprob == 0.0
 
 
 @pytest.mark.parametrize("fn", SAMPLERS)

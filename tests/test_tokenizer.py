@@ -278,3 +278,53 @@ def test_a_tokenizer_json_that_is_not_a_file_is_refused_at_once(bpe_dir, tmp_pat
     os.mkfifo(d / "config.json")  # load_tokenizer reads config.json itself when given none
     with pytest.raises(ConfigError, match="config.json: .* named pipe"):
         load_tokenizer(d)
+
+
+# --------------------------------------------------------------------------------------------
+# What mutation testing found unchecked (issue 20)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fresh_env(monkeypatch):
+    """The template environment built anew: it is cached per process, so a test of what building it
+    does (the filters, the bounds) must not see one an earlier test built."""
+    import tl_lab.tokenizer as t
+
+    monkeypatch.setattr(t, "_ENV", None)
+
+
+def test_tojson_passes_indent_and_sort_keys_as_transformers_does(fresh_env):
+    template = "{{ messages[0]|tojson(indent=2, sort_keys=true) }}|{{ messages[0]|tojson }}"
+    m = {"role": "user", "content": "hé"}
+    want = json.dumps(m, ensure_ascii=False, indent=2, sort_keys=True) + "|" + json.dumps(m, ensure_ascii=False)
+    assert render_chat_template(template, [m]) == want
+
+
+def test_an_operator_refusal_names_both_operands(fresh_env):
+    with pytest.raises(ConfigError, match=r"'\*' on str and int would make more than 10,000,000 items"):
+        render_chat_template("{{ 'ab' * 10**8 }}", [])
+    with pytest.raises(ConfigError, match=r"'\*' on int and str would make more than"):
+        render_chat_template("{{ 10**8 * 'ab' }}", [])
+
+
+def test_a_byte_model_keeps_its_chat_template():
+    template = "{% for m in messages %}{{ m.content }};{% endfor %}"
+    for config in ({"tl_tokenizer": "byte", "tl_chat_template": template},
+                   SimpleNamespace(tokenizer="byte", eos_token_ids=[], bos_token_id=None, chat_template=template)):
+        tok = load_tokenizer(".", config)
+        assert tok.chat_template == template and tok.apply_chat_template([{"role": "user", "content": "a"}]) == "a;"
+    with pytest.raises(ConfigError, match=r"^this model has no chat template \(config.json tl_chat_template\); "
+                                          r"use a plain prompt$"):
+        ByteTokenizer().apply_chat_template([{"role": "user", "content": "a"}])
+
+
+def test_the_byte_alphabet_is_gpt2s():
+    """GPT-2's byte-level alphabet: the printable Latin-1 bytes are themselves; the 68 others (0-32,
+    127-160 and the soft hyphen 0xAD) are 256, 257, ... in byte order. A byte off (0xAD kept) would
+    decode every token holding a soft hyphen wrongly."""
+    table = _bytes_to_unicode()
+    assert sorted(table) == list(range(256)) and len(set(table.values())) == 256
+    shifted = [b for b in range(256) if table[b] != chr(b)]
+    assert shifted == [*range(0, 33), *range(127, 161), 0xAD]
+    assert [table[b] for b in shifted] == [chr(256 + i) for i in range(len(shifted))]

@@ -127,3 +127,25 @@ def test_weights_print_as_the_float32_typed_and_headers_stand_apart():
     assert " 1.4 " in summary and "1.399999" not in summary
     assert "0.199951171875" in summary   # the stored f16 scale: its exact value, what the file means
     assert all("border-spacing:12px" in t for t in (w.table.value, w.summary.value))
+
+
+def test_int4_widget_shows_the_learners_bytes_beside_the_reference(tmp_path):
+    """Chapter "your turn": the learner's QLinear.quantize on the same row; the odd column in the low
+    nibble (s09) shows as different bytes, a stub as the piece to write."""
+    from tl_lab.exercise.side import load
+    from tl_lab.exercise.stubs import reference_source, stub_source
+    from tl_lab.pitfalls import apply_edit, get
+    from tl_lab.widgets.int4 import Int4Widget
+
+    (tmp_path / "quant.py").write_text(reference_source("quant"))
+    w = Int4Widget(yours=load(tmp_path / "quant.py", "yours_quant_i4a"))
+    assert w.yours_result is not None and "bit for bit" in w.compare.value
+    src = reference_source("quant")
+    for e in get("s09").edits:
+        src = apply_edit(src, e, "s09")
+    (tmp_path / "quant.py").write_text(src)
+    w = Int4Widget(yours=load(tmp_path / "quant.py", "yours_quant_i4b"))
+    assert "DIFFERENT" in w.compare.value
+    (tmp_path / "quant.py").write_text(stub_source("quant"))
+    w = Int4Widget(yours=load(tmp_path / "quant.py", "yours_quant_i4c"))
+    assert w.yours_result is None and "not written yet" in w.compare.value and w.view is not None

@@ -55,3 +55,26 @@ def test_bad_input_shows_a_message_not_a_traceback():
     assert "Type a number" in plain(w.html.value)
     w.text.value = "2"
     assert "0x4000" in plain(w.html.value) and w.x == 2.0
+
+
+def test_numbers_widget_shows_the_learners_bits_beside_the_reference(tmp_path):
+    """Chapter "your turn": the learner's quant.py rounds x too; a truncating f32_to_f16 (s08) shows
+    as a different pattern, a stub as the piece to write."""
+    from tl_lab.exercise.side import load
+    from tl_lab.exercise.stubs import reference_source, stub_source
+    from tl_lab.pitfalls import apply_edit, get
+    from tl_lab.widgets.numbers import NumbersWidget
+
+    (tmp_path / "quant.py").write_text(reference_source("quant"))
+    w = NumbersWidget("0.1", yours=load(tmp_path / "quant.py", "yours_quant_a"))
+    assert w.yours_bits == {"f16": 0x2E66, "bf16": 0x3DCD} and "DIFFERENT" not in w.compare.value
+    src = reference_source("quant")
+    for e in get("s08").edits:
+        src = apply_edit(src, e, "s08")
+    (tmp_path / "quant.py").write_text(src)
+    w = NumbersWidget("0.1", yours=load(tmp_path / "quant.py", "yours_quant_b"))
+    w.text.value = "0.3"  # f16(0.3) = 0x34CD rounds up: truncating keeps 0x34CC
+    assert w.yours_bits["f16"] == 0x34CC and "DIFFERENT: the reference's is 0x34CD" in w.compare.value
+    (tmp_path / "quant.py").write_text(stub_source("quant"))
+    w = NumbersWidget("0.1", yours=load(tmp_path / "quant.py", "yours_quant_c"))
+    assert w.yours_bits == {} and "not written yet" in w.compare.value and w.narrowings

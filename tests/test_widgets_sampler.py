@@ -396,3 +396,25 @@ def test_model_playgrounds_share_one_loaded_model():
     assert a.runner is None and b.runner is loaded_model(TINY, cfg).runner
     other = loaded_model(DATA_DIR / "bigram")
     assert other.runner is not b.runner and loaded_model(TINY, cfg).runner is not b.runner  # one at a time
+
+
+def test_playground_shows_the_learners_sampler_beside_the_reference(tmp_path):
+    """Chapter "your turn": the learner's sample.py on the same inputs and draws, its token and
+    logprob beside the reference's; a pitfall in it shows as a difference, a stub as what to write."""
+    from tl_lab.exercise.side import load
+    from tl_lab.exercise.stubs import reference_source, stub_source
+    from tl_lab.pitfalls import apply_edit, get
+
+    (tmp_path / "sample.py").write_text(reference_source("sample"))
+    pg = SamplerPlayground(yours=load(tmp_path / "sample.py", "yours_sample_a"))
+    assert pg.yours_result == (pg.trace.token, pg.trace.logprob) and "the same bits" in pg.compare.value
+    src = reference_source("sample")
+    for e in get("s03").edits:  # the logprob after temperature
+        src = apply_edit(src, e, "s03")
+    (tmp_path / "sample.py").write_text(src)
+    pg = SamplerPlayground(yours=load(tmp_path / "sample.py", "yours_sample_b"))
+    pg.temperature.value = 0.5
+    assert pg.yours_result[1] != pg.trace.logprob and "DIFFERENT" in pg.compare.value
+    (tmp_path / "sample.py").write_text(stub_source("sample"))
+    pg = SamplerPlayground(yours=load(tmp_path / "sample.py", "yours_sample_c"))
+    assert pg.yours_result is None and "not written yet" in pg.compare.value and pg.trace is not None

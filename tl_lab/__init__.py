@@ -4,12 +4,18 @@ Modules follow the chapter's layers: quant (numbers), model (checkpoints), forwa
 kv (the paged f16 cache), runner (ModelRunner), sample (PCG32 and the sampler).
 
 TL_LAB_PITFALL=s13 (comma-separated ids allowed) switches the chapter's pitfalls on for this process
-before any module they edit is imported (tl_lab.pitfalls, section 5).
+before any module they edit is imported (tl_lab.pitfalls, section 5). TL_LAB_WORKSPACE=DIR makes the
+learner's files in DIR those modules (tl_lab.exercise); the two do not combine: a pitfall edits the reference.
 """
 
 import os as _os
 
 __version__ = "0.1.0"
+
+if _os.environ.get("TL_LAB_WORKSPACE", "").strip().lower() not in ("", "off", "0", "none"):
+    from tl_lab.exercise.workspace import install_from_env as _install_workspace
+
+    _install_workspace()
 
 if _os.environ.get("TL_LAB_PITFALL", "").strip():
     from tl_lab import pitfalls as _pitfalls

@@ -5,6 +5,7 @@
     python -m tl_lab generate --model smollm2 --prompt "Once upon a time" [--max-tokens N --temperature T ...]
     python -m tl_lab chat --model smollm2     a conversation: one user line per turn, read from stdin
     python -m tl_lab pitfalls [--check [ID ...]]   the chapter's 22 pitfalls; --check: each one caught
+    python -m tl_lab exercise start|tests|check|parity|hint|status|reset   your turn (tl_lab.exercise)
 
 --model is a model directory or one of: smollm2 (the fetched SmolLM2-135M-Instruct), bigram,
 tiny-llama, tiny-llama-int4 (bundled). Every error reaches the user as one line "error: ..." on
@@ -102,8 +103,14 @@ def _add_pitfalls(sub) -> None:
     add_cli(sub)
 
 
+def _add_exercise(sub) -> None:
+    from tl_lab.exercise.cli import add_cli  # your turn: start, tests, check, parity, hint, status, reset
+
+    add_cli(sub)
+
+
 # The subcommands: each adds its parser (with set_defaults(run=...)); a new one is one function and one entry.
-COMMANDS = [_add_fetch, _add_generate, _add_chat, _add_pitfalls]
+COMMANDS = [_add_fetch, _add_generate, _add_chat, _add_pitfalls, _add_exercise]
 
 
 def _model_options(p: argparse.ArgumentParser) -> None:

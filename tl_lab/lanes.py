@@ -41,7 +41,7 @@ The pieces are numba intrinsics emitting LLVM's vector instructions (`F32x16` is
 - ``vsplat(x)``, ``vstore(a, i, k, v)``; for attention, whose head dimension may end inside a
   step, ``vload_part``, ``vstore_part`` (masked: lanes past the row's end read as 0 and are never
   written) and ``vload_f16`` / ``vload_f16_part`` (the pool's f16 bits widened to float32, exact);
-- ``vnibbles(P, i, b, shift)`` -> sixteen stored int4 nibbles as float32, for the int4 kernels.
+- ``vhat(P, i, b, shift, s)`` -> sixteen stored int4 nibbles n as W_hat = (n - 8) s, for the int4 kernels.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic, models, register_model
 
 __all__ = ["LANES", "F32x16", "vzero", "vload", "vfma", "vsum", "prefetch", "vload_part", "vload_f16", "vload_f16_part",
-           "vstore", "vstore_part", "vsplat", "vnibbles", "vexp", "vmax", "vtop", "vsum4", "vmul"]
+           "vstore", "vstore_part", "vsplat", "vhat", "vexp", "vmax", "vtop", "vsum4", "vmul"]
 
 LANES = 16
 _VEC = ir.VectorType(ir.FloatType(), LANES)
@@ -314,31 +314,52 @@ def vsplat(typingctx, x):
 
 
 # ---------------------------------------------------------------------------------------------
-# int4 weights (section 2.5): sixteen nibbles of the kernel layout (`quant.to_planar`) as float32,
-# exactly, so that n s - 8 s = q s is W_hat exactly (one fused multiply-add: n s and 8 s are exact,
-# and so is their difference) and an int4 product adds the very terms the float32 product on
-# W_hat adds, in the same order.
+# int4 weights (section 2.5): sixteen nibbles of the kernel layout (`quant.to_planar`) as W_hat
+# = (n - 8) s, exactly, so that an int4 product adds the very terms the float32 product on W_hat
+# adds, in the same order.
 # ---------------------------------------------------------------------------------------------
 
 
+def _has_avx512(context) -> bool:
+    """Whether the code being compiled may use AVX-512 (numba's target features, which
+    NUMBA_CPU_NAME / NUMBA_CPU_FEATURES set, else the host's)."""
+    features = getattr(context.codegen(), "_tm_features", None)
+    if features is None:
+        from llvmlite import binding
+
+        features = binding.get_host_cpu_features().flatten()
+    return "+avx512f" in features.split(",")
+
+
 @intrinsic
-def vnibbles(typingctx, arr, i, b, shift):
-    """Bytes a[i, b : b + 16] of a C-contiguous 2-D uint8 array; lane l = (byte >> shift) & 15 as
-    float32 (shift 0: the low nibbles, 4: the high ones): the stored n = q + 8."""
-    _check_2d(arr, types.uint8, "vnibbles reads")
+def vhat(typingctx, arr, i, b, shift, s):
+    """W_hat of sixteen stored nibbles: bytes a[i, b : b + 16] of a C-contiguous 2-D uint8 array,
+    lane l = (n - 8) s with n = (byte >> shift) & 15 (shift 0: the low nibbles, 4: the high ones)
+    and s the group's scale in every lane (`vsplat`). Exact: n - 8 is an integer of -8 .. 7 and s an
+    f16, so (n - 8) s is a float32 whatever computes it, and the two ways below give the same bits.
+
+    With AVX-512 the sixteen possible values (n - 8) s are one register, made once per group (the
+    compiler shares it between the calls with the same s), and each nibble picks its lane of it
+    (`vpermps`, which reads the low 4 bits of each index, so no mask is needed): three instructions
+    a step instead of five, and the int4 one-row kernel, bound by these instructions, ran 1.6x
+    faster on processor B. Without it: mask, convert, multiply."""
+    _check_2d(arr, types.uint8, "vhat reads")
 
     def codegen(context, builder, sig, args):
         ptr, _ = _item_pointer(context, builder, sig.args[0], args[0], args[1], args[2])
         i32x16 = ir.VectorType(_I32, LANES)
         raw = builder.load(builder.bitcast(ptr, ir.VectorType(ir.IntType(8), LANES).as_pointer()), align=1)
-        wide = builder.zext(raw, i32x16)
         sh = builder.trunc(context.cast(builder, args[3], sig.args[3], types.intp), _I32)
-        sh = _broadcast(builder, sh, i32x16)
-        n = builder.and_(builder.lshr(wide, sh), ir.Constant(i32x16, [15] * LANES))
-        return builder.sitofp(n, _VEC)
+        idx = builder.lshr(builder.zext(raw, i32x16), _broadcast(builder, sh, i32x16))
+        if _has_avx512(context):
+            table = builder.fmul(ir.Constant(_VEC, [float(n - 8) for n in range(LANES)]), args[4])
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VEC, [_VEC, i32x16]),
+                                                "llvm.x86.avx512.permvar.sf.512")
+            return builder.call(fn, [table, idx])
+        n = builder.and_(idx, ir.Constant(i32x16, [15] * LANES))
+        return builder.fmul(builder.sitofp(builder.sub(n, ir.Constant(i32x16, [8] * LANES)), _VEC), args[4])
 
-    return f32x16(arr, i, b, shift), codegen
-
+    return f32x16(arr, i, b, shift, f32x16), codegen
 
 
 # ---------------------------------------------------------------------------------------------

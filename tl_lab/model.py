@@ -21,19 +21,19 @@ import mmap
 import os
 import re
 import sys
-import threading
 from dataclasses import dataclass, field, fields, replace
-from functools import cache
 from pathlib import Path
-from typing import Callable, Iterator, Union
+from typing import Iterator, Union
 
 import numpy as np
 
 from tl_lab.errors import ConfigError, FormatError, clip
 from tl_lab.checks import as_float, as_int, is_int
 from tl_lab.kernels import product_f32
-from tl_lab.paths import FORMATS_DIR, open_regular, read_regular
+from tl_lab.paths import open_regular, read_regular
+from tl_lab.schema import CONFIG_SCHEMA_PATH, config_schema, validate_config
 from tl_lab.quant import QLinear, _rows, bf16_to_f32, f16_to_f32
+from tl_lab.widening import Arena, Widening, drop_pages, f32_out, widen_all
 
 __all__ = [
     "CONFIG_SCHEMA_PATH",
@@ -58,7 +58,6 @@ __all__ = [
     "load_weights",
 ]
 
-CONFIG_SCHEMA_PATH = FORMATS_DIR / "config.schema.json"
 MAX_HEADER_BYTES = 100_000_000  # 100 MB: no real header comes close (SmolLM2's is ~30 KB)
 # Counted in the raw header before its JSON is parsed (the parse of 1.7 million entries takes 1.7 GB);
 # a real shard holds hundreds to a few thousand tensors.
@@ -215,7 +214,7 @@ class ModelConfig:
             raise ConfigError(f"config.json holds {exc}") from None
         except (ValueError, RecursionError) as exc:  # JSONDecodeError, bad UTF-8, NaN/Infinity
             raise ConfigError(f"config.json is not valid JSON: {exc}") from None
-        _validate_against_schema(raw)
+        validate_config(raw)
         return cls._from_checked_dict(raw)
 
     @classmethod
@@ -337,89 +336,6 @@ def _json_int(text: str) -> int:
     return int(text)
 
 
-@cache
-def _schema_validator():
-    """The validator of config.json. The schema is a file of this package, checked against JSON
-    Schema's own metaschema by tests/test_model.py (test_config_schema_is_a_real_json_schema), not
-    again in every process: that check was 8 ms of a 0.2 s load."""
-    Draft202012Validator = _import_validator()
-    from jsonschema import validators
-
-    # JSON Schema counts 64.0 as an integer; ModelConfig does not (2.0 is refused, see _check_types)
-    strict = Draft202012Validator.TYPE_CHECKER.redefine(
-        "integer", lambda checker, v: isinstance(v, int) and not isinstance(v, bool))
-    Validator = validators.extend(Draft202012Validator, type_checker=strict)
-    return Validator(json.loads(CONFIG_SCHEMA_PATH.read_text()))
-
-
-# Packages jsonschema imports, when installed, only for its "format" checks (jsonschema/_format.py).
-# config.schema.json checks no format (tests/test_model.py says so), so none of them is needed.
-_FORMAT_ONLY_PACKAGES = ("fqdn", "idna", "isoduration", "jsonpointer", "rfc3339_validator",
-                         "rfc3986_validator", "rfc3987", "rfc3987_syntax", "uri_template", "webcolors")
-
-
-def _import_validator():
-    """jsonschema's Draft202012Validator, imported without its optional format-checking packages.
-
-    jsonschema imports each of `_FORMAT_ONLY_PACKAGES` that is installed, for its format checks:
-    `rfc3987_syntax` alone builds a lark parser at import (0.75 s, most of a model's load time,
-    measured here), the others together took 0.02 s of a 0.2 s load. config.schema.json checks no
-    format, so they are kept out (jsonschema skips a check whose package is missing); a later
-    import of any of them elsewhere in the process works as usual.
-    """
-    import sys
-
-    blocked = [name for name in _FORMAT_ONLY_PACKAGES if name not in sys.modules]
-    for name in blocked:
-        sys.modules[name] = None  # makes `import name` raise ImportError
-    try:
-        from jsonschema import Draft202012Validator
-    finally:
-        for name in blocked:
-            del sys.modules[name]
-    return Draft202012Validator
-
-
-def config_schema() -> dict:
-    """The JSON Schema of config.json (docs/formats/config.schema.json) as a dict."""
-    return _schema_validator().schema
-
-
-def _validate_against_schema(raw) -> None:
-    """Raise ConfigError listing every schema violation, each naming its field."""
-    validator = _schema_validator()  # first: it imports jsonschema without its slow optional part
-    from jsonschema.exceptions import best_match
-    errors = sorted(validator.iter_errors(raw), key=lambda e: (list(map(str, e.absolute_path)), e.message))
-    if not errors:
-        return
-    lines = [_describe(best_match([e]), validator.schema) for e in errors]
-    raise ConfigError("config.json refused: " + "; ".join(dict.fromkeys(lines)))
-
-
-def _js(value) -> str:
-    """A value as it appears in config.json (true, null, "silu"), shortened."""
-    text = json.dumps(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _describe(err, schema: dict) -> str:
-    """One schema error as "field: what is wrong (why the engine refuses it)"."""
-    path = list(err.absolute_path)
-    if err.validator == "required":  # the missing property is the field to name
-        missing = re.match(r"'([^']*)'", err.message)
-        path = path + [missing.group(1) if missing else "?"]
-        what = "is missing (required)"
-    elif err.validator == "const":
-        what = f"must be {_js(err.validator_value)}, got {_js(err.instance)}"
-    elif err.validator == "type" and err.validator_value == "null":
-        what = f"must be null, got {_js(err.instance)}"
-    else:
-        what = err.message
-    name = "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p)) for i, p in enumerate(path))
-    why = schema.get("properties", {}).get(path[0], {}).get("description") if path else None
-    return f"{name or '(the whole file)'} {what}" + (f" \N{EM DASH} {why}" if why else "")
-
-
 # ---------------------------------------------------------------------------------------------
 # The safetensors layout (section 2.3, docs/formats/safetensors.md)
 # ---------------------------------------------------------------------------------------------
@@ -448,69 +364,9 @@ def _copy_f32(bits: np.ndarray, out: np.ndarray) -> np.ndarray:
     return out
 
 
-def _f32_out(out: np.ndarray | None, shape: tuple, name: str) -> np.ndarray:
-    """The array `.f32` widens into: `out` checked, or a new one."""
-    if out is None:
-        return np.empty(shape, dtype=np.float32)
-    if out.dtype != np.float32 or out.shape != shape or not out.flags.c_contiguous:
-        raise ValueError(f"out for tensor {name!r} must be C-contiguous float32 {shape}, got {out.dtype} {out.shape}")
-    return out
-
-
 # How `.f32` widens each stored dtype (section 2.3): bf16(h) is the f32 with bits h << 16, f16 has
 # its own exponent bias and subnormals.
 _WIDEN = {"F32": _copy_f32, "F16": f16_to_f32, "BF16": bf16_to_f32}
-WIDEN_CHUNK = 1 << 18  # elements per widening piece: 1 MB of f32; a thread's temporaries are piece-sized
-MAX_WIDEN_THREADS = 8  # widening is bound by memory and page faults: more threads than this add nothing
-
-
-def widen_threads() -> int:
-    """Threads that widen a file's tensors: every core this process may run on (at most
-    MAX_WIDEN_THREADS), whatever EngineConfig.threads says for the kernels. Why (section 2.3,
-    loading): the first write to each fresh page of the weights costs a page fault in which the
-    kernel zeroes the page, and those faults, not the arithmetic, are most of a load; they run in
-    parallel on every core as transformers' loader runs them. Widening is elementwise, so the bits
-    do not depend on the count."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(cores, MAX_WIDEN_THREADS))
-
-
-def _parallel_for(work, items, n: int) -> None:
-    """Call work(item) for every item, on n threads at once (the calling thread is one of them), each
-    taking the next item when done with its last. The first exception (a Ctrl-C too) stops the others
-    at their next item and is raised here once all have stopped."""
-    pending, errors = iter(items), []
-
-    def loop() -> None:
-        try:
-            for item in pending:  # next() on a list iterator is atomic under the GIL: no item runs twice
-                if errors:
-                    return
-                work(item)
-        except BaseException as exc:  # re-raised in the calling thread below
-            errors.append(exc)
-
-    helpers = [threading.Thread(target=loop, name=f"tl_lab-widen-{i}") for i in range(1, n)]
-    for t in helpers:
-        t.start()
-    loop()
-    for t in helpers:
-        t.join()
-    if errors:
-        raise errors[0]
-
-
-@dataclass(frozen=True)
-class _Widening:
-    """One tensor to widen: its stored bits and its float32 destination, both flat (numel,)."""
-
-    name: str
-    info: TensorInfo
-    bits: np.ndarray
-    out: np.ndarray
-    widen: Callable[..., np.ndarray]  # `_WIDEN[dtype]`: widen(bits, out=out) -> out
-
-
 @dataclass(frozen=True)
 class TensorInfo:
     """One header entry: dtype, shape, and [begin, end) counted from the start of the data buffer."""
@@ -563,8 +419,8 @@ def parse_layout(buf) -> Layout:
             f"header length N = {N} runs past the end of the file (8 + N = {8 + N} > {size} bytes): "
             f"truncated or not a safetensors file"
         )
+    _check_entry_count(buf, N)
     raw = _header_bytes(buf, N)
-    _check_entry_count(raw)
     text = _header_text(raw)
     del raw  # the parse holds the text and what it builds, not the bytes too
     header = _parse_header_json(text)
@@ -574,34 +430,49 @@ def parse_layout(buf) -> Layout:
     return Layout(ordered, metadata, 8 + N)
 
 
-def _header_bytes(buf, N: int) -> bytes | bytearray:
-    """Bytes [8, 8 + N) of buf, the header. From a map they are copied a piece at a time, each piece's
-    pages handed back as soon as it is copied, so a 100 MB header is held once, not twice."""
-    if not isinstance(buf, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED"):
-        return bytes(buf[8 : 8 + N])
-    raw, step = bytearray(N), 1 << 22
+_TENSOR_KEY = b'"data_offsets"'  # once in every entry
+
+
+def _header_pieces(buf, N: int, overlap: int = 0, step: int = 1 << 22) -> Iterator[bytes]:
+    """Bytes [8, 8 + N) of buf, the header, in pieces of `step` bytes (each with up to `overlap`
+    bytes of the next one after it). A map's pages are handed back as each piece is read, so the
+    header is never held twice (in the map and in a copy)."""
     for a in range(0, N, step):
         b = min(a + step, N)
-        raw[a:b] = buf[8 + a : 8 + b]
-        lo, hi = (8 + a) - (8 + a) % mmap.PAGESIZE, (8 + b) - (8 + b) % mmap.PAGESIZE
-        if hi > lo:
-            buf.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+        yield bytes(buf[8 + a : 8 + min(b + overlap, N)])
+        if isinstance(buf, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
+            lo, hi = (8 + a) - (8 + a) % mmap.PAGESIZE, (8 + b) - (8 + b) % mmap.PAGESIZE
+            if hi > lo:
+                buf.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
+
+def _header_bytes(buf, N: int) -> bytes | bytearray:
+    """The header, copied once (see `_header_pieces`)."""
+    if not isinstance(buf, mmap.mmap):
+        return bytes(buf[8 : 8 + N])
+    raw = bytearray(N)
+    for k, piece in enumerate(_header_pieces(buf, N)):
+        raw[k << 22 : (k << 22) + len(piece)] = piece
     return raw
 
 
-def _check_entry_count(raw: bytes) -> None:
+def _check_entry_count(buf, N: int) -> None:
     """Refuse a header with more than MAX_TENSORS entries or MAX_HEADER_VALUES JSON values before
-    parsing it (cheap: byte counts; the parse would take about 1 KB for each).
+    copying or parsing it (cheap: byte counts, a piece at a time; the parse takes about 1 KB for each).
 
     Every entry has one "data_offsets" key; a name that happens to contain the string only makes the
-    count larger, never smaller, so nothing over the limit slips through."""
-    n = raw.count(b'"data_offsets"')
+    count larger, never smaller, so nothing over the limit slips through. A key is counted in the
+    piece where it starts (each piece overlaps the next by the key's length - 1)."""
+    n = values = 0
+    for piece in _header_pieces(buf, N, overlap=len(_TENSOR_KEY) - 1):
+        own = min(len(piece), 1 << 22)  # the bytes of this piece, without the overlap
+        n += piece.count(_TENSOR_KEY)
+        values += sum(piece.count(c, 0, own) for c in (b",", b":", b"{", b"["))  # inside strings too
     if n > MAX_TENSORS:
         raise FormatError(
             f"the header lists about {n:,} tensors, over the limit of {MAX_TENSORS:,} (a real checkpoint "
             "file holds a few thousand at most); refused before parsing it"
         )
-    values = sum(raw.count(c) for c in (b",", b":", b"{", b"["))  # inside strings too: only ever more
     if values > MAX_HEADER_VALUES:
         raise FormatError(
             f"the header holds about {values:,} JSON values, over the limit of {MAX_HEADER_VALUES:,} "
@@ -819,62 +690,34 @@ class SafeTensors:
         t = self.info(name)
         if shape is not None and tuple(shape) != t.shape:
             raise FormatError(f"tensor {name!r} has shape {t.shape}, expected {tuple(shape)}")
-        out = _f32_out(out, t.shape, name)
+        out = f32_out(out, t.shape, name)
         self.f32_into({name: out}, finite=finite)
         return out
 
     def f32_into(self, outs: dict[str, np.ndarray], finite: bool = False) -> None:
         """Widen each tensor `name` into `outs[name]`, a C-contiguous float32 array of its stored shape.
 
-        Section 2.3, loading. All the tensors are cut into pieces of WIDEN_CHUNK elements that
-        `widen_threads()` threads widen in parallel (numpy releases the GIL inside each piece), each
-        piece straight into its destination, so the only full-size arrays are the destinations. With
-        `finite=True` (a model's weights) every piece is checked finite: a NaN or infinite weight is a
-        FormatError naming the first such tensor (in the order of `outs`) and its flat index. Each
-        piece's file pages are handed back to the OS once read (they stay in the page cache), so a
-        load never holds the file AND the widened copy.
+        Section 2.3, loading: each tensor with the rule of its stored dtype (`_widening`); how the
+        pieces run in parallel and hand their file pages back is given (`tl_lab.widening.widen_all`).
+        With `finite=True` (a model's weights) a NaN or infinite weight is a FormatError naming the first
+        such tensor (in the order of `outs`) and its flat index.
         """
-        jobs = [self._widening(name, out) for name, out in outs.items()]
-        pieces = [(k, a) for k, job in enumerate(jobs) for a in range(0, job.out.size, WIDEN_CHUNK)]
-        bad: list[tuple[int, int]] | None = [] if finite else None  # (k, flat index); list.append is atomic
-        _parallel_for(lambda piece: self._widen_piece(jobs, *piece, bad), pieces, widen_threads())
-        if bad:
-            k, i = min(bad)
-            raise FormatError(f"tensor {jobs[k].name!r} holds a non-finite weight {jobs[k].out[i]} at flat index {i}")
+        widen_all([self._widening(name, out) for name, out in outs.items()], self._drop_pages, finite)
 
-    def _widening(self, name: str, out: np.ndarray) -> _Widening:
-        """The checked `_Widening` of tensor `name` into `out`."""
+    def _widening(self, name: str, out: np.ndarray) -> Widening:
+        """The checked `Widening` of tensor `name` into `out`: the rule of its stored dtype."""
         t = self.info(name)
         if t.dtype not in _WIDEN:
             raise FormatError(
                 f"tensor {name!r} is {t.dtype}; .f32 widens only {', '.join(FLOAT_DTYPES)} (use .raw)"
             )
         widen = _WIDEN[t.dtype]
-        out = _f32_out(out, t.shape, name)
-        return _Widening(name, t, self.raw(name).reshape(-1), out.reshape(-1), widen)
-
-    def _widen_piece(self, jobs: list[_Widening], k: int, a: int, bad: list | None) -> None:
-        """Widen elements [a, a + WIDEN_CHUNK) of tensor jobs[k], check them finite unless `bad` is
-        None (the first non-finite one goes into `bad` as (k, flat index)) and hand their file pages back."""
-        job = jobs[k]
-        b = min(a + WIDEN_CHUNK, job.out.size)
-        chunk = job.widen(job.bits[a:b], out=job.out[a:b])
-        if bad is not None:
-            finite = np.isfinite(chunk)
-            if not finite.all():
-                bad.append((k, a + int(np.argmin(finite))))
-        begin, size = job.info.data_offsets[0], job.bits.itemsize
-        self._drop_pages(begin + a * size, begin + b * size)
+        out = f32_out(out, t.shape, name)
+        return Widening(name, t.data_offsets[0], self.raw(name).reshape(-1), out.reshape(-1), widen)
 
     def _drop_pages(self, begin: int, end: int) -> None:
-        """Tell the OS this process is done with bytes [begin, end) of the data buffer (MADV_DONTNEED
-        on a read-only map): they leave this process's resident set. A page another piece still reads
-        is paged in again from the page cache, so dropping one early costs time, never a wrong value."""
-        if not isinstance(self._mm, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED") or end <= begin:
-            return
-        a, b = self.layout.data_start + begin, self.layout.data_start + end
-        a -= a % mmap.PAGESIZE
-        self._mm.madvise(mmap.MADV_DONTNEED, a, b - a)
+        """Hand bytes [begin, end) of the data buffer back to the OS (`tl_lab.widening.drop_pages`)."""
+        drop_pages(self._mm, self.layout.data_start + begin, self.layout.data_start + end)
 
     def q4(self, name: str, out: int, inp: int, group: int) -> QLinear:
         """The int4 linear `name` from `<name>.qweight` (U8) and `<name>.scales` (F16 bits). Section 2.5."""
@@ -1177,12 +1020,12 @@ def _check_names(st: SafeTensors, expected: dict, stored: Int4 | None, config: M
 
 
 def _load_llama(st, config, expected, stored: Int4 | None, quant: Int4 | None) -> LlamaWeights:
-    """Every resident float32 tensor is widened into one `_Arena` in one parallel pass (`f32_into`),
+    """Every resident float32 tensor is widened into one `tl_lab.widening.Arena` in one parallel pass (`f32_into`),
     in model order, so q, k, v (and gate, up) land end to end and are stacked without a copy. The
     layer linears of an int4 file, or of a float file quantized at load, are read one at a time."""
     f32_linears = stored is None and quant is None
     resident = [name for name in expected if f32_linears or not _is_layer_linear(name)]
-    arena = _Arena(sum(math.prod(expected[name]) for name in resident))
+    arena = Arena(sum(math.prod(expected[name]) for name in resident))
     w = {name: arena.take(expected[name]) for name in resident}
     st.f32_into(w, finite=True)  # a weight must be finite (the file may hold inf: section 2.3)
 
@@ -1207,31 +1050,3 @@ def _load_llama(st, config, expected, stored: Int4 | None, quant: Int4 | None) -
     embed, norm = w["model.embed_tokens.weight"], w["model.norm.weight"]
     lm_head = None if config.tie_word_embeddings else Linear(w["lm_head.weight"])
     return LlamaWeights(config, embed, layers, norm, lm_head, quant=stored or quant)
-
-
-class _Arena:
-    """One float32 buffer for all of a model's resident float32 weights, handed out in order.
-
-    Why an anonymous map of its own and not np.empty (section 2.3, loading): numpy asks the kernel to
-    back every array of 4 MB or more with 2 MiB pages (madvise hugepage), and where the kernel then
-    compacts memory to find them (transparent_hugepage/defrag = madvise, a common default) the
-    first touch of fresh memory costs 3.5x more: 540 MB touched in 0.70 s against 0.20 s in plain
-    pages, measured here (and from 0.1 to 1.3 s from one run to the next), the largest part of
-    SmolLM2's load. The map gets plain pages, and nothing touches them before the widening writes
-    them: the kernel zeroes each page at that first write, in the widening thread that writes it, so
-    the faults run on every core (faulting the whole map in first, MAP_POPULATE, took 0.16 s on one
-    core, half of the load). Its size is exactly the weights', so loading holds nothing else at
-    full size."""
-
-    def __init__(self, n: int) -> None:
-        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
-        self.buf = np.frombuffer(mmap.mmap(-1, max(4 * n, 1), flags=flags), dtype=np.float32, count=n)
-        self.used = 0
-
-    def take(self, shape: tuple[int, ...]) -> np.ndarray:
-        n = math.prod(shape)
-        if self.used + n > self.buf.size:
-            raise ValueError(f"arena of {self.buf.size} floats exhausted asking for {shape}")
-        a = self.buf[self.used : self.used + n].reshape(shape)
-        self.used += n
-        return a

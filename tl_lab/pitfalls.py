@@ -29,9 +29,6 @@ import ast
 import contextlib
 import difflib
 import hashlib
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import json
 import linecache
 import os
@@ -45,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tl_lab.errors import TlError
+from tl_lab.switch import SourceFinder
 
 __all__ = [
     "ENV",
@@ -397,36 +395,14 @@ def function_diff(pid: str) -> list[dict]:
 # ---------------------------------------------------------------------------------------------
 
 
-class _PatchedLoader(importlib.machinery.SourceFileLoader):
-    """Loads a module from its patched source, compiled under the real filename; no .pyc is written
-    (a broken module must never be cached as the module)."""
-
-    def __init__(self, fullname: str, path: str, source: str):
-        super().__init__(fullname, path)
-        self.patched = source
-
-    def get_source(self, fullname: str) -> str:
-        return self.patched
-
-    def get_code(self, fullname: str):
-        # tracebacks read lines through linecache: give it the broken text, not the file on disk
-        linecache.cache[self.path] = (len(self.patched), None, self.patched.splitlines(True), self.path)
-        return compile(self.patched, self.path, "exec", dont_inherit=True)
-
-
-class PitfallFinder(importlib.abc.MetaPathFinder):
-    """Serves the patched source of each module the active pitfalls touch (first on sys.meta_path)."""
+class PitfallFinder(SourceFinder):
+    """Serves the patched source of each module the active pitfalls touch (first on sys.meta_path),
+    under the module's real filename."""
 
     def __init__(self, ids: tuple[str, ...], sources: dict[str, str]):
+        super().__init__({m: (str(module_path(m)), text) for m, text in sources.items()})
         self.ids = ids
         self.sources = sources
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname not in self.sources:
-            return None
-        origin = str(module_path(fullname))
-        loader = _PatchedLoader(fullname, origin, self.sources[fullname])
-        return importlib.util.spec_from_file_location(fullname, origin, loader=loader)
 
 
 def active() -> tuple[str, ...]:

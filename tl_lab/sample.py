@@ -7,8 +7,9 @@ Two contracts live here, each pinned step by step in a spec:
 
 The sampler exists twice and the two agree bit for bit (ids, logprobs and generator state):
 
-- `sample_reference`: plain Python floats and loops, written to read like the spec (the lesson);
-- `sample` / `sample_trace`: the numpy path the engine uses, fast on a 49,152-token vocabulary.
+- `sample` / `sample_trace` (here): the numpy path the engine uses, fast on a 49,152-token vocabulary;
+- `tl_lab.sample_reference.sample_reference`: plain Python floats and loops, written to read like
+  the spec (the lesson, given).
 
 Where the spec says "a left-to-right sum", the numpy path uses `np.cumsum`, which for a 1-D float64
 array is a sequential loop (`np.sum` is pairwise and would add in another order). Where the spec says
@@ -36,7 +37,6 @@ __all__ = [
     "exp_backend",
     "mix64",
     "sample",
-    "sample_reference",
     "sample_trace",
     "stream",
 ]
@@ -242,115 +242,6 @@ def _check_call(logits, params, prompt, output, rng):
 
 def _range_error(what: str, i: int, v: float) -> ValueError:
     return ValueError(f"{what} of id {i} is {v!r}, beyond the sampler's range of 2**1000")
-
-
-# ---------------------------------------------------------------------------------------------------
-# The reference: plain Python, one loop per step of docs/spec/sampling.md
-
-
-def sample_reference(logits, params: SamplingParams, prompt, output, rng: Pcg32 | None) -> tuple[int, float]:
-    """The sampler as the spec reads: Python floats (IEEE f64), math.exp / math.log, explicit
-    left-to-right loops. Returns (token id, logprob). Chapter L10.1, section 2.6."""
-    x, prompt_ids, output_ids = _check_call(logits, params, prompt, output, rng)
-    l = x.tolist()
-    l = _ref_penalise(l, params, prompt_ids.tolist(), output_ids.tolist())
-    V = len(l)
-
-    # Step 3: the logprob normaliser over the whole vocabulary, before temperature.
-    M = max(l)
-    Z = 0.0
-    for i in range(V):
-        Z += math.exp(l[i] - M)
-    log_Z = math.log(Z)
-
-    # Step 4: greedy: the first id holding the maximum; no draw.
-    T = params.temperature
-    if T == 0.0:
-        t = 0
-        for i in range(1, V):
-            if l[i] > l[t]:
-                t = i
-        return t, (l[t] - M) - log_Z
-
-    # Step 5: temperature.
-    q = [v / T for v in l]
-    for i in range(V):
-        if not abs(q[i]) <= LOGIT_LIMIT:
-            raise ValueError(f"temperature {T!r} is too small: the scaled logit of id {i} overflows")
-    q_max = max(q)
-    w = {}  # w_i = exp(q_i - q_max), computed once per id that needs it
-
-    def weight(i):
-        if i not in w:
-            w[i] = math.exp(q[i] - q_max)
-        return w[i]
-
-    def by_q_desc(ids):
-        return sorted(ids, key=lambda i: (-q[i], i))
-
-    # Step 6: top-k: the first k ids in (q desc, id asc) order.
-    kept = list(range(V))
-    k = params.top_k
-    if 0 < k < V:
-        kept = sorted(by_q_desc(kept)[:k])
-
-    # Step 7: top-p over the top-k set: probabilities normalised over that set in ascending id order,
-    # walked in (q desc, id asc) order, keeping up to and including the id where the sum reaches p.
-    if params.top_p != 1.0:
-        Z_k = 0.0
-        for i in kept:
-            Z_k += weight(i)
-        nucleus = []
-        c = 0.0
-        for i in by_q_desc(kept):
-            nucleus.append(i)
-            c += weight(i) / Z_k
-            if c >= params.top_p:
-                break
-        kept = nucleus
-
-    # Step 8: min-p: keep ids whose weight (probability relative to the top id) is at least m.
-    kept = sorted(kept)
-    if params.min_p != 0.0:
-        kept = [i for i in kept if weight(i) >= params.min_p]
-
-    # Step 9: softmax over the kept ids in ascending id order, one draw, walk the cumulative sum.
-    Z_f = 0.0
-    for i in kept:
-        Z_f += weight(i)
-    p = [weight(i) / Z_f for i in kept]
-    u = rng.uniform_f64()
-    c = 0.0
-    t = None
-    for j, i in enumerate(kept):
-        c += p[j]
-        if u < c:
-            t = i
-            break
-    if t is None:  # rounding left the total at or below u: the last kept id with p > 0
-        t = [i for j, i in enumerate(kept) if p[j] > 0.0][-1]
-    return t, (l[t] - M) - log_Z
-
-
-def _ref_penalise(l: list, params: SamplingParams, prompt: list, output: list) -> list:
-    """Step 2: repetition over distinct ids of prompt and output, then presence and frequency over
-    the output only, then -0.0 -> +0.0."""
-    r = params.repetition_penalty
-    for i in sorted(set(prompt) | set(output)):
-        if l[i] > 0:
-            l[i] = l[i] / r
-        else:
-            l[i] = l[i] * r
-    counts = {}
-    for i in output:
-        counts[i] = counts.get(i, 0) + 1
-    for i in sorted(counts):
-        l[i] = l[i] - (params.frequency_penalty * counts[i] + params.presence_penalty)
-    l = [v + 0.0 for v in l]
-    for i, v in enumerate(l):
-        if not abs(v) <= LOGIT_LIMIT:
-            raise _range_error("the penalised logit", i, v)
-    return l
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -569,3 +460,12 @@ def _run(logits, params, prompt, output, rng, trace):
 
 def _all(kept: np.ndarray | None, V: int) -> np.ndarray:
     return np.arange(V) if kept is None else kept
+
+
+def __getattr__(name: str):
+    # `from tl_lab.sample import sample_reference` as before the readable twin had a module of its own
+    if name == "sample_reference":
+        from tl_lab.sample_reference import sample_reference
+
+        return sample_reference
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -21,6 +21,7 @@ import numpy as np
 
 import tl_lab.sample as ts
 from tl_lab.paths import GOLDEN_DIR
+from tl_lab.sample_reference import sample_reference
 
 STEPS = 12
 PCG32_FILE = "pcg32.vectors.json"
@@ -172,7 +173,7 @@ def run_case(rows: np.ndarray, params, seed: int, prompt: list[int], name: str =
     for step in range(STEPS):
         context = prompt + output
         row = rows[context[-1] % len(rows)] if context else rows[0]
-        a = ts.sample_reference(row, params, prompt, output, rng_ref)
+        a = sample_reference(row, params, prompt, output, rng_ref)
         b = ts.sample(row, params, prompt, output, rng_np)
         if a[0] != b[0] or float(a[1]).hex() != float(b[1]).hex() or rng_ref != rng_np:
             raise GoldenMismatch(

@@ -175,8 +175,11 @@ class Int4Widget(CellWidget):
     holds the Int4View behind the display (None after bad input) and `error` the message ("" when fine).
     """
 
-    def __init__(self, weights: str | None = None, group: int | None = None):
+    def __init__(self, weights: str | None = None, group: int | None = None, yours=None):
         first = next(iter(PRESETS))
+        # the learner's quant module (chapter "your turn"): its bytes and W_hat beside the reference's
+        self.yours, self.yours_result = yours, None
+        self.compare = widgets.HTML()
         style = dict(style={"description_width": "110px"}, layout=widgets.Layout(width="560px"))
         self.preset = widgets.Dropdown(options=list(PRESETS) + ["typed"], value=first,
                                        description="weights preset", **style)
@@ -193,7 +196,7 @@ class Int4Widget(CellWidget):
         self.error = ""
         self._quiet = False
         super().__init__([self.preset, self.weights_text, self.group, self.scale_rule, self.nibble_order,
-                          self.summary, self.chart, self.table])
+                          self.summary, self.compare, self.chart, self.table])
         self.preset.observe(self._on_preset, names="value")
         for control in (self.weights_text, self.group, self.scale_rule, self.nibble_order):
             control.observe(self._on_change, names="value")
@@ -243,12 +246,40 @@ class Int4Widget(CellWidget):
         except ValueError as exc:
             self.view, self.error = None, str(exc)
             self.summary.value = message(self.error)
-            self.table.value = self.chart.value = ""  # never stale bars beside a message
+            self.table.value = self.chart.value = self.compare.value = ""  # never stale bars beside a message
             return
         self.view, self.error = view, ""
+        self.compare.value = self._yours_line(W, group)
         self.summary.value = summary_html(view, self.scale_mistake, self.nibble_mistake)
         self.table.value = table_html(view)
         self.chart.value = error_svg(view)
+
+
+    def _yours_line(self, W: np.ndarray, group: int) -> str:
+        """The learner's QLinear.quantize of W: its bytes and W_hat against the reference file's."""
+        self.yours_result = None
+        if self.yours is None:
+            return ""
+        from tl_lab.exercise.side import reference
+
+        ref = reference("quant").QLinear.quantize(W.reshape(1, -1), group)
+        try:
+            lin = self.yours.QLinear.quantize(W.reshape(1, -1), group)
+            self.yours_result = (np.asarray(lin.qweight)[0], np.asarray(lin.dequantize())[0])
+        except Exception as exc:  # noqa: BLE001: the learner's code; its error is what to show
+            from tl_lab.exercise.grading import pitfall_hint
+
+            text = f"{type(exc).__name__}: {exc}"
+            return message(f"your quant: {pitfall_hint('quant', '', text)}" if isinstance(exc, NotImplementedError)
+                           else f"your QLinear.quantize raised {text}")
+        got_b, got_w = self.yours_result
+        same_b = np.array_equal(got_b, ref.qweight[0])
+        same_w = np.array_equal(got_w.view(np.uint32), ref.dequantize()[0].view(np.uint32))
+        text = " ".join(f"{int(b):02X}" for b in got_b)
+        verdict = "the reference's bytes and W_hat, bit for bit" if same_b and same_w else (
+            f"DIFFERENT from the reference's ({' '.join(f'{int(b):02X}' for b in ref.qweight[0])}"
+            f"{'' if same_w else '; W_hat differs too'})")
+        return f"<p class='tl-yours' style='{MONO}'><b>yours:</b> bytes {text} &middot; {verdict}</p>"
 
 
 def f32(x) -> str:

@@ -59,7 +59,8 @@ _LOADED: dict[tuple, LoadedModel] = {}   # at most one entry: the model loaded l
 def loaded_model(model_dir, cfg=None) -> LoadedModel:
     """The model at `model_dir` with `cfg`, loaded once: the same directory and config again returns
     the same runner. Loading another one drops the previous from this cache (one model at a time)."""
-    from tl_lab.runner import ModelRunner, set_blas_threads
+    from tl_lab.runner import ModelRunner
+    from tl_lab.tuning import set_blas_threads
     from tl_lab.tokenizer import load_tokenizer
 
     key = (str(Path(model_dir).resolve()), cfg)

@@ -3,6 +3,10 @@
 Chapter L10.1, section 2.3 (the widening formulas, rounding to nearest even) and section 3 (the f16
 ties). Everything shown comes from `tl_lab.quant`'s scalar reference (`explain_f32_to_f16`,
 `explain_f32_to_bf16`), the same code path that converts values, never a copy of it.
+
+`NumbersWidget(yours=module)` (chapter "your turn": `tl_lab.exercise.side.yours("quant")`) also
+rounds x with the learner's quant.py and shows their f16 and bf16 bits beside the reference's
+(`compare`); the fields are then drawn from the reference's own file.
 """
 
 from __future__ import annotations
@@ -35,12 +39,21 @@ class NumbersWidget(CellWidget):
     `narrowings` the f16 and bf16 `Narrowing` records behind the display.
     """
 
-    def __init__(self, value: str = "0.1"):
+    def __init__(self, value: str = "0.1", yours=None):
         self.text = widgets.Text(value=value, description="x =", placeholder="a float, e.g. 0.1")
         self.html = widgets.HTML()
+        self.compare = widgets.HTML()  # yours beside the reference's (empty without `yours`)
         self.x: float | None = None
         self.narrowings: dict[str, Narrowing] = {}
-        super().__init__([self.text, self.html])
+        self.yours = yours  # the learner's quant module, or None
+        self.yours_bits: dict[str, int] = {}  # fmt -> the learner's pattern for x ({} if none or it raised)
+        self._explain = {"f16": explain_f32_to_f16, "bf16": explain_f32_to_bf16}
+        if yours is not None:
+            from tl_lab.exercise.side import reference
+
+            ref = reference("quant")
+            self._explain = {"f16": ref.explain_f32_to_f16, "bf16": ref.explain_f32_to_bf16}
+        super().__init__([self.text, self.html, self.compare])
         self.text.observe(self._on_text, names="value")
         self.refresh()
 
@@ -53,11 +66,32 @@ class NumbersWidget(CellWidget):
         try:
             self.x = float(raw)
         except ValueError:
-            self.x, self.narrowings = None, {}
-            self.html.value = not_a_number(raw)
+            self.x, self.narrowings, self.yours_bits = None, {}, {}
+            self.html.value, self.compare.value = not_a_number(raw), ""
             return
-        self.narrowings = {"f16": explain_f32_to_f16(self.x), "bf16": explain_f32_to_bf16(self.x)}
+        self.narrowings = {fmt: explain(self.x) for fmt, explain in self._explain.items()}
         self.html.value = render(self.x, self.narrowings)
+        self.compare.value = self._yours_line()
+
+    def _yours_line(self) -> str:
+        """The learner's f32_to_f16 and f32_to_bf16 of x beside the reference's bits."""
+        self.yours_bits = {}
+        if self.yours is None:
+            return ""
+        try:
+            self.yours_bits = {"f16": int(self.yours.f32_to_f16(self.x)), "bf16": int(self.yours.f32_to_bf16(self.x))}
+        except Exception as exc:  # noqa: BLE001: the learner's code; its error is what to show
+            from tl_lab.exercise.grading import pitfall_hint
+
+            self.yours_bits = {}
+            text = f"{type(exc).__name__}: {exc}"
+            return message(f"your quant: {pitfall_hint('quant', '', text)}" if isinstance(exc, NotImplementedError)
+                           else f"your quant raised {text}")
+        parts = []
+        for fmt, bits in self.yours_bits.items():
+            want = self.narrowings[fmt].bits
+            parts.append(f"{fmt} 0x{bits:04X} " + ("(the reference's)" if bits == want else f"(DIFFERENT: the reference's is 0x{want:04X})"))
+        return f"<p class='tl-yours' style='{MONO}'><b>yours:</b> " + " &middot; ".join(parts) + "</p>"
 
 
 def not_a_number(raw: str) -> str:

@@ -5,6 +5,10 @@ top-p, min-p, the three penalties), set the seed and the draws already taken, ty
 history, and see every stage side by side (`sampler_charts`). Everything shown comes from
 `tl_lab.sample.sample_trace`, the engine's own code path.
 
+`SamplerPlayground(yours=module)` also runs the learner's sample.py (chapter "your turn":
+`tl_lab.exercise.side.yours("sample")`): its own SamplingParams, stream and sample on the same
+inputs and draws, its token and logprob shown beside the reference's, bit for bit or not (`compare`).
+
 For a real model's next-token distribution: `SamplerPlayground(logits, labels=token_strings)`, or
 `playground.set_logits(logits, labels)` later; only the ~20 ids with the largest penalised logits
 (and the sampled one) are drawn. `ModelPlayground` (model_playground.py) does that with a model.
@@ -15,12 +19,13 @@ from __future__ import annotations
 import html
 import math
 import re
+from dataclasses import fields
 
 import ipywidgets as widgets
 import numpy as np
 
-from tl_lab.sample import PURPOSE_SAMPLE, SampleTrace, SamplingParams, sample_trace, stream
-from tl_lab.widgets.common import CellWidget, Control, MONO, build_controls, field_style, message
+from tl_lab.sample import PURPOSE_SAMPLE, SampleTrace, SamplingParams
+from tl_lab.widgets.common import MONO, CellWidget, Control, build_controls, field_style, message
 from tl_lab.widgets.sampler_charts import render_charts, stage_data
 
 PRESETS = {
@@ -57,8 +62,13 @@ class SamplerPlayground(CellWidget):
     """
 
     def __init__(self, logits=None, labels=None, prompt=(), output=(), *, params: SamplingParams | None = None,
-                 seed: int = 0, show_top: int = 20):
+                 seed: int = 0, show_top: int = 20, yours=None):
         self.show_top = int(show_top)
+        self.yours = yours  # the learner's sample module (SamplingParams, stream, sample), or None
+        # what the charts show: tl_lab.sample, or beside the learner's the reference's own file (in a
+        # kernel whose workspace is active, tl_lab.sample is the learner's)
+        self.engine = _sample_module() if yours is None else _reference()
+        self.yours_result: tuple | None = None  # (token, logprob) of the learner's sample, None if none or it raised
         self._quiet = True
         self.trace: SampleTrace | None = None
         self.message = ""
@@ -90,12 +100,13 @@ class SamplerPlayground(CellWidget):
         self.seed = widgets.Text(value=str(seed), description="seed", **field_style("270px", "90px"))  # 20 digits
         self.draw = widgets.IntText(value=0, description="draws before", **field_style("200px", "90px"))
         self.result = widgets.HTML()
+        self.compare = widgets.HTML()  # yours beside the reference's (empty without `yours`)
         self.charts = widgets.HTML()
         left = widgets.VBox([self.preset, self.logits_text, self.prompt_text, self.output_text,
                              widgets.HBox([self.seed, self.draw])])
         right = widgets.VBox(list(self.sliders.values()))
         super().__init__([widgets.HBox([left, right], layout=widgets.Layout(flex_flow="row wrap")),
-                          self.result, self.charts])
+                          self.result, self.compare, self.charts])
         self.add_class("tl-sampler")
         self.preset.observe(self._on_preset, names="value")
         for w in (self.logits_text, self.prompt_text, self.output_text, self.seed, self.draw,
@@ -150,7 +161,7 @@ class SamplerPlayground(CellWidget):
 
     def params(self) -> SamplingParams:
         """The SamplingParams the sliders describe."""
-        return SamplingParams(**{name: w.value for name, w in self.sliders.items()})
+        return self.engine.SamplingParams(**{name: w.value for name, w in self.sliders.items()})
 
     def _read_logits(self):
         if self._logits is not None and self.logits_text.disabled:
@@ -173,7 +184,7 @@ class SamplerPlayground(CellWidget):
         n = self.draw.value
         if not 0 <= n <= MAX_DRAWS:
             raise ValueError(f"draws before must be in [0, {MAX_DRAWS:,}], got {n:,}")
-        rng = stream(read_seed(self.seed.value), PURPOSE_SAMPLE)
+        rng = self.engine.stream(read_seed(self.seed.value), PURPOSE_SAMPLE)
         for _ in range(n):
             rng.uniform_f64()
         return rng
@@ -189,7 +200,7 @@ class SamplerPlayground(CellWidget):
             prompt = _read_ids(self.prompt_text.value, "prompt")
             output = _read_ids(self.output_text.value, "output")
             params = self.params()
-            self.trace = sample_trace(logits, params, prompt, output, self._rng())
+            self.trace = self.engine.sample_trace(logits, params, prompt, output, self._rng())
         except (ValueError, TypeError) as exc:
             self.show_refusal(str(exc))
             return
@@ -197,12 +208,41 @@ class SamplerPlayground(CellWidget):
         self.shown_ids = self._pick_ids(self.trace)
         self.chart_data = stage_data(self.trace, self.shown_ids, params)
         self.result.value = self.token_line()
+        self.compare.value = self._yours_line(logits, params, prompt, output)
         self.charts.value = render_charts(self.chart_data, self.trace, params, self.labels, self.shown_ids)
+
+    def _yours_line(self, logits, params, prompt, output) -> str:
+        """The learner's sample on the same inputs and the same draws: one line, same bits or not."""
+        self.yours_result = None
+        if self.yours is None:
+            return ""
+        mod = self.yours
+        try:
+            p = mod.SamplingParams(**{f.name: getattr(params, f.name) for f in fields(params)})
+            rng = mod.stream(self.seed.value, PURPOSE_SAMPLE)
+            for _ in range(self.draw.value):
+                rng.uniform_f64()
+            got = mod.sample(logits, p, prompt, output, rng)
+            self.yours_result = (int(got[0]), float(got[1]))
+        except Exception as exc:  # noqa: BLE001: the learner's code; its error is what to show
+            from tl_lab.exercise.grading import pitfall_hint
+
+            text = f"{type(exc).__name__}: {exc}"
+            hint = pitfall_hint("sample", "", text)
+            return message(f"your sample: {hint}" if isinstance(exc, NotImplementedError) else
+                           f"your sample raised {text}; {hint}")
+        tok, lp = self.yours_result
+        same = tok == self.trace.token and lp.hex() == float(self.trace.logprob).hex()
+        verdict = "the same bits as the reference" if same else (
+            f"DIFFERENT from the reference's token {self.trace.token}, logprob {self.trace.logprob!r}")
+        return (f"<p class='tl-yours' style='{MONO}'><b>yours: token {tok}</b> &middot; logprob {lp!r} "
+                f"&middot; {verdict}</p>")
 
     def show_refusal(self, text: str) -> None:
         """No token: the message in words, no charts (nothing stale left on screen)."""
         self.trace, self.message, self.shown_ids, self.chart_data = None, text, [], {}
         self.result.value = message(text)
+        self.compare.value, self.yours_result = "", None
         self.charts.value = ""
 
     def _pick_ids(self, tr: SampleTrace) -> list[int]:
@@ -236,6 +276,18 @@ def read_seed(text) -> int:
     if not (digits.isascii() and digits.isdigit()) or len(digits) > 40:  # 2**64 has 20 digits
         raise ValueError(f"seed must be an integer in [0, 2**64), got {raw[:40]!r}" + ("..." if len(raw) > 40 else ""))
     return int(raw)
+
+
+def _sample_module():
+    import tl_lab.sample
+
+    return tl_lab.sample
+
+
+def _reference():
+    from tl_lab.exercise.side import reference
+
+    return reference("sample")
 
 
 def _ids_text(ids) -> str:

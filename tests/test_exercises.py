@@ -1,0 +1,325 @@
+"""tl_lab/exercise: the learner's workspace, the stubs, and the chapter's tests as the verdict.
+
+Kept honest: every stub imports and every graded test fails on it; a workspace of reference copies
+passes `exercise check`; every piece a learner writes is graded (blanked alone, a graded test
+fails: the `exercise_slow` tests, one run per piece); a pitfall's edit in a workspace copy fails
+its test (the learner's file is what ran); start never overwrites, reset keeps a backup; the stubs
+are the generator's output from the reference, nothing hand-kept.
+"""
+
+import ast
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tl_lab.exercise import registry
+from tl_lab.exercise.cli import reset, start, written
+from tl_lab.exercise.grading import _run, check, format_table, pitfall_hint
+from tl_lab.exercise.registry import CATALOGUE, DEPS, MODULES, PIECES, graded
+from tl_lab.exercise.stubs import ExerciseError, blank, learner_lines, reference_source, stub_source
+from tl_lab.paths import REPO_ROOT
+from tl_lab.pitfalls import PITFALLS, apply_edit
+
+PY = sys.executable
+
+
+def workspace(tmp_path, kind: str = "stub", modules=MODULES):
+    """A workspace of stubs or of copies of the reference."""
+    ws = tmp_path / "ws"
+    ws.mkdir(parents=True, exist_ok=True)
+    for m in modules:
+        (ws / f"{m}.py").write_text(stub_source(m) if kind == "stub" else reference_source(m), encoding="utf-8")
+    return ws
+
+
+def cli(*args, env=None):
+    full = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})}
+    return subprocess.run([PY, "-m", "tl_lab", "exercise", *args], cwd=REPO_ROOT, env=full, capture_output=True,
+                          text=True, timeout=900)
+
+
+def outcomes(data) -> dict[str, str]:
+    return {r["nodeid"]: r["outcome"] for r in data["results"]}
+
+
+# ------------------------------------------------------------------ the registry and the stubs
+
+
+def test_the_catalogue_is_the_chapters_24_each_with_tests():
+    assert len(CATALOGUE) == 24 and len({g.name for g in CATALOGUE}) == 24
+    ids = subprocess.run([PY, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                          *sorted({g.file for g in CATALOGUE})], cwd=REPO_ROOT, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}).stdout.split()
+    for g in CATALOGUE:
+        assert [n for n in ids if registry.match(n) == g], f"no test of ours for {g.name}"
+    assert all(registry.match(n) is None for n in ids if n.endswith("[reference]"))  # the given twin is not graded
+
+
+def test_stubs_are_the_reference_with_only_the_learner_bodies_blanked():
+    """No drift: the stub is generated from the reference (nothing is committed), every piece of the
+    registry exists there, and outside the learner's bodies the stub is the reference line for line."""
+    for m in MODULES:
+        ref, stub = reference_source(m), stub_source(m)
+        stub_tree, ref_tree = ast.parse(stub), ast.parse(ref)
+        names = {p.qualname for p in PIECES[m]}
+        for qual, fn in _functions(stub_tree).items():
+            rfn = _functions(ref_tree)[qual]
+            assert ast.unparse(fn.args) == ast.unparse(rfn.args) and ast.get_docstring(fn) == ast.get_docstring(rfn)
+            body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+            if qual in names:
+                assert len(body) == 1 and isinstance(body[0], ast.Raise), (m, qual)
+                assert "NotImplementedError" in ast.unparse(body[0]) and "section" in ast.unparse(body[0])
+            else:
+                assert ast.unparse(fn) == ast.unparse(rfn), (m, qual)  # given code kept as it is
+        assert set(_functions(stub_tree)) == set(_functions(ref_tree))
+        assert stub == stub_source(m)  # deterministic
+        assert sum(learner_lines(m).values()) > 0
+
+
+def _functions(tree) -> dict:
+    out = {}
+    for n in tree.body:
+        if isinstance(n, ast.FunctionDef):
+            out[n.name] = n
+        elif isinstance(n, ast.ClassDef):
+            out.update({f"{n.name}.{c.name}": c for c in n.body if isinstance(c, ast.FunctionDef)})
+    return out
+
+
+def test_a_registry_name_the_reference_lacks_is_refused(monkeypatch):
+    monkeypatch.setitem(PIECES, "sample", PIECES["sample"] + (registry.Piece("sample", "gone_fn", "2.6", "x"),))
+    with pytest.raises(ExerciseError, match="gone_fn"):
+        stub_source("sample")
+
+
+def test_every_stub_imports_as_the_learners_and_says_where_it_came_from(tmp_path):
+    ws = workspace(tmp_path)
+    code = ("import json, tl_lab.kv, tl_lab.quant, tl_lab.model, tl_lab.forward, tl_lab.runner, tl_lab.sample\n"
+            "from tl_lab.exercise import origins\nprint(json.dumps(origins()))")
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TL_LAB_WORKSPACE": str(ws),
+           "TL_LAB_EXERCISE_USE": ",".join(MODULES)}
+    p = subprocess.run([PY, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    import json
+
+    got = json.loads(p.stdout)
+    assert {m: (o["origin"], o["loaded"]) for m, o in got.items()} == {m: ("learner", str(ws / f"{m}.py")) for m in MODULES}
+
+
+def test_an_untouched_stub_comes_from_the_reference_and_a_traceback_shows_the_learners_line(tmp_path):
+    ws = workspace(tmp_path, modules=["sample", "quant"])
+    src = reference_source("quant").replace("def round_half_even(sig: int, n_drop: int) -> Rounding:\n",
+                                            "def round_half_even(sig: int, n_drop: int) -> Rounding:\n    1 / 0\n", 1)
+    (ws / "quant.py").write_text(src)
+    line = src.splitlines().index("    1 / 0") + 1
+    code = ("import tl_lab.sample, tl_lab.quant\nfrom tl_lab.exercise import origins\n"
+            "o = origins(); print(o['sample']['origin'], o['quant']['origin'])\ntl_lab.quant.round_half_even(5, 1)")
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TL_LAB_WORKSPACE": str(ws)}
+    p = subprocess.run([PY, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert p.stdout.split() == ["reference", "learner"]
+    assert f'File "{ws / "quant.py"}", line {line}, in round_half_even' in p.stderr and "1 / 0" in p.stderr
+
+
+def test_the_projects_own_tests_see_no_workspace():
+    """tests/conftest.py: a clone's work/L10.1 is not used unless TL_LAB_WORKSPACE asks for it."""
+    from tl_lab.exercise import origins
+
+    assert os.environ["TL_LAB_WORKSPACE"] == "off" or "PYTEST_XDIST_WORKER" in os.environ
+    assert all(o["origin"] == "reference" for o in origins().values())
+
+
+# ------------------------------------------------------------------ start, reset, bad input
+
+
+def test_start_twice_never_overwrites_and_reset_keeps_a_backup(tmp_path):
+    ws = tmp_path / "w" / "L10.1"
+    assert [w for _, w in start(ws, MODULES)] == ["wrote"] * 6
+    (ws / "kv.py").write_text("# mine\n")
+    again = dict(start(ws, MODULES))
+    assert set(again.values()) == {"left alone (it exists)"}
+    assert (ws / "kv.py").read_text() == "# mine\n"
+    backup, f = reset(ws, "kv")
+    assert backup.read_text() == "# mine\n" and f.read_text() == stub_source("kv")
+    backup2, _ = reset(ws, "kv")
+    assert backup2 != backup and backup.read_text() == "# mine\n"  # an older backup is never replaced
+    assert not any(p.name.startswith(".") for p in ws.iterdir() if p.suffix == ".new")
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path):
+    p = cli("check", "bogus", "--workspace", str(tmp_path))
+    assert p.returncode == 2 and p.stderr.strip() == (
+        "error: unknown module 'bogus': the learner's modules are kv, quant, model, forward, runner, sample")
+    p = cli("status", "--workspace", str(tmp_path / "missing"))
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "does not exist" in p.stderr
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        p = cli("start", "--workspace", str(ro / "ws"))
+        if os.geteuid() != 0:  # root writes anywhere
+            assert p.returncode == 2 and p.stderr.startswith("error: cannot make the workspace"), p.stderr
+    finally:
+        ro.chmod(0o700)
+
+
+def test_a_syntax_error_is_reported_with_file_and_line_and_the_rest_is_still_checked(tmp_path):
+    ws = workspace(tmp_path, "ref", ["kv", "sample"])
+    (ws / "kv.py").write_text(reference_source("kv").replace("class KvPool:", "class KvPool(:", 1))
+    rows = {r.module: r for r in check(ws, ["kv", "sample"])}
+    line = (ws / "kv.py").read_text().splitlines().index("class KvPool(:") + 1
+    assert rows["kv"].state == "does not import" and f"{ws / 'kv.py'}:{line}: SyntaxError" in rows["kv"].message
+    assert rows["sample"].state == "passed"
+
+
+def test_an_infinite_loop_ends_at_the_time_limit_naming_the_test(tmp_path):
+    ws = workspace(tmp_path, "ref", ["kv"])
+    src = reference_source("kv").replace('    def validate(self) -> None:\n', '    def validate(self) -> None:\n        while True:\n            pass\n', 1)
+    (ws / "kv.py").write_text(src)
+    t0 = time.perf_counter()
+    (row,) = check(ws, ["kv"], timeout=1)
+    assert time.perf_counter() - t0 < 120
+    assert row.state == "failed" and "ran longer than 1 s" in row.message
+    assert "ran past the 1 s limit" in row.hint and row.first_failure
+
+
+# ------------------------------------------------------------------ the verdicts
+
+
+def test_every_graded_test_fails_on_the_stubs(tmp_path):
+    """No graded test passes on unwritten code: each module's stub (the others the reference)."""
+    ws = workspace(tmp_path)
+    for m in MODULES:
+        data, log, _ = _run(ws, m, [m], timeout=120)
+        got = outcomes(data)
+        assert {registry.match(n).name for n in got} == {g.name for g in graded(m)}, (m, log.read_text()[-2000:])
+        assert all(v != "passed" for v in got.values()), (m, [n for n, v in got.items() if v == "passed"])
+
+
+def test_a_complete_workspace_passes_check_and_a_half_done_one_says_not_started(tmp_path, record_property):
+    ws = workspace(tmp_path, "ref")
+    t0 = time.perf_counter()
+    p = cli("check", "--workspace", str(ws))
+    seconds = time.perf_counter() - t0
+    record_property("check_seconds", round(seconds, 1))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "6 of 6 modules pass" in p.stdout and p.stdout.count("learner's file") == 6
+    for m in ("kv", "quant", "model", "forward", "runner"):
+        (ws / f"{m}.py").write_text(stub_source(m))
+    p = cli("check", "--workspace", str(ws))
+    assert p.returncode == 1 and p.stdout.count("not started") == 5 and "sample   passed" in p.stdout
+    assert cli("check", "sample", "--workspace", str(ws)).returncode == 0
+    p = cli("parity", "sampler", "rng", "--workspace", str(ws))
+    assert p.returncode == 0 and "parity sampler: 12/12 cases identical" in p.stdout, p.stdout + p.stderr
+
+
+def test_blocked_without_ref_deps_and_borrowed_with_it(tmp_path):
+    ws = workspace(tmp_path, "ref", ["model"])
+    (ws / "quant.py").write_text(stub_source("quant"))
+    rows = {r.module: r for r in check(ws, ["model"])}
+    assert rows["quant"].state == "not started" and rows["model"].state == "blocked"
+    assert "blocked by quant" in rows["model"].message
+    rows = {r.module: r for r in check(ws, ["model"], ref_deps=True)}
+    assert rows["model"].state == "passed" and rows["model"].uses["quant"] == "reference (--ref-deps)"
+    assert "quant: reference (--ref-deps)" in format_table(list(rows.values()))
+
+
+def _learner_pitfalls():
+    """Pitfalls whose every edit lies in a learner module (s14 edits the kernels, s17 the blocks)."""
+    return [p for p in PITFALLS.values() if all(e.module.split(".")[1] in MODULES for e in p.edits)]
+
+
+def _pitfall_run(tmp_path, p):
+    m = p.module.split(".")[1]
+    ws = workspace(tmp_path / p.id, "ref", [m])
+    src = reference_source(m)
+    for e in p.edits:
+        src = apply_edit(src, e, p.id)
+    (ws / f"{m}.py").write_text(src)
+    data, _, _ = _run(ws, m, [m], timeout=300, tests=[p.test])
+    return m, data
+
+
+@pytest.mark.parametrize("pid", ["s04", "s08", "s18"])
+def test_a_pitfall_in_the_workspace_copy_fails_its_test(tmp_path, pid):
+    p = PITFALLS[pid]
+    m, data = _pitfall_run(tmp_path, p)
+    assert outcomes(data) and all(v == "failed" for v in outcomes(data).values()), data
+    assert data["origins"][m]["loaded"].startswith(str(tmp_path))
+    failing = data["results"][0]
+    assert f"this is what {pid}" in pitfall_hint(m, failing["nodeid"], failing["message"])
+
+
+@pytest.mark.exercise_slow
+def test_every_learner_pitfall_in_the_workspace_copy_fails_its_test(tmp_path):
+    ps = _learner_pitfalls()
+    assert len(ps) == 20
+    with ThreadPoolExecutor(2) as pool:
+        runs = list(pool.map(lambda p: (p, _pitfall_run(tmp_path, p)), ps))
+    missed = [p.id for p, (_, data) in runs if not outcomes(data) or "failed" not in outcomes(data).values()]
+    assert not missed
+
+
+def _blank_run(tmp_path, m, qualname):
+    ws = tmp_path / f"{m}-{qualname}"
+    ws.mkdir()
+    (ws / f"{m}.py").write_text(blank(reference_source(m), m, {qualname}))
+    data, log, seconds = _run(ws, m, [m], timeout=300, first_failure=True)
+    return qualname, data, seconds
+
+
+@pytest.mark.exercise_slow
+@pytest.mark.parametrize("module", MODULES)
+def test_every_piece_blanked_alone_fails_a_graded_test(tmp_path, module, record_property):
+    """Every piece a learner writes is graded: the reference with only that body blanked fails at
+    least one of the module's graded tests (two pytest runs at a time, each stopping at its first
+    failure)."""
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(2) as pool:
+        runs = list(pool.map(lambda q: _blank_run(tmp_path, module, q), [p.qualname for p in PIECES[module]]))
+    record_property("seconds", round(time.perf_counter() - t0, 1))
+    ungraded = [q for q, data, _ in runs if data is None or "failed" not in outcomes(data).values()]
+    assert not ungraded, f"{module}: blanked alone, these fail no graded test: {ungraded}"
+
+
+def test_written_counts_the_pieces_left_to_write(tmp_path):
+    ws = workspace(tmp_path, modules=["forward"])
+    assert not any(written(ws, "forward").values())
+    (ws / "forward.py").write_text(blank(reference_source("forward"), "forward", {"silu"}))
+    done = written(ws, "forward")
+    assert [q for q, v in done.items() if not v] == ["silu"]
+    assert DEPS["forward"] == ("quant", "kv", "model")
+
+
+def _nbval(ws, *notebooks):
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TL_LAB_WORKSPACE": str(ws)}
+    return subprocess.run([PY, "-m", "pytest", "--nbval-lax", "-q", "-p", "no:cacheprovider",
+                           *[f"notebooks/{n}.ipynb" for n in notebooks]], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
+
+
+def test_the_sampler_and_kv_notebooks_run_on_a_complete_workspace(tmp_path):
+    """The section notebooks run the learner's files: 04 and 07 pass on a workspace of reference
+    copies, and 07 fails on one whose sample.py has the pitfall s04 (so 07 really ran that file)."""
+    ws = workspace(tmp_path, "ref")
+    p = _nbval(ws, "07_sampler", "04_kv_pool")
+    assert p.returncode == 0, p.stdout[-3000:]
+    src = reference_source("sample")
+    for e in PITFALLS["s04"].edits:
+        src = apply_edit(src, e, "s04")
+    (ws / "sample.py").write_text(src)
+    p = _nbval(ws, "07_sampler")
+    assert p.returncode == 1 and "failed" in p.stdout.splitlines()[-1], p.stdout[-3000:]
+
+
+def test_a_learner_module_that_does_not_import_is_a_printed_line(tmp_path, capsys):
+    from tl_lab.exercise.side import yours_or_none
+
+    ws = workspace(tmp_path, modules=["sample"])
+    assert yours_or_none("sample", ws) is None and capsys.readouterr().out == ""  # the stub: nothing yet
+    (ws / "sample.py").write_text("x = 1\ndef broken(:\n")
+    assert yours_or_none("sample", ws) is None
+    assert f"your sample.py does not import: {ws / 'sample.py'}:2: SyntaxError" in capsys.readouterr().out

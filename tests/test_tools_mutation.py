@@ -1,0 +1,31 @@
+"""tools/mutation.py, the mutation-testing driver (issue 20): its pieces that need no mutmut run.
+
+The run itself takes minutes per module (tools/mutation.sh); here: every hand-written kernel mutant
+still applies (its text found exactly once, as a pitfall's edit must be), the mutmut configuration a
+module gets, and how mutmut's exit codes are scored.
+"""
+
+import pytest
+
+from conftest import tool
+from tl_lab.paths import REPO_ROOT
+
+mutation = tool("mutation")
+
+
+@pytest.mark.parametrize("name, file, old, new", mutation.KERNEL_MUTANTS, ids=[m[0] for m in mutation.KERNEL_MUTANTS])
+def test_every_kernel_mutant_applies_once_and_changes_the_text(name, file, old, new):
+    assert (REPO_ROOT / file).read_text().count(old) == 1, f"{name}: the kernel moved; update KERNEL_MUTANTS"
+    assert old != new
+
+
+def test_each_module_is_mutated_alone_with_its_own_tests():
+    for module, selection in mutation.MODULES.items():
+        assert (REPO_ROOT / "tl_lab" / f"{module}.py").is_file() and (REPO_ROOT / selection[0]).is_file()
+        cfg = mutation._setup_cfg(module, selection)
+        assert f"only_mutate = tl_lab/{module}.py" in cfg and f"    {selection[0]}\n" in cfg
+
+
+def test_mutmut_exit_codes_are_scored():
+    assert [mutation._status(c) for c in (None, 2, 0, 1, 33, 5, -24, 152, 34)] == \
+        ["not run", "not run", "survived", "killed", "no tests", "no tests", "killed", "killed", "other"]

@@ -1,0 +1,258 @@
+"""`python -m tl_lab exercise ...`: start, tests, check, parity, hint, status, reset.
+
+Chapter L10.1, "How to work this chapter". Every command takes --workspace DIR (else
+TL_LAB_WORKSPACE, else work/L10.1 in the clone). Exit codes: 0 done (check and parity: everything
+asked for passes), 1 a check or parity that does not pass, 2 bad input (an unknown module, a
+missing or unwritable workspace), each error one line "error: ..." on stderr. Nothing of the
+learner's is ever overwritten or deleted: start skips existing files, reset keeps a backup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import sys
+import time
+from pathlib import Path
+
+from tl_lab.exercise.registry import CATALOGUE, MODULES, PIECES, SECTIONS
+from tl_lab.exercise.stubs import NOT_WRITTEN, ExerciseError, check_module, learner_lines, stub_source
+from tl_lab.exercise.workspace import resolve
+
+__all__ = ["add_cli", "cli", "start", "reset", "written"]
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser("exercise", help="your turn: write the six modules, the chapter's tests grade them",
+                       description=__doc__.split("\n\n")[0] + " Chapter L10.1: the learner writes kv, quant, model, "
+                       "forward, runner and sample; the chapter's 24 tests are the verdict.")
+    cmds = p.add_subparsers(dest="exercise_command", required=True, metavar="command")
+
+    def add(name, help_text):
+        c = cmds.add_parser(name, help=help_text, description=help_text)
+        c.add_argument("--workspace", metavar="DIR", help="the workspace (default: $TL_LAB_WORKSPACE, else work/L10.1)")
+        return c
+
+    add("start", "write the stubs of MODULE (default: all six); an existing file is left alone").add_argument(
+        "modules", nargs="*", metavar="MODULE")
+    add("tests", "the chapter's test catalogue with our test names and your last results")
+    c = add("check", "run the graded tests on your code; exit 0 only when every one asked for passes")
+    c.add_argument("modules", nargs="*", metavar="MODULE")
+    c.add_argument("--ref-deps", action="store_true", help="the reference stands in for a dependency not passing yet")
+    c.add_argument("--timeout", type=float, default=None, metavar="S", help="seconds per test (default 120)")
+    add("parity", "your sample.py against the golden files (suites: sampler, rng)").add_argument(
+        "suites", nargs="*", metavar="SUITE", default=["sampler", "rng"])
+    add("hint", "what to write in MODULE, piece by piece, with what is still missing").add_argument("module")
+    add("status", "your progress: each module's file, pieces written, last check")
+    add("reset", "a fresh stub of MODULE; your file is kept as a backup beside it").add_argument("module")
+    p.set_defaults(run=cli)
+
+
+def cli(args) -> int:
+    try:
+        return COMMANDS[args.exercise_command](args)
+    except ExerciseError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _workspace(args, must_exist: bool = True) -> Path:
+    ws = resolve(args.workspace)
+    if must_exist and not ws.is_dir():
+        raise ExerciseError(f"workspace {ws} does not exist: python -m tl_lab exercise start writes it")
+    return ws
+
+
+def _modules(names) -> list[str]:
+    return [check_module(m) for m in names] if names else list(MODULES)
+
+
+def start(ws: Path, modules) -> list[tuple[str, str]]:
+    """Write the stubs of `modules` into `ws` (made when missing) -> [(file name, "wrote" | "left alone")].
+    A file that exists is never touched; a new one is written whole or not at all."""
+    try:
+        ws.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ExerciseError(f"cannot make the workspace {ws}: {exc.strerror or exc}") from None
+    if not os.access(ws, os.W_OK):
+        raise ExerciseError(f"workspace {ws} is not writable")
+    out = []
+    for m in modules:
+        f = ws / f"{m}.py"
+        out.append((f.name, "wrote" if _write_new(f, stub_source(m)) else "left alone (it exists)"))
+    return out
+
+
+def _write_new(f: Path, text: str) -> bool:
+    """Write `text` to `f` only if no such file exists (checked and created in one step, "x")."""
+    tmp = f.with_name(f".{f.name}.new")
+    tmp.write_text(text, encoding="utf-8")
+    try:
+        os.link(tmp, f)  # fails if f exists: never overwrites, and f appears whole
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink()
+
+
+def reset(ws: Path, module: str) -> tuple[Path | None, Path]:
+    """A fresh stub of `module` in `ws`; the old file renamed to <module>.py.bak-<time> (never replacing
+    another backup). -> (backup or None, the new file)."""
+    f = ws / f"{check_module(module)}.py"
+    backup = None
+    if f.exists():
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        for i in range(1000):
+            cand = f.with_name(f"{f.name}.bak-{stamp}" + (f"-{i}" if i else ""))
+            try:
+                os.link(f, cand)  # fails if cand exists
+                backup = cand
+                break
+            except FileExistsError:
+                continue
+        else:
+            raise ExerciseError(f"no free backup name for {f}")
+        f.unlink()
+    _write_new(f, stub_source(module))
+    return backup, f
+
+
+def written(ws: Path, module: str) -> dict[str, bool]:
+    """Each piece of `module`: True when the learner's file no longer has the stub's raise in it."""
+    f = ws / f"{module}.py"
+    text = f.read_text(encoding="utf-8", errors="replace") if f.is_file() else ""
+    try:
+        ast.parse(text)
+    except SyntaxError:
+        pass
+    return {p.qualname: f"{p.qualname}: {NOT_WRITTEN}" not in text and bool(text) for p in PIECES[module]}
+
+
+def _start(args) -> int:
+    ws = _workspace(args, must_exist=False)
+    for name, what in start(ws, _modules(args.modules)):
+        print(f"{what:<24} {ws / name}")
+    print("next: python -m tl_lab exercise tests   (the catalogue), then write a module and "
+          "python -m tl_lab exercise check MODULE")
+    return EXIT_OK
+
+
+def _tests(args) -> int:
+    from tl_lab.exercise.grading import load_status
+
+    ws = resolve(args.workspace)
+    status = load_status(ws) if ws.is_dir() else {}
+    print(f"{'chapter test':<46} {'kind':<20} {'module':<8} {'last':<7} our test")
+    for g in CATALOGUE:
+        last = status.get(g.module, {}).get("results", {}).get(g.name, "-")
+        print(f"{g.name:<46} {g.kind:<20} {g.module:<8} {last:<7} {g.file}::test_{g.name}*")
+        print(f"{'':<46} checks: {g.checks}")
+        print(f"{'':<46} why: {g.why}")
+        if g.also:
+            print(f"{'':<46} with: {', '.join(g.also)}")
+    print(f"{len(CATALOGUE)} tests; you write no graded tests here (rung R0)")
+    return EXIT_OK
+
+
+def _check(args) -> int:
+    from tl_lab.exercise.grading import DEFAULT_TIMEOUT, check, format_table
+
+    ws = _workspace(args)
+    modules = _modules(args.modules)
+
+    def progress(row) -> None:
+        print(f"  {row.module:<8} {row.state:<16} {row.seconds:6.1f} s", file=sys.stderr, flush=True)
+
+    rows = check(ws, modules, ref_deps=args.ref_deps, timeout=args.timeout or DEFAULT_TIMEOUT, progress=progress)
+    print(format_table(rows))
+    asked = [r for r in rows if r.module in modules]
+    return EXIT_OK if all(r.ok for r in asked) else EXIT_FAILED
+
+
+def _parity(args) -> int:
+    from tl_lab.exercise.parity import SUITES, run
+    from tl_lab.exercise.workspace import install
+
+    bad = [s for s in args.suites if s not in SUITES]
+    if bad:
+        raise ExerciseError(f"unknown parity suite {bad[0]!r}: the suites are {', '.join(SUITES)}")
+    ws = _workspace(args)
+    f = ws / "sample.py"
+    if not f.is_file():
+        raise ExerciseError(f"no {f}: python -m tl_lab exercise start sample")
+    if "tl_lab.sample" in sys.modules:
+        raise ExerciseError("tl_lab.sample is already imported in this process: run parity in a fresh one")
+    install(ws, use={"sample"})
+    try:
+        import tl_lab.sample as ts
+    except Exception as exc:  # noqa: BLE001: the learner's module does not import
+        tb = exc.__traceback__
+        line = next((t.tb_lineno for t in _frames(tb) if t.tb_frame.f_code.co_filename == str(f)), None)
+        at = f"{f}:{line}" if line else str(f)
+        print(f"parity: {at}: {type(exc).__name__}: {exc}")
+        return EXIT_FAILED
+    verdicts = run(ts, list(dict.fromkeys(args.suites)))
+    print(f"your {ts.__file__} against {', '.join('data/golden/' + n for n in ('sampler.json', 'pcg32.vectors.json'))}")
+    for v in verdicts:
+        print(v.line())
+    return EXIT_OK if all(v.ok for v in verdicts) else EXIT_FAILED
+
+
+def _frames(tb):
+    while tb is not None:
+        yield tb
+        tb = tb.tb_next
+
+
+def _hint(args) -> int:
+    from tl_lab.exercise.grading import load_status
+
+    module = check_module(args.module)
+    ws = resolve(args.workspace)
+    done = written(ws, module)
+    lines = learner_lines(module)
+    print(f"{module}: {SECTIONS[module]}; {sum(done.values())} of {len(done)} pieces written")
+    for p in PIECES[module]:
+        mark = "done" if done[p.qualname] else "todo"
+        print(f"  [{mark}] {p.qualname:<28} section {p.section:<4} ~{lines[p.qualname]:>3} lines  {p.hint}")
+    last = load_status(ws).get(module) if ws.is_dir() else None
+    if last and last.get("hint"):
+        print(f"last check ({last['when']}): {last['state']}; {last['hint']}")
+    return EXIT_OK
+
+
+def _status(args) -> int:
+    from tl_lab.exercise.grading import load_status
+
+    ws = _workspace(args)
+    status = load_status(ws)
+    print(f"workspace {ws}")
+    for m in MODULES:
+        f = ws / f"{m}.py"
+        done = written(ws, m)
+        if not f.is_file():
+            state = "no file"
+        elif f.read_text(encoding="utf-8", errors="replace") == stub_source(m):
+            state = "the stub"
+        else:
+            state = "yours"
+        last = status.get(m)
+        verdict = f"{last['state']} {last['passed']}/{last['total']} ({last['when']})" if last else "never checked"
+        print(f"  {m:<8} {state:<9} {sum(done.values()):>2}/{len(done):<2} pieces  last check: {verdict}")
+    return EXIT_OK
+
+
+def _reset(args) -> int:
+    ws = _workspace(args)
+    backup, f = reset(ws, args.module)
+    print(f"kept your file as {backup}" if backup else f"there was no {f.name}")
+    print(f"wrote a fresh stub {f}")
+    return EXIT_OK
+
+
+COMMANDS = {"start": _start, "tests": _tests, "check": _check, "parity": _parity, "hint": _hint, "status": _status,
+            "reset": _reset}

@@ -1,0 +1,129 @@
+"""The pytest plugin of `exercise check`: only the graded tests of one module, a time limit per
+test, the origins verified, one JSON report.
+
+Loaded with `-p tl_lab.exercise.plugin` by `tl_lab.exercise.grading` in a pytest subprocess whose
+environment names the workspace (TL_LAB_WORKSPACE), the learner's modules (TL_LAB_EXERCISE_USE),
+the module graded (TL_LAB_EXERCISE_GRADE), the limit (TL_LAB_EXERCISE_TIMEOUT seconds) and the
+report's path (TL_LAB_EXERCISE_REPORT). A module meant to be the learner's that was loaded from
+anywhere else stops the run with exit code 3: the reference is never graded in the learner's place.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import signal
+import sys
+
+import pytest
+
+from tl_lab.exercise.registry import match
+
+GRADE = os.environ.get("TL_LAB_EXERCISE_GRADE", "")
+TIMEOUT = float(os.environ.get("TL_LAB_EXERCISE_TIMEOUT", "0") or 0)
+REPORT = os.environ.get("TL_LAB_EXERCISE_REPORT", "")
+MESSAGE_CHARS = 2000  # of each failure in the report; the log file keeps all of it
+
+_results: list[dict] = []
+_errors: list[dict] = []
+
+
+class TestTimeout(Exception):
+    """A graded test ran past the per-test limit (an infinite loop in the learner's code?)."""
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Keep the tests grading GRADE; the others are lab tests, not run here."""
+    if not GRADE:
+        return
+    keep = [it for it in items if (g := match(it.nodeid)) is not None and g.module == GRADE]
+    drop = [it for it in items if it not in keep]
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+    items[:] = keep
+
+
+def pytest_collection_finish(session):
+    """Every module meant to be the learner's is the learner's file (imported now, if not yet)."""
+    from tl_lab.exercise.workspace import active
+
+    finder = active()
+    if finder is None:
+        if GRADE:
+            _fail_origin(f"no workspace is active: tl_lab.{GRADE} would be the reference's")
+        return
+    for m, o in finder.origins.items():
+        if o.origin != "learner":
+            continue
+        __import__(f"tl_lab.{m}")
+        got = getattr(sys.modules[f"tl_lab.{m}"], "__file__", None)
+        if got != o.file:
+            _fail_origin(f"tl_lab.{m} was loaded from {got}, not the learner's {o.file}")
+
+
+def _fail_origin(text: str) -> None:
+    _errors.append({"kind": "origin", "message": text})
+    _write()
+    pytest.exit(f"exercise: {text}", returncode=3)
+
+
+def _on_alarm(signum, frame):
+    raise TestTimeout(f"the test ran longer than {TIMEOUT:g} s (an infinite loop?)")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """The per-test limit: SIGALRM raises in the test's Python code; when the code does not return to
+    Python (a loop inside numpy), faulthandler ends the process a little later, with its stack."""
+    if TIMEOUT <= 0:
+        yield
+        return
+    old = signal.signal(signal.SIGALRM, _on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, TIMEOUT)
+    faulthandler.dump_traceback_later(TIMEOUT + 30, exit=True)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        faulthandler.cancel_dump_traceback_later()
+        signal.signal(signal.SIGALRM, old)
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" or not report.passed:  # a failed setup counts too
+        g = match(report.nodeid)
+        _results.append({
+            "nodeid": report.nodeid,
+            "chapter_test": g.name if g else None,
+            "when": report.when,
+            "outcome": report.outcome,
+            "message": _message(report),
+            "seconds": round(report.duration, 3),
+        })
+
+
+def pytest_collectreport(report):
+    if report.failed:
+        _errors.append({"kind": "collect", "nodeid": report.nodeid, "message": str(report.longrepr)[-MESSAGE_CHARS:]})
+
+
+def _message(report) -> str:
+    if report.passed:
+        return ""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    text = crash.message if crash is not None else str(report.longrepr)
+    return text[:MESSAGE_CHARS]
+
+
+def _write() -> None:
+    if not REPORT:
+        return
+    from tl_lab.exercise.workspace import origins
+
+    with open(REPORT, "w", encoding="utf-8") as f:
+        json.dump({"grade": GRADE, "results": _results, "errors": _errors, "origins": origins()}, f, indent=1)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _write()

@@ -1,0 +1,65 @@
+"""The learner's module and the reference's side by side in one process (for the widgets).
+
+Chapter L10.1, "the learner's code runs everywhere the reference runs". `tl_lab.<module>` is one
+module per process (the workspace's or the reference's); a widget that shows "yours beside the
+reference's" needs both: each is loaded from its file under a name of its own
+(tl_lab.exercise.side.yours_<module>, ..._reference_<module>), its imports of the given modules
+shared with the process. Used for the modules whose own imports are given ones (sample, quant, kv).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+from tl_lab.exercise.stubs import reference_path, stub_source
+from tl_lab.exercise.workspace import resolve
+
+__all__ = ["load", "yours", "yours_or_none", "reference"]
+
+
+def load(path: Path, name: str):
+    """Module `name` compiled from `path` (a fresh one each call; registered in sys.modules so its
+    dataclasses resolve their module)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def yours(module: str, workspace=None):
+    """The learner's `module` from the workspace, or None while it is missing or still the stub.
+    An error inside it (a SyntaxError, a failing import) is raised as it is, from the learner's file."""
+    f = resolve(workspace) / f"{module}.py"
+    if not f.is_file() or f.read_text(encoding="utf-8", errors="replace") == stub_source(module):
+        return None
+    return load(f, f"{__name__}.yours_{module}")
+
+
+def reference(module: str):
+    """The reference's `module`, loaded from tl_lab's file (whatever tl_lab.<module> is here)."""
+    return load(reference_path(module), f"{__name__}.reference_{module}")
+
+
+def yours_or_none(module: str, workspace=None):
+    """`yours`, or None with the learner's error printed (file and line) when their module does not
+    import, so a notebook cell that shows it stays usable."""
+    try:
+        return yours(module, workspace)
+    except Exception as exc:  # noqa: BLE001: the learner's code; its error is what to show
+        tb = exc.__traceback__
+        where = ""
+        while tb is not None:
+            if tb.tb_frame.f_code.co_filename.endswith(f"{module}.py") and "tl_lab" not in tb.tb_frame.f_code.co_filename:
+                where = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}: "
+            tb = tb.tb_next
+        if isinstance(exc, SyntaxError):
+            where = f"{exc.filename}:{exc.lineno}: "
+        print(f"your {module}.py does not import: {where}{type(exc).__name__}: {exc}; the reference's is shown alone")
+        return None

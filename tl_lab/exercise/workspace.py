@@ -1,0 +1,144 @@
+"""The learner's workspace: a folder of the six modules, imported as tl_lab's own.
+
+Chapter L10.1, "How to work this chapter". With a workspace active, `import tl_lab.<module>` gives
+the learner's file, compiled under its own path (tracebacks show the learner's line), through the
+same import hook that switches a pitfall in (`tl_lab.switch`). A module whose file is missing, or
+still the stub `start` wrote, comes from the reference. `origins()` says where each came from.
+
+When a workspace is active (the project's own tests never see one unless asked for):
+- TL_LAB_WORKSPACE=DIR in the environment of a process (`exercise check` sets it for its pytest runs;
+  a learner may set it for `python -m tl_lab generate`, pytest or the lab); TL_LAB_WORKSPACE=off
+  (or empty) switches it off;
+- `tl_lab.exercise.activate()` in a notebook's first cell: TL_LAB_WORKSPACE when set, else the
+  clone's `work/L10.1` when it exists. tests/conftest.py sets TL_LAB_WORKSPACE=off when it is unset,
+  so the project's tests and the notebooks they run use the reference even in a clone with work/.
+TL_LAB_EXERCISE_USE=kv,quant (set by `exercise check`): only these come from the learner, each
+even when untouched; the others from the reference.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tl_lab.exercise.registry import MODULES
+from tl_lab.exercise.stubs import ExerciseError, reference_path, stub_source
+from tl_lab.switch import SourceFinder
+
+__all__ = ["ENV", "ENV_USE", "OFF", "Origin", "WorkspaceFinder", "default_workspace", "resolve", "plan", "install",
+           "install_from_env", "origins", "active"]
+
+ENV = "TL_LAB_WORKSPACE"
+ENV_USE = "TL_LAB_EXERCISE_USE"
+OFF = ("", "off", "0", "none")
+REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def default_workspace() -> Path:
+    """work/L10.1 in the clone (ignored by git: pulling an update never touches it)."""
+    return REPO_ROOT / "work" / "L10.1"
+
+
+def resolve(workspace: str | os.PathLike | None = None) -> Path:
+    """The workspace asked for: `workspace`, else TL_LAB_WORKSPACE (when not off), else the default."""
+    if workspace is not None:
+        return Path(workspace).expanduser().resolve()
+    env = os.environ.get(ENV, "")
+    if env.strip().lower() not in OFF:
+        return Path(env).expanduser().resolve()
+    return default_workspace()
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where module `module` comes from: "learner" (the workspace's file) or "reference"; `file`
+    the path that is (or will be) compiled; `why` in words."""
+
+    module: str
+    origin: str
+    file: str
+    why: str
+
+
+def plan(workspace: Path, use=None) -> dict[str, Origin]:
+    """Where each of the six modules would come from with `workspace` active; `use`: the modules
+    to take from the learner (None: every one whose file differs from its stub)."""
+    out = {}
+    for m in MODULES:
+        f = workspace / f"{m}.py"
+        ref = str(reference_path(m))
+        if use is not None and m not in use:
+            out[m] = Origin(m, "reference", ref, "the reference stands in (not asked for)")
+        elif not f.is_file():
+            out[m] = Origin(m, "reference", ref, f"no {f.name} in the workspace")
+        elif use is None and _read(f) == stub_source(m):
+            out[m] = Origin(m, "reference", ref, "untouched since start (the stub)")
+        else:
+            out[m] = Origin(m, "learner", str(f), "the learner's file")
+    return out
+
+
+def _read(f: Path) -> str:
+    try:
+        return f.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ExerciseError(f"{f}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+class WorkspaceFinder(SourceFinder):
+    """Serves the learner's modules of a workspace from their files (first on sys.meta_path)."""
+
+    def __init__(self, workspace: Path, origins: dict[str, Origin]):
+        learner = {f"tl_lab.{m}": (o.file, _read(Path(o.file))) for m, o in origins.items() if o.origin == "learner"}
+        super().__init__(learner)
+        self.workspace = workspace
+        self.origins = origins
+
+
+def active() -> WorkspaceFinder | None:
+    """The workspace hook of this process, or None."""
+    return next((f for f in sys.meta_path if isinstance(f, WorkspaceFinder)), None)
+
+
+def install(workspace: str | os.PathLike, use=None) -> WorkspaceFinder:
+    """Make `workspace`'s modules tl_lab's in this process, before any of the six is imported."""
+    ws = Path(workspace).expanduser().resolve()
+    if not ws.is_dir():
+        raise ExerciseError(f"workspace {ws} does not exist (python -m tl_lab exercise start writes it)")
+    if (finder := active()) is not None:
+        if finder.workspace != ws:
+            raise ExerciseError(f"workspace {finder.workspace} is already active in this process")
+        return finder
+    loaded = [f"tl_lab.{m}" for m in MODULES if f"tl_lab.{m}" in sys.modules]
+    origins = plan(ws, use)
+    if loaded and any(origins[m.split(".")[1]].origin == "learner" for m in loaded):
+        raise ExerciseError(f"{', '.join(loaded)} already imported from the reference: activate the workspace "
+                            f"before importing them (in a notebook: restart the kernel, activate in the first cell)")
+    finder = WorkspaceFinder(ws, origins)
+    sys.meta_path.insert(0, finder)
+    return finder
+
+
+def install_from_env() -> WorkspaceFinder | None:
+    """`install` the workspace named by TL_LAB_WORKSPACE (nothing when unset or off), taking
+    TL_LAB_EXERCISE_USE's modules when set."""
+    env = os.environ.get(ENV, "")
+    if env.strip().lower() in OFF:
+        return None
+    use = os.environ.get(ENV_USE)
+    return install(env, None if use is None else {m.strip() for m in use.split(",") if m.strip()})
+
+
+def origins() -> dict[str, dict]:
+    """Each of the six modules: {origin, file, why, loaded}, `loaded` the file the imported module
+    was really compiled from (None when not imported yet). Without a workspace: all the reference."""
+    finder = active()
+    planned = finder.origins if finder else {m: Origin(m, "reference", str(reference_path(m)), "no workspace active")
+                                             for m in MODULES}
+    out = {}
+    for m, o in planned.items():
+        mod = sys.modules.get(f"tl_lab.{m}")
+        out[m] = {**asdict(o), "loaded": getattr(mod, "__file__", None) if mod else None}
+    return out

@@ -1,0 +1,152 @@
+"""The machine the kernels run on: what it is, read from the system, and how fast it reads memory,
+measured. Chapter L10.1, section 2.4 (what bounds a step: a batch-1 decode reads every weight once,
+so its limit is the machine's read bandwidth; a prefill multiplies, so its limit is the machine's
+arithmetic).
+
+A speed means something only next to the machine's own limits: the same code ran f32 batch-1
+decode at 40% of one processor's bandwidth and near all of another's. So the benchmarks record
+`describe()` and the limits measured in the same run (`read_gbps`) with every result, and the
+kernels size what depends on the cache from `cache_bytes` (`kernels.X_IN_L1`).
+
+- ``describe()`` -> the processor's model name, the name numba's LLVM gives it and the name numba
+  compiles for (``NUMBA_CPU_NAME`` may set another), the vector ISA features that matter here, the
+  cores this process may use, and the cache sizes per level;
+- ``cache_bytes(level, kind)`` -> one cache's size in bytes (None when the system does not say);
+- ``read_gbps(threads)`` -> GB/s of a compiled kernel reading a buffer larger than the last cache
+  level, split over `threads` threads as the kernels split a weight.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["describe", "cache_bytes", "read_gbps", "FEATURES"]
+
+FEATURES = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+            "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve")
+"""The instruction-set flags `describe` reports, when the processor has them (Linux's names)."""
+
+_CACHE = Path("/sys/devices/system/cpu/cpu0/cache")
+
+
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's block of /proc/cpuinfo (empty where there is none)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    out = {}
+    for line in text.split("\n\n")[0].splitlines():
+        key, _, value = line.partition(":")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _size(text: str) -> int:
+    """'48K' -> 49152 (sysfs's cache sizes)."""
+    units = {"K": 1024, "M": 1024**2, "G": 1024**3}
+    text = text.strip()
+    return int(text[:-1]) * units[text[-1]] if text[-1:] in units else int(text)
+
+
+def caches() -> list[dict]:
+    """The first core's caches: [{level, type, bytes, shared_by}] from sysfs (empty where unreadable)."""
+    out = []
+    for d in sorted(_CACHE.glob("index*")):
+        try:
+            shared = (d / "shared_cpu_list").read_text().strip()
+            out.append({"level": int((d / "level").read_text()), "type": (d / "type").read_text().strip(),
+                        "bytes": _size((d / "size").read_text()),
+                        "shared_by": sum(len(range(int(a), int(b or a) + 1))
+                                         for a, _, b in (p.partition("-") for p in shared.split(",")))})
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def cache_bytes(level: int, kind: str = "Data") -> int | None:
+    """Bytes of the first core's cache at `level` of `kind` ("Data" or "Unified", either matches a
+    level-2 or -3 cache); None when the system does not say."""
+    for c in caches():
+        if c["level"] == level and (c["type"] == kind or c["type"] == "Unified"):
+            return c["bytes"]
+    return None
+
+
+def describe() -> dict:
+    """What the machine is: processor, LLVM's and numba's names for it, ISA features, cores, caches."""
+    import numba
+    from llvmlite import binding
+
+    info = _cpuinfo()
+    flags = set(info.get("flags", info.get("Features", "")).split())
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {
+        "cpu_model": info.get("model name") or platform.processor() or platform.machine(),
+        "cpu_family_model": f"{info.get('cpu family', '?')}/{info.get('model', '?')}",
+        "llvm_host_cpu": binding.get_host_cpu_name(),
+        "numba_target_cpu": numba.config.CPU_NAME or binding.get_host_cpu_name(),
+        "isa": [f for f in FEATURES if f in flags],
+        "cores": cores,
+        "caches": {f"L{c['level']}{c['type'][0].lower() if c['type'] != 'Unified' else ''}":
+                   f"{c['bytes'] // 1024} KB" + (f" shared by {c['shared_by']}" if c["shared_by"] > 1 else "")
+                   for c in caches()},
+        "numba": numba.__version__, "numpy": np.__version__, "python": platform.python_version(),
+        "env": {k: os.environ[k] for k in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "OPENBLAS_CORETYPE",
+                                           "OMP_WAIT_POLICY") if k in os.environ},
+    }
+
+
+def _read_kernel():
+    """The compiled read: every 16-float step of a (R, C) float32 buffer into one sum per row,
+    rows split over the threads (prange) as the kernels split a weight's rows. Built on first use."""
+    from numba import njit, prange
+
+    from tl_lab.lanes import LANES, vfma, vload, vsum, vzero
+
+    @njit(parallel=True, cache=True)
+    def read_rows(a, out):  # pragma: no cover (compiled)
+        for r in prange(a.shape[0]):
+            acc = vzero()
+            for k in range(0, a.shape[1], LANES):
+                v = vload(a, r, k)
+                acc = vfma(v, v, acc)
+            out[r] = vsum(acc)
+
+    return read_rows
+
+
+_READ = []
+
+
+def read_gbps(threads: int, rounds: int = 3, megabytes: int | None = None) -> float:
+    """GB/s (10^9 bytes) of the best of `rounds` passes reading a float32 buffer on `threads` threads.
+
+    The buffer is twice the last cache level and at least 256 MB (at most 1 GB), so it comes from
+    memory (a machine whose last level is shared reports the whole level; it still fits). The
+    count in force is restored after."""
+    import numba
+
+    if not _READ:
+        _READ.append(_read_kernel())
+    last = max((c["bytes"] for c in caches()), default=0)
+    mb = megabytes or min(1024, max(256, 2 * last // 2**20))
+    buf = np.ones((mb * 2**20 // 4096, 1024), dtype=np.float32)
+    out = np.empty(buf.shape[0], dtype=np.float32)
+    before = numba.get_num_threads()
+    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+    try:
+        _READ[0](buf, out)
+        best = np.inf
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            _READ[0](buf, out)
+            best = min(best, time.perf_counter() - t0)
+    finally:
+        numba.set_num_threads(before)
+    return buf.nbytes / best / 1e9

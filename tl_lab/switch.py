@@ -1,0 +1,46 @@
+"""Switching a tl_lab module's source at import time: one mechanism for the pitfalls and the exercise.
+
+An import hook (`SourceFinder`, first on sys.meta_path) serves chosen `tl_lab.*` modules from a
+source text of its choosing, compiled under a filename of its choosing: a pitfall's edited
+reference under the reference's path (`tl_lab.pitfalls`), a learner's file under the learner's
+own path (`tl_lab.exercise`). Tracebacks then show the line that ran, from the text that ran.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import linecache
+
+__all__ = ["SourceLoader", "SourceFinder"]
+
+
+class SourceLoader(importlib.machinery.SourceFileLoader):
+    """Loads a module from `source`, compiled under `path`; no .pyc is written (a broken module must
+    never be cached as the module)."""
+
+    def __init__(self, fullname: str, path: str, source: str):
+        super().__init__(fullname, path)
+        self.patched = source
+
+    def get_source(self, fullname: str) -> str:
+        return self.patched
+
+    def get_code(self, fullname: str):
+        # tracebacks read lines through linecache: give it the text that ran, not whatever is on disk
+        linecache.cache[self.path] = (len(self.patched), None, self.patched.splitlines(True), self.path)
+        return compile(self.patched, self.path, "exec", dont_inherit=True)
+
+
+class SourceFinder(importlib.abc.MetaPathFinder):
+    """Serves each module of `sources` ({fullname: (path, source)}) from its text; others pass by."""
+
+    def __init__(self, sources: dict[str, tuple[str, str]]):
+        self.served = sources
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in self.served:
+            return None
+        origin, source = self.served[fullname]
+        return importlib.util.spec_from_file_location(fullname, origin, loader=SourceLoader(fullname, origin, source))

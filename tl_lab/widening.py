@@ -1,0 +1,149 @@
+"""Loading engineering the chapter's reader stands on: the parallel widening, the dropped pages, the arena.
+
+Chapter L10.1, section 2.3 (loading). What the reader does is `tl_lab.model`'s (which tensor, which
+dtype, which widening rule: the learner's part). How a load of 540 MB runs in a fraction of a second
+is here, given: every tensor cut into pieces that threads widen in parallel straight into their
+destinations (`widen_all`), each piece's file pages handed back to the OS once read (`drop_pages`),
+and the destinations carved out of one anonymous map of plain pages (`Arena`).
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import os
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from tl_lab.errors import FormatError
+
+__all__ = ["WIDEN_CHUNK", "MAX_WIDEN_THREADS", "Widening", "widen_threads", "parallel_for", "f32_out",
+           "widen_all", "drop_pages", "Arena"]
+
+WIDEN_CHUNK = 1 << 18  # elements per widening piece: 1 MB of f32; a thread's temporaries are piece-sized
+MAX_WIDEN_THREADS = 8  # widening is bound by memory and page faults: more threads than this add nothing
+
+
+def widen_threads() -> int:
+    """Threads that widen a file's tensors: every core this process may run on (at most
+    MAX_WIDEN_THREADS), whatever EngineConfig.threads says for the kernels. Why (section 2.3,
+    loading): the first write to each fresh page of the weights costs a page fault in which the
+    kernel zeroes the page, and those faults, not the arithmetic, are most of a load; they run in
+    parallel on every core as transformers' loader runs them. Widening is elementwise, so the bits
+    do not depend on the count."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cores, MAX_WIDEN_THREADS))
+
+
+def parallel_for(work, items, n: int) -> None:
+    """Call work(item) for every item, on n threads at once (the calling thread is one of them), each
+    taking the next item when done with its last. The first exception (a Ctrl-C too) stops the others
+    at their next item and is raised here once all have stopped."""
+    pending, errors = iter(items), []
+
+    def loop() -> None:
+        try:
+            for item in pending:  # next() on a list iterator is atomic under the GIL: no item runs twice
+                if errors:
+                    return
+                work(item)
+        except BaseException as exc:  # re-raised in the calling thread below
+            errors.append(exc)
+
+    helpers = [threading.Thread(target=loop, name=f"tl_lab-widen-{i}") for i in range(1, n)]
+    for t in helpers:
+        t.start()
+    loop()
+    for t in helpers:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+@dataclass(frozen=True)
+class Widening:
+    """One tensor to widen: its stored bits and its float32 destination, both flat (numel,); begin:
+    where its bytes start in the file's data buffer (for `drop`)."""
+
+    name: str
+    begin: int
+    bits: np.ndarray
+    out: np.ndarray
+    widen: Callable[..., np.ndarray]  # the reader's rule for the stored dtype: widen(bits, out=out) -> out
+
+
+def f32_out(out: np.ndarray | None, shape: tuple, name: str) -> np.ndarray:
+    """The array a tensor is widened into: `out` checked, or a new one."""
+    if out is None:
+        return np.empty(shape, dtype=np.float32)
+    if out.dtype != np.float32 or out.shape != shape or not out.flags.c_contiguous:
+        raise ValueError(f"out for tensor {name!r} must be C-contiguous float32 {shape}, got {out.dtype} {out.shape}")
+    return out
+
+
+def widen_all(jobs: list[Widening], drop: Callable[[int, int], None], finite: bool = False) -> None:
+    """Widen every job, cut into pieces of WIDEN_CHUNK elements that `widen_threads()` threads widen
+    in parallel (numpy releases the GIL inside each piece), each piece straight into its destination.
+    With `finite` every piece is checked finite: a NaN or infinite weight is a FormatError naming the
+    first such tensor (in the order of `jobs`) and its flat index. drop(begin, end) is told each
+    piece's bytes of the data buffer once they are read."""
+    pieces = [(k, a) for k, job in enumerate(jobs) for a in range(0, job.out.size, WIDEN_CHUNK)]
+    bad: list[tuple[int, int]] = []  # (k, flat index) of non-finite weights in jobs[k]; list.append is atomic
+
+    def piece(item: tuple[int, int]) -> None:
+        k, a = item
+        job = jobs[k]
+        b = min(a + WIDEN_CHUNK, job.out.size)
+        chunk = job.widen(job.bits[a:b], out=job.out[a:b])
+        if finite:
+            ok = np.isfinite(chunk)
+            if not ok.all():
+                bad.append((k, a + int(np.argmin(ok))))
+        size = job.bits.itemsize
+        drop(job.begin + a * size, job.begin + b * size)
+
+    parallel_for(piece, pieces, widen_threads())
+    if bad:
+        k, i = min(bad)
+        raise FormatError(f"tensor {jobs[k].name!r} holds a non-finite weight {jobs[k].out[i]} at flat index {i}")
+
+
+def drop_pages(mm, begin: int, end: int) -> None:
+    """Tell the OS this process is done with bytes [begin, end) of the map `mm` (MADV_DONTNEED on a
+    read-only map): they leave this process's resident set. A page another piece still reads is
+    paged in again from the page cache, so dropping one early costs time, never a wrong value."""
+    if not isinstance(mm, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED") or end <= begin:
+        return
+    begin -= begin % mmap.PAGESIZE
+    mm.madvise(mmap.MADV_DONTNEED, begin, end - begin)
+
+
+class Arena:
+    """One float32 buffer for all of a model's resident float32 weights, handed out in order.
+
+    Why an anonymous map of its own and not np.empty (section 2.3, loading): numpy asks the kernel to
+    back every array of 4 MB or more with 2 MiB pages (madvise hugepage), and where the kernel then
+    compacts memory to find them (transparent_hugepage/defrag = madvise, a common default) the
+    first touch of fresh memory costs 3.5x more: 540 MB touched in 0.70 s against 0.20 s in plain
+    pages, measured here (and from 0.1 to 1.3 s from one run to the next), the largest part of
+    SmolLM2's load. The map gets plain pages, and nothing touches them before the widening writes
+    them: the kernel zeroes each page at that first write, in the widening thread that writes it, so
+    the faults run on every core (faulting the whole map in first, MAP_POPULATE, took 0.16 s on one
+    core, half of the load). Its size is exactly the weights', so loading holds nothing else at
+    full size."""
+
+    def __init__(self, n: int) -> None:
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+        self.buf = np.frombuffer(mmap.mmap(-1, max(4 * n, 1), flags=flags), dtype=np.float32, count=n)
+        self.used = 0
+
+    def take(self, shape: tuple[int, ...]) -> np.ndarray:
+        n = math.prod(shape)
+        if self.used + n > self.buf.size:
+            raise ValueError(f"arena of {self.buf.size} floats exhausted asking for {shape}")
+        a = self.buf[self.used : self.used + n].reshape(shape)
+        self.used += n
+        return a

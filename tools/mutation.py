@@ -1,0 +1,240 @@
+"""Mutation testing of tl_lab: how many of the mistakes a developer makes do the tests catch?
+
+Two kinds of mutants, both scored as killed / (killed + survived):
+
+* Python modules: mutmut (pip install mutmut; 3.8.1 was used) mutates one module at a time in a
+  scratch copy of the tree (`git archive REF`), with that module's own fast test files only, one
+  worker (`--max-children 1`: the machine is shared). With `--sample N` a seeded random N of the
+  module's mutants is run and the result says so; otherwise all of them.
+* The compiled kernels (kernels.py, lanes.py): mutmut's trampolines cannot enter a numba loop, so
+  KERNEL_MUTANTS is a short hand-written list of text edits, each applied to a scratch copy and run
+  against tests/test_kernels.py and tests/test_lanes.py.
+
+    python tools/mutation.py --label before --ref main --sample 40 kv blocks
+    python tools/mutation.py --label after --kernels
+
+Each run merges its scores into benchmarks/results/mutation.json under results[label][module],
+with the survivors' names and diffs (mutmut show) so they can be read and closed or called
+equivalent. tools/mutation.sh is the rerun of the whole measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results" / "mutation.json"
+SCRATCH = Path(os.environ.get("TL_LAB_MUTATION_DIR", "/tmp/tl_lab-mutation"))
+
+# module -> its fast test selection: the tests a developer runs after touching it.
+MODULES = {
+    "kv": ["tests/test_kv.py"],
+    "blocks": ["tests/test_blocks.py"],
+    "sample": ["tests/test_sample.py"],
+    "quant": ["tests/test_quant.py"],
+    # the reader, the config and the loader; not the fuzzers (minutes under mutmut's trampolines) nor
+    # the subprocess that imports a fresh tl_lab
+    "model": ["tests/test_model.py", "-m", "not hf and not smollm2", "-k", "not random and not imports_no"],
+    "generate": ["tests/test_generate.py", "-m", "not hf and not smollm2"],
+    "tokenizer": ["tests/test_tokenizer.py", "-m", "not hf and not smollm2"],
+    "fetch": ["tests/test_fetch.py"],
+}
+
+# (name, file, old text, new text): each a mistake a later refactor of a compiled loop could make.
+KERNEL_MUTANTS = [
+    ("int4 zero point -7 s instead of -8 s", "tl_lab/kernels.py", "np.float32(-8.0) * s", "np.float32(-7.0) * s"),
+    ("int4 high nibble read with shift 0", "tl_lab/kernels.py",
+     "return grp * half + c - half, 4", "return grp * half + c - half, 0"),
+    ("softmax without the maximum subtracted", "tl_lab/kernels.py", "vsplat(-top)", "vsplat(np.float32(0.0))"),
+    ("causal mask: each query sees one key too many", "tl_lab/kernels.py",
+     "min(B, last[i] + 1 - j0)", "min(B, last[i] + 2 - j0)"),
+    ("weighted sum drops each block's last value", "tl_lab/kernels.py",
+     "for jj in range(min(B, n - blk * B)):\n                    p = vsplat",
+     "for jj in range(min(B, n - blk * B) - 1):\n                    p = vsplat"),
+    ("the last block of four features repeats the wrong row", "tl_lab/kernels.py",
+     "min(n0 + 3, last)", "min(n0 + 2, last)"),
+    ("matvec_f32 skips the last step of sixteen columns", "tl_lab/kernels.py",
+     "for k in range(0, K, LANES):\n                xv = vload(x, m, k)\n                a0 = vfma(xv, vload(W, r0, k), a0)",
+     "for k in range(0, K - LANES, LANES):\n                xv = vload(x, m, k)\n                a0 = vfma(xv, vload(W, r0, k), a0)"),
+    ("dot4 reads key jj + 2 for jj + 3", "tl_lab/kernels.py",
+     "_load_f16(keys, jj + 3, d, tail), a3)", "_load_f16(keys, jj + 2, d, tail), a3)"),
+    ("masked loads take one lane too many", "tl_lab/lanes.py",
+     'builder.icmp_signed("<", lane, ends)', 'builder.icmp_signed("<=", lane, ends)'),
+    ("the fold adds the lower half to itself", "tl_lab/lanes.py",
+     "list(range(n, 2 * n))", "list(range(0, n))"),
+    ("the next block's keys not prefetched (speed only: an equivalent mutant)", "tl_lab/kernels.py",
+     "if (blk + 1) * B < L:", "if False:"),
+]
+
+
+def _sh(cmd: list[str], cwd: Path, timeout: float | None = None, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=cwd, text=True, capture_output=True, timeout=timeout, **kw)
+
+
+def _checkout(ref: str, where: Path) -> None:
+    """A clean copy of the tracked tree at `ref` (no .git, no caches)."""
+    if where.exists():
+        shutil.rmtree(where)
+    where.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", ref], cwd=REPO, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x"], cwd=where, input=archive, check=True)
+
+
+def _setup_cfg(module: str, selection: list[str]) -> str:
+    tests = "\n".join(f"    {a}" for a in selection)
+    return (f"[mutmut]\nsource_paths = tl_lab\nonly_mutate = tl_lab/{module}.py\nalso_copy =\n    data\n    docs\n"
+            f"pytest_add_cli_args_test_selection =\n{tests}\n"
+            "pytest_add_cli_args =\n    -p\n    no:cacheprovider\n    -q\n    -x\n")
+
+
+def _meta(work: Path, module: str) -> dict[str, int | None]:
+    """mutant name -> mutmut's exit code for it (None: not run yet)."""
+    path = work / "mutants" / "tl_lab" / f"{module}.py.meta"
+    return json.loads(path.read_text())["exit_code_by_key"] if path.exists() else {}
+
+
+def run_module(module: str, ref: str, sample: int | None, seed: int, budget: float) -> dict:
+    """Mutate tl_lab/<module>.py at `ref`: its score over all or a seeded sample of its mutants."""
+    work = _work(ref, module)
+    _checkout(ref, work)
+    (work / "setup.cfg").write_text(_setup_cfg(module, MODULES[module]))
+    t0, timed_out = time.time(), False
+    try:
+        # A filter matching nothing: mutmut generates the mutants, maps tests to functions, then stops.
+        _sh([*MUTMUT, "run", "--max-children", "1", "no-such-mutant"], work, timeout=budget)
+        chosen = _chosen(work, module, sample, seed)
+        _sh([*MUTMUT, "run", "--max-children", "1", *chosen], work, timeout=max(60.0, budget - (time.time() - t0)))
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    return {**score_module(module, ref, sample, seed), "seconds": round(time.time() - t0, 1), "budget_hit": timed_out}
+
+
+MUTMUT = [sys.executable, "-m", "mutmut"]
+
+
+def _work(ref: str, module: str) -> Path:
+    return SCRATCH / ref.replace("/", "_") / module
+
+
+def _chosen(work: Path, module: str, sample: int | None, seed: int) -> list[str]:
+    """The mutants run: all of the module's, or a sample drawn with `seed` (the same names again on a rescore)."""
+    names = sorted(_meta(work, module))
+    return names if sample is None or sample >= len(names) else sorted(random.Random(seed).sample(names, sample))
+
+
+def score_module(module: str, ref: str, sample: int | None, seed: int) -> dict:
+    """The score of a module's run, read from mutmut's results in its scratch copy."""
+    work = _work(ref, module)
+    codes, chosen = _meta(work, module), _chosen(work, module, sample, seed)
+    status = {n: _status(codes.get(n)) for n in chosen}
+    count = {s: sum(v == s for v in status.values()) for s in ("killed", "survived", "not run", "no tests", "other")}
+    survived = [n for n, v in status.items() if v == "survived"]
+    tried = count["killed"] + count["survived"]
+    return {
+        "mutants_in_module": len(codes),
+        "sampled": None if sample is None or sample >= len(codes) else {"n": len(chosen), "seed": seed},
+        "tried": tried, "killed": count["killed"], "survived": count["survived"], "not_run": count["not run"],
+        "no_tests": count["no tests"], "other": count["other"],
+        "score": round(count["killed"] / tried, 3) if tried else None,
+        "tests": MODULES[module],
+        "survivors": {n: _sh([*MUTMUT, "show", n], work).stdout[-1500:] for n in survived},
+    }
+
+
+# mutmut's exit codes (mutmut/stats.py): a failing test, an internal pytest error, a timeout or a crash
+# kill the mutant; 0 survives; 5 and 33 mean no test reached it; None or 2 not run (the budget ended);
+# the rest (skipped, suspicious) count in neither.
+_KILLED = {1, 3, 36, -24, 24, 152, 255, -11, -9}
+
+
+def _status(code: int | None) -> str:
+    if code is None or code == 2:
+        return "not run"
+    if code == 0:
+        return "survived"
+    if code in (5, 33):
+        return "no tests"
+    return "killed" if code in _KILLED else "other"
+
+
+def run_kernels(ref: str, budget: float) -> dict:
+    """The hand-written kernel mutants: each a text edit in a fresh copy, tests must fail."""
+    work = SCRATCH / ref.replace("/", "_") / "kernels"
+    tests = ["tests/test_kernels.py", "tests/test_lanes.py", "-q", "-x", "-p", "no:cacheprovider"]
+    out, t0 = {}, time.time()
+    for name, file, old, new in KERNEL_MUTANTS:
+        _checkout(ref, work)
+        src = (work / file).read_text()
+        if old not in src:
+            out[name] = {"status": "not applicable (text not found)", "edit": [file, old, new]}
+            continue
+        (work / file).write_text(src.replace(old, new, 1))
+        env = dict(os.environ, PYTHONPATH=str(work), NUMBA_CACHE_DIR=str(work / ".numba"))
+        try:
+            p = _sh([sys.executable, "-m", "pytest", *tests], work, timeout=max(60.0, budget - (time.time() - t0)), env=env)
+            status = "killed" if p.returncode == 1 else ("survived" if p.returncode == 0 else f"error {p.returncode}")
+        except subprocess.TimeoutExpired:
+            status = "not run (budget)"
+        out[name] = {"status": status, "edit": [file, old, new]}
+    killed = sum(v["status"] == "killed" for v in out.values())
+    tried = sum(v["status"] in ("killed", "survived") for v in out.values())
+    return {"mutants": out, "tried": tried, "killed": killed, "survived": tried - killed,
+            "score": round(killed / tried, 3) if tried else None, "seconds": round(time.time() - t0, 1)}
+
+
+def _machine() -> dict:
+    import platform
+
+    mutmut = _sh([sys.executable, "-m", "pip", "show", "mutmut"], REPO).stdout.split("\n")
+    return {"processor": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "python": platform.python_version(),
+            "mutmut": next((l.split()[-1] for l in mutmut if l.startswith("Version")), None)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("modules", nargs="*", help=f"modules to mutate, of {', '.join(MODULES)} (default: none)")
+    p.add_argument("--label", required=True, help="where the scores go in the results, e.g. before / after")
+    p.add_argument("--ref", default="HEAD", help="the git commit to mutate (default HEAD)")
+    p.add_argument("--sample", type=int, help="run a seeded random sample of this many mutants per module")
+    p.add_argument("--seed", type=int, default=20)
+    p.add_argument("--budget", type=float, default=900.0, help="seconds per module at most")
+    p.add_argument("--kernels", action="store_true", help="also the hand-written kernel mutants")
+    p.add_argument("--rescore", action="store_true", help="score the modules' last runs again, running nothing")
+    p.add_argument("--out", type=Path, default=RESULTS, help=f"the results file (default {RESULTS.relative_to(REPO)})")
+    args = p.parse_args(argv)
+    unknown = [m for m in args.modules if m not in MODULES]
+    if unknown:
+        p.error(f"no test selection for {unknown}; known: {', '.join(MODULES)}")
+    doc = json.loads(args.out.read_text()) if args.out.exists() else {"results": {}}
+    doc["machine"] = _machine()
+    bucket = doc["results"].setdefault(args.label, {})
+    for module in args.modules:
+        commit = _sh(["git", "rev-parse", args.ref], REPO).stdout.strip()  # per module: HEAD may move meanwhile
+        if args.rescore:
+            r = {**bucket.get(module, {}), **score_module(module, args.ref, args.sample, args.seed)}
+        else:
+            r = run_module(module, args.ref, args.sample, args.seed, args.budget)
+        bucket[module] = {"commit": commit, **r}
+        print(f"{args.label} {module}: {r['killed']}/{r['tried']} killed (score {r['score']}), "
+              f"{r['mutants_in_module']} mutants in the module, {r['seconds']} s", flush=True)
+        args.out.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    if args.kernels:
+        commit = _sh(["git", "rev-parse", args.ref], REPO).stdout.strip()
+        r = run_kernels(args.ref, args.budget)
+        bucket["kernels (hand-written)"] = {"commit": commit, **r}
+        print(f"{args.label} kernels: {r['killed']}/{r['tried']} killed, {r['seconds']} s", flush=True)
+        args.out.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
