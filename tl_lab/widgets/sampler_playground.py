@@ -219,7 +219,7 @@ class SamplerPlayground(CellWidget):
         mod = self.yours
         try:
             p = mod.SamplingParams(**{f.name: getattr(params, f.name) for f in fields(params)})
-            rng = mod.stream(self.seed.value, PURPOSE_SAMPLE)
+            rng = mod.stream(read_seed(self.seed.value), PURPOSE_SAMPLE)
             for _ in range(self.draw.value):
                 rng.uniform_f64()
             got = mod.sample(logits, p, prompt, output, rng)
