@@ -73,12 +73,12 @@ WIDGETS = {
     ],
     "07_sampler.ipynb": [
         # section 3's example keeps {1, 3}; top-k 4 lets id 2 into the nucleus (q1 + q3 = 0.799 < 0.8)
-        Act("pg = SamplerPlayground()", "slider", "top-k", watch=".tl-token", expect="kept 3 of 5: {1, 2, 3}"),
-        Act("pg = SamplerPlayground()", "type", "draws before", "1000000000", watch=".widget-html",
+        Act("pg = SamplerPlayground(yours=", "slider", "top-k", watch=".tl-token", expect="kept 3 of 5: {1, 2, 3}"),
+        Act("pg = SamplerPlayground(yours=", "type", "draws before", "1000000000", watch=".widget-html",
             expect="draws before must be in [0, 100,000]"),
-        Act("pg = SamplerPlayground()", "type", "draws before", "0", watch=".widget-html", expect="kept"),
+        Act("pg = SamplerPlayground(yours=", "type", "draws before", "0", watch=".widget-html", expect="kept"),
         # a seed above 2^53 reaches the kernel as typed: the uniform is stream(2^53 + 1)'s (issue 19)
-        Act("pg = SamplerPlayground()", "type", "seed", str(2**53 + 1), watch=".tl-token",
+        Act("pg = SamplerPlayground(yours=", "type", "seed", str(2**53 + 1), watch=".tl-token",
             expect=f"exactly {stream(2**53 + 1, 4).uniform_f64()!r}"),
         Act("pg_big = SamplerPlayground(", "slider", "top-k", watch=".tl-token", expect="kept 1 of 49152"),
         Act("mp.sample_button.click()", "click", "sample and append", watch=".tl-status", expect="appended"),
