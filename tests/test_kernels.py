@@ -314,3 +314,18 @@ def test_lone_row_threads_pick_the_faster_count_and_leave_it_when_it_slows():
     assert quiet.count(2) >= len(quiet) - 2 and quiet.count(1) >= 1
     assert busy.count(1) >= len(busy) - 2
     assert LoneRowThreads().pick(1) == 1
+
+
+def test_paged_attention_is_exact_where_exp_of_a_score_overflows():
+    """Scores of several hundred (exp overflows float32 past 88.7): the softmax subtracts the maximum
+    first, so the output is the reference's, finite. Mutation testing (issue 20): a softmax without
+    the maximum subtracted passed every test, on scores of a few units."""
+    rng = np.random.default_rng(5)
+    data = _pool(rng, B=8, D=32)
+    step = _step(rng, data, LONG_SEQS)
+    cache = PoolKv(data, step)
+    q = 200 * rng.standard_normal((len(step.tokens), 6, 32)).astype(np.float32)
+    o = cache.attend(0, q)
+    assert np.isfinite(o).all()  # without the maximum: inf / inf, NaN
+    # scores of hundreds carry absolute rounding errors of 1e-5, which exp turns into relative ones
+    np.testing.assert_allclose(o, attend_reference(cache, 0, q), rtol=1e-3, atol=1e-3)

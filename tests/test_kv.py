@@ -731,7 +731,7 @@ def test_a_large_pool_costs_memory_only_as_it_is_used():
 
 
 @pytest.mark.parametrize("dims, words", [
-    (dict(n_layers=2**32), "4 blocks of 35184372088832 bytes"),  # np.prod wrapped: 0 bytes, the check skipped
+    (dict(n_layers=2**32), "4 blocks of 35184372088832 bytes: about 131072.0 GiB"),  # np.prod wrapped: 0 bytes
     (dict(block_tokens=2**62), "4 blocks of 4722366482869645213696 bytes"),  # -18446744073709551616 bytes
     (dict(dtype=["f16"]), "KvCfg.dtype must be 'f16', got ['f16']"),  # a TypeError (unhashable)
 ])
@@ -751,3 +751,9 @@ def test_a_refused_call_names_itself():
     pool = KvPool(KvCfg(n_blocks=4, block_tokens=16, n_layers=1, n_kv_heads=1, head_dim=16))
     with pytest.raises(KvError, match=r"^set_fill\(0\): block 0 is free, not in use$"):
         pool.set_fill(0, 1)
+    b = pool.alloc(1)[0]
+    pool.set_fill(b, 16)
+    pool.register(b, prefix_hash(None, list(range(16))))
+    pool.release(b)
+    with pytest.raises(KvError, match=rf"^set_fill\({b}\): block {b} is cached \(ref 0; reacquire it with lookup\), not in use$"):
+        pool.set_fill(b, 16)

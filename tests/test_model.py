@@ -574,6 +574,16 @@ def test_a_config_built_in_code_with_a_zero_size_names_it(field):
         dataclasses.replace(good, **{field: 0})
 
 
+def test_names_are_in_file_order_not_name_order(tmp_path):
+    """`names()` lists tensors by data offset (the checkpoint widget draws them so), whatever their
+    names sort as (mutation testing, issue 20: sorting by name went unnoticed)."""
+    header = {"b": entry("F32", [1], 0, 4), "a": entry("F32", [2], 4, 12), "c": entry("F32", [0], 12, 12)}
+    p = tmp_path / "order.safetensors"
+    p.write_bytes(craft(header, bytes(12)))
+    with SafeTensors.open(p) as f:
+        assert f.names() == ["b", "a", "c"]
+
+
 def test_param_count_does_not_grow_with_the_layer_count():
     good = ModelConfig.from_json(json.dumps(TINY_CONFIG))
     table = {}

@@ -551,7 +551,9 @@ def test_out_of_range_arithmetic_is_refused(fn):
         fn(np.array([0.0, 1e30], np.float32), SamplingParams(temperature=1e-300), [], [], stream(0, 4))
     with pytest.raises(ValueError, match=r"penalised logit of id 1"):
         fn(np.array([0.0, 1e30], np.float32), SamplingParams(repetition_penalty=1e-300), [1], [], stream(0, 4))
-    with pytest.raises(TypeError, match="needs a Pcg32"):
+    with pytest.raises(ValueError, match=r"^z must be an integer in \[0, 2\*\*64\), got -1$"):  # mutation testing
+        mix64(-1)
+    with pytest.raises(TypeError, match="needs a Pcg32 rng, got NoneType"):
         fn([0.0, 1.0], SamplingParams(), [], [], None)
     with pytest.raises(TypeError, match="SamplingParams"):
         fn([0.0, 1.0], {"temperature": 0.0}, [], [], None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import tracemalloc
 from types import SimpleNamespace
 
 import pytest
@@ -328,3 +329,60 @@ def test_the_byte_alphabet_is_gpt2s():
     shifted = [b for b in range(256) if table[b] != chr(b)]
     assert shifted == [*range(0, 33), *range(127, 161), 0xAD]
     assert [table[b] for b in shifted] == [chr(256 + i) for i in range(len(shifted))]
+
+
+# --------------------------------------------------------------------------------------------
+# Bounded renders (issue 20's probes of chat templates)
+# --------------------------------------------------------------------------------------------
+
+HUGE_TEMPLATES = [  # what each one did before: the memory and the time it took inside the sandbox
+    ('{{ "a".ljust(10**9) }}', "ljust() was given 1000000000"),  # 2 GB
+    ('{{ "a".center(10**9) }}', "center() was given 1000000000"),
+    ('{{ "a".zfill(10**9) }}', "zfill() was given 1000000000"),
+    ('{{ "%1000000000d"|format(1) }}', "format() would make more than 10,000,000 characters"),  # 4 GB
+    ('{{ "%1000000000d" % 1 }}', "'%' on str and int would make more than"),
+    ('{{ "{:>1000000000}".format(1) }}', "format() would make more than"),
+    ('{{ ("\t" * 1000).expandtabs(100000) }}', "expandtabs() would make more than"),
+    ("{{ messages|tojson(indent=10**8) }}", "tojson() was given 100000000"),
+    ('{{ ("a" * 5000000)|replace("a", "bbbbbbbbbbbb") }}', "replace() would make more than"),
+    ('{{ ("x\n" * 3000000)|indent(1000) }}', "indent() would make more than"),
+    ('{{ [1]|batch(10**9, "x")|list }}', "batch() was given 1000000000"),
+    ("{% set ns = namespace(s='a') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",
+     "namespace attribute 's' made 16,777,216 items"),  # 3.8 GB, exit 0
+    ('{% macro d(s, n) %}{% if n %}{{ d(s ~ s, n - 1) }}{% else %}{{ s }}{% endif %}{% endmacro %}{{ d("a", 40) }}',
+     "an argument of Macro() made 16,777,216 items"),
+    ('{% for i in range(100000) %}{{ "x" * 100000 }}{% endfor %}', "the output would be more than 10,000,000"),
+    ("{{ lipsum(200000) }}", "lipsum() was given 200000"),  # 77 s, 2.4 GB
+    ("{{ lipsum(1000) }}", "lipsum(1000, max=100) would make more than 10,000 words"),
+    ("{% for i in range(100000) %}{% for j in range(100000) %}{% for k in range(100000) %}{% endfor %}{% endfor %}"
+     "{% endfor %}", "ran longer than 1 s"),  # hours, inside the step budget
+]
+
+
+@pytest.mark.parametrize("template, words", HUGE_TEMPLATES)
+def test_a_chat_template_is_bounded_in_memory_time_and_output(template, words, fresh_env):
+    """Issue 20 (its probes): the sandbox bounded `*` only. Now every call, filter, operator, namespace value and
+    the output are bounded in size, and a render in wall time: each probe is one ConfigError naming
+    the bound, with little memory (tracemalloc's peak, the strings and lists a render makes)."""
+    tracemalloc.start()
+    try:
+        with pytest.raises(ConfigError, match="chat template") as info:
+            render_chat_template(template, [{"role": "user", "content": "hi"}])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert words in str(info.value)
+    assert peak < 150_000_000, peak
+    assert sys.gettrace() is None
+
+
+def test_a_value_of_exactly_the_bound_is_rendered(fresh_env):
+    """The bounds are inclusive: ten million characters is a value a template may make and print."""
+    assert len(render_chat_template("{{ 'a' * 10000000 }}", [])) == 10_000_000
+    assert render_chat_template("{{ 'ab'.ljust(100000)|length }}", []) == "100000"
+
+
+def test_filters_keep_their_defaults_under_the_bounds(fresh_env):
+    """The bounds read a filter's arguments; a filter called without them keeps Jinja's defaults
+    (mutation testing: `indent` with no width was never rendered)."""
+    assert render_chat_template('{{ "a\nb"|indent }}|{{ "a\tb".expandtabs() }}', []) == "a\n    b|a       b"

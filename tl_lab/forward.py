@@ -362,7 +362,7 @@ def linear_rows(h: np.ndarray, lin: Linear | QLinear) -> np.ndarray:
     """The engine's product of a step's rows, h: (N, K) float32 -> (N, out) float32 (section 2.4).
 
     An int4 linear runs `QLinear.forward`, a float32 one `kernels.product_f32`: a lone row (a
-    batch-1 decode) through the one-row kernel, any other batch through blocks of 4 rows. Every
+    batch-1 decode) through the one-row kernel, any other batch through blocks of rows. Every
     kernel adds each sum in `lanes` order, so a row's bits do not depend on which one the batch
     picked, nor on the rest of the batch.
     """

@@ -9,7 +9,7 @@ differently. The kernels fix one, here, in code:
     lane l + 8 onto lane l, then l + 4 onto l, then l + 2, then lane 1 onto lane 0.
 
 Every product kernel builds its sums from these pieces and nothing else. So a kernel may block
-its work however it likes (one row by four features, four rows by four features, any batch, any
+its work however it likes (one row by four features, three rows by eight features, any batch, any
 thread) and y[m, n] still comes out with the same bits: the blocking decides which sums run side
 by side, never the order inside one. That lets the engine pick the fastest kernel for each batch
 size without giving up batch invariance (`kernels.product_f32`).
