@@ -93,6 +93,12 @@ WIDGETS = {
         Act("picker = widgets.Dropdown(", "select", "test", "tests/test_sample.py::test_pcg32_reference_vectors",
             watch=".widget-html", expect="test_pcg32_reference_vectors: not run yet"),
     ],
+    "13_your_turn.ipynb": [
+        # another module picked: the old table goes (it answered another question); check runs the new pick
+        Act('panel = CheckPanel(WS, modules="sample")', "select", "modules", "kv", watch=".widget-html",
+            expect="kv: press check"),
+        Act('panel = CheckPanel(WS, modules="sample")', "click", "check", watch=".widget-html", expect="not started"),
+    ],
     "12_where_next.ipynb": [
         Act("steps, results = EngineSteps.run(", "click", "next ▶", watch=".tl-step"),
     ],
