@@ -61,14 +61,14 @@ WIDGETS = {
     ],
     "06_int4.ipynb": [
         # 1, 2, 3, 4 in one group: s = f16(4 / 7) = 0x3892, q = 2, 4, 5, 7 packed as 0x42 0x75
-        Act("int4_widget = Int4Widget()", "type", "weights W", "1, 2, 3, 4", watch=".widget-html",
+        Act("int4_widget = Int4Widget(", "type", "weights W", "1, 2, 3, 4", watch=".widget-html",
             expect="0x42 0x75"),
-        Act("int4_widget = Int4Widget()", "type", "weights W", "abc", watch=".widget-html",
+        Act("int4_widget = Int4Widget(", "type", "weights W", "abc", watch=".widget-html",
             expect="not a number"),
         # a scale that underflows to the f16 0 is explained as correct, not flagged (issue 19)
-        Act("int4_widget = Int4Widget()", "type", "weights W", "1e-9, 0", watch=".widget-html",
+        Act("int4_widget = Int4Widget(", "type", "weights W", "1e-9, 0", watch=".widget-html",
             expect="does not divide"),
-        Act("int4_widget = Int4Widget()", "type", "group size g", "2", watch=".widget-html",
+        Act("int4_widget = Int4Widget(", "type", "group size g", "2", watch=".widget-html",
             expect="That is the correct result, not a broken one"),
     ],
     "07_sampler.ipynb": [
