@@ -17,6 +17,8 @@ INSTALL_HINT = {
     "playwright.sync_api": "the dev extra: pip install -e '.[dev]'",
     "jupyterlab": "the dev extra: pip install -e '.[dev]'",
     "psutil": "the dev extra: pip install -e '.[dev]'  (psutil comes with jupyterlab's ipykernel)",
+    "nbclient": "the dev extra: pip install -e '.[dev]'  (nbclient comes with nbval and jupyterlab)",
+    "nbformat": "the dev extra: pip install -e '.[dev]'  (nbformat comes with nbval and jupyterlab)",
 }
 
 

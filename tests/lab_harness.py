@@ -236,6 +236,45 @@ def cut_labels(page) -> list[str]:
     )
 
 
+def sections(page) -> list[dict]:
+    """Every code cell on the page in order: {"section": the last markdown heading above it, "index":
+    its place among the code cells, "image": whether its output shows a picture (an img, an svg or a
+    canvas)}. (Not its source: the editor puts only the lines in view on the page.)"""
+    return page.evaluate("""() => {
+        let section = '(top)', k = 0;
+        const out = [];
+        for (const cell of document.querySelectorAll('.jp-Notebook .jp-Cell')) {
+            if (cell.classList.contains('jp-MarkdownCell')) {
+                const hs = cell.querySelectorAll('.jp-RenderedMarkdown h1, .jp-RenderedMarkdown h2, .jp-RenderedMarkdown h3');
+                if (hs.length) section = hs[hs.length - 1].textContent.replace(/¶$/, '').trim();
+            } else if (cell.classList.contains('jp-CodeCell')) {
+                const image = !!cell.querySelector('.jp-Cell-outputArea img, .jp-Cell-outputArea svg, .jp-Cell-outputArea canvas');
+                out.push({section, index: k++, image});
+            }
+        }
+        return out;
+    }""")
+
+
+def shoot_code_cell(page, index: int, path: Path) -> Path:
+    """A PNG of the output of the `index`-th code cell."""
+    out = page.locator(".jp-CodeCell").nth(index).locator(".jp-Cell-outputArea")
+    out.scroll_into_view_if_needed()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    out.screenshot(path=str(path))
+    return path
+
+
+def cut_off(page, selector: str) -> list[str]:
+    """Elements matching `selector` inside outputs that do not fit: wider than their own box (clipped
+    or scrolled) or running past the right edge of their output area."""
+    return page.eval_on_selector_all(selector, """els => els.filter(e => {
+        const area = e.closest('.jp-OutputArea-output');
+        const past = area && e.getBoundingClientRect().right > area.getBoundingClientRect().right + 1;
+        return e.offsetParent && (e.scrollWidth > e.clientWidth + 1 || past);
+    }).map(e => e.textContent.slice(0, 80))""")
+
+
 def n_widgets(page) -> int:
     """How many widget views the outputs hold (a notebook with widgets needs a table entry)."""
     return page.locator(".jp-OutputArea-output .jupyter-widgets.widget-container, "

@@ -12,12 +12,15 @@ per control worth touching (see tests/lab_harness.py: Act).
 """
 
 import json
+import re
 import time
 
 import pytest
 
 from conftest import need
-from lab_harness import ROOT, Act, Lab, LabError, act, chromium, cut_labels, errors, n_widgets, rss_mb, shoot
+from tl_lab.sample import stream
+from lab_harness import (ROOT, Act, Lab, LabError, act, chromium, cut_labels, cut_off, errors, n_widgets, rss_mb,
+                         sections, shoot, shoot_code_cell)
 
 pytestmark = pytest.mark.browser
 
@@ -58,16 +61,25 @@ WIDGETS = {
     ],
     "06_int4.ipynb": [
         # 1, 2, 3, 4 in one group: s = f16(4 / 7) = 0x3892, q = 2, 4, 5, 7 packed as 0x42 0x75
-        Act("int4_widget = Int4Widget()", "type", "weights W", "1, 2, 3, 4", watch=".widget-html",
+        Act("int4_widget = Int4Widget(", "type", "weights W", "1, 2, 3, 4", watch=".widget-html",
             expect="0x42 0x75"),
-        Act("int4_widget = Int4Widget()", "type", "weights W", "abc", watch=".widget-html",
+        Act("int4_widget = Int4Widget(", "type", "weights W", "abc", watch=".widget-html",
             expect="not a number"),
+        # a scale that underflows to the f16 0 is explained as correct, not flagged (issue 19)
+        Act("int4_widget = Int4Widget(", "type", "weights W", "1e-9, 0", watch=".widget-html",
+            expect="does not divide"),
+        Act("int4_widget = Int4Widget(", "type", "group size g", "2", watch=".widget-html",
+            expect="That is the correct result, not a broken one"),
     ],
     "07_sampler.ipynb": [
         # section 3's example keeps {1, 3}; top-k 4 lets id 2 into the nucleus (q1 + q3 = 0.799 < 0.8)
-        Act("pg = SamplerPlayground()", "slider", "top-k", watch=".tl-token", expect="kept 3 of 5: {1, 2, 3}"),
-        Act("pg = SamplerPlayground()", "type", "draws before", "1000000000", watch=".widget-html",
+        Act("pg = SamplerPlayground(yours=", "slider", "top-k", watch=".tl-token", expect="kept 3 of 5: {1, 2, 3}"),
+        Act("pg = SamplerPlayground(yours=", "type", "draws before", "1000000000", watch=".widget-html",
             expect="draws before must be in [0, 100,000]"),
+        Act("pg = SamplerPlayground(yours=", "type", "draws before", "0", watch=".widget-html", expect="kept"),
+        # a seed above 2^53 reaches the kernel as typed: the uniform is stream(2^53 + 1)'s (issue 19)
+        Act("pg = SamplerPlayground(yours=", "type", "seed", str(2**53 + 1), watch=".tl-token",
+            expect=f"exactly {stream(2**53 + 1, 4).uniform_f64()!r}"),
         Act("pg_big = SamplerPlayground(", "slider", "top-k", watch=".tl-token", expect="kept 1 of 49152"),
         Act("mp.sample_button.click()", "click", "sample and append", watch=".tl-status", expect="appended"),
         # the status line describes the new state, not the last press (issue 11, item 8)
@@ -75,7 +87,17 @@ WIDGETS = {
             expect="cleared the appended tokens"),
     ],
     "11_interface.ipynb": [
-        Act("picker = widgets.Dropdown(", "click", "run it", watch=".widget-html", expect="PASSED"),
+        # the verdict names the test it ran, and a new pick clears it (issue 19)
+        Act("picker = widgets.Dropdown(", "click", "run it", watch=".widget-html",
+            expect="PASSED: tests/test_sample.py::test_hand_example_sampling"),
+        Act("picker = widgets.Dropdown(", "select", "test", "tests/test_sample.py::test_pcg32_reference_vectors",
+            watch=".widget-html", expect="test_pcg32_reference_vectors: not run yet"),
+    ],
+    "13_your_turn.ipynb": [
+        # another module picked: the old table goes (it answered another question); check runs the new pick
+        Act('panel = CheckPanel(WS, modules="sample")', "select", "modules", "kv", watch=".widget-html",
+            expect="kv: press check"),
+        Act('panel = CheckPanel(WS, modules="sample")', "click", "check", watch=".widget-html", expect="not started"),
     ],
     "12_where_next.ipynb": [
         Act("steps, results = EngineSteps.run(", "click", "next ▶", watch=".tl-step"),
@@ -107,7 +129,42 @@ def check_sampler(page) -> None:
     assert len(spans) == 3 and max(spans) < SCREEN_PX, spans
 
 
-EXTRA_CHECKS = {"00_start_here.ipynb": check_start_here, "07_sampler.ipynb": check_sampler}
+def check_pitfalls(page) -> None:
+    """10's diffs wrap inside the lab instead of running past it, and its tables read left to right."""
+    assert not cut_off(page, ".tl-diff, .tl-diff div"), cut_off(page, ".tl-diff, .tl-diff div")
+    aligned = page.eval_on_selector_all(".jp-OutputArea-output td",
+                                        "els => [...new Set(els.map(e => getComputedStyle(e).textAlign))]")
+    assert aligned == ["left"], aligned
+
+
+def check_catalogue(page) -> None:
+    """11's test catalogue fits the window: no column cut off (its test names wrap after each _)."""
+    tables = ".jp-OutputArea-output table"  # the catalogue is the one table among 11's outputs
+    assert page.locator(tables).count() == 1
+    assert not cut_off(page, tables), cut_off(page, tables)
+
+
+EXTRA_CHECKS = {"00_start_here.ipynb": check_start_here, "07_sampler.ipynb": check_sampler,
+                "10_pitfalls.ipynb": check_pitfalls, "11_interface.ipynb": check_catalogue}
+
+# a code cell draws a picture when its source makes a matplotlib figure or draws a probe
+DRAWS = re.compile(r"plt\.(subplots|figure)\(|draw_probe\(|compare\(\"")
+
+
+def pictures_are_on_the_page(page, name: str) -> None:
+    """Each section whose code draws shows an image element (img, svg, canvas) in that section's
+    outputs: a figure shown as its text "<Figure size 750x320 with 1 Axes>" has none (issue 19). A
+    screenshot of each picture cell goes under scratch/browser/<notebook>/sections/."""
+    cells = sections(page)
+    sources = [c["source"] for c in json.loads((ROOT / "notebooks" / name).read_text())["cells"] if c["cell_type"] == "code"]
+    assert len(sources) == len(cells), (len(sources), len(cells))
+    drawing = {c["section"] for c, src in zip(cells, sources) if DRAWS.search("".join(src))}
+    missing = [sec for sec in drawing if not any(c["image"] for c in cells if c["section"] == sec)]
+    assert not missing, f"{name}: sections that draw but show no image: {missing}"
+    for c in cells:
+        if c["section"] in drawing and c["image"]:
+            slug = re.sub(r"[^a-z0-9]+", "_", c["section"].lower()).strip("_")[:40]
+            shoot_code_cell(page, c["index"], ARTIFACTS / name.removesuffix(".ipynb") / "sections" / f"{c['index']:02d}_{slug}.png")
 # notebooks run a second time in the same kernel after their widgets were played with: the kernel may
 # grow a few tens of MB, not by a model (the model playground once kept a 540 MB SmolLM2 per run)
 RERUN = {"07_sampler.ipynb"}
@@ -160,6 +217,7 @@ def test_notebook_runs_and_its_widgets_answer_in_a_real_browser(notebook_page):
     page, name, lab = notebook_page
     assert not errors(page), errors(page)
     assert not cut_labels(page), f"widget labels cut short: {cut_labels(page)}"
+    pictures_are_on_the_page(page, name)
     EXTRA_CHECKS.get(name, lambda p: None)(page)
     acts = WIDGETS.get(name, [])
     if n_widgets(page) and not acts:

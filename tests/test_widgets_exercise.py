@@ -23,3 +23,17 @@ def test_a_missing_workspace_is_a_message(tmp_path):
     panel = CheckPanel(tmp_path / "nowhere")
     panel.button.click()
     assert panel.rows == [] and "does not exist" in panel.message and "does not exist" in panel.table.value
+
+
+def test_another_pick_clears_the_table_it_no_longer_answers(tmp_path):
+    ws = tmp_path / "ws"
+    start(ws, ["sample"])
+    panel = CheckPanel(ws, modules="sample")
+    panel.button.click()
+    assert panel.rows and "0 of 1 modules pass" in panel.table.value
+    panel.modules.value = "kv"
+    assert panel.rows == [] and "kv: press check" in panel.table.value
+    panel.button.click()
+    assert [r.module for r in panel.rows] == ["kv"]
+    panel.ref_deps.value = True
+    assert panel.rows == [] and "press check" in panel.table.value

@@ -101,6 +101,34 @@ def test_typed_values_reach_the_engine_path():
     assert w.view.q.tolist() == unpack_int4(layer.qweight)[0].tolist()
 
 
+def test_a_scale_that_underflows_to_f16_zero_is_explained_not_flagged():
+    """1e-9 and 0 in a group of 2: max|W| / 7 = 1.4e-10 rounds to the f16 0, the group reads back as 0.
+    That is the engine's correct result: said in words, nothing marked as breaking s/2 (issue 19)."""
+    w = Int4Widget("1e-9, 0", 2)
+    v = w.view
+    assert v.s16.tolist() == [0.0] and v.s32[0] > 0 and v.W_hat.tolist() == [0.0, 0.0]
+    assert v.underflow.all() and not v.broken.any()
+    shown = plain(w.summary.value)
+    assert "break" not in shown and "stored is 0" in shown and "correct result" in shown
+    assert "s = 0 (underflow)" in plain(w.table.value) and "#c0392b" not in w.chart.value
+    w = Int4Widget("1e-9, 0, 0.5, 0.25", 2)   # beside a group with a scale, that one is still checked
+    assert w.view.underflow.tolist() == [True, True, False, False]
+    assert "within s/2 of its original: |W - W_hat| <= s/2 holds for all 2 of the groups with a scale" in plain(
+        w.summary.value)
+    w = Int4Widget("0, 0", 2)                 # all zeros: s32 = 0, nothing underflowed, nothing to say
+    assert not w.view.underflow.any() and "stored is 0" not in plain(w.summary.value)
+
+
+def test_weights_print_as_the_float32_typed_and_headers_stand_apart():
+    """W = 0.7 prints as 0.7 (its shortest float32 text), not 0.699999988079071; the tables space their cells."""
+    w = Int4Widget()
+    table, summary = plain(w.table.value), plain(w.summary.value)
+    assert " 0.7 " in table and "0.699999988" not in table and "0.29995 " in table
+    assert " 1.4 " in summary and "1.399999" not in summary
+    assert "0.199951171875" in summary   # the stored f16 scale: its exact value, what the file means
+    assert all("border-spacing:12px" in t for t in (w.table.value, w.summary.value))
+
+
 def test_int4_widget_shows_the_learners_bytes_beside_the_reference(tmp_path):
     """Chapter "your turn": the learner's QLinear.quantize on the same row; the odd column in the low
     nibble (s09) shows as different bytes, a stub as the piece to write."""

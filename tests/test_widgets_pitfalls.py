@@ -4,7 +4,7 @@ import html as html_module
 import re
 
 from tl_lab import pitfalls as pf
-from tl_lab.widgets.pitfalls import PitfallLab, diff_html
+from tl_lab.widgets.pitfalls import PitfallLab, diff_html, draw_probe
 
 
 def plain(html: str) -> str:
@@ -77,3 +77,22 @@ def test_a_pitfall_without_a_picture_says_so():
     lab = PitfallLab("s09")
     assert pf.get("s09").probe is None and lab.draw_button.disabled
     assert lab.draw() is None and "No picture" in plain(lab.picture.value)
+
+
+def test_a_probe_picture_displays_as_an_image():
+    """display(draw_probe(...)) shows a PNG, not "<Figure size 750x320 with 1 Axes>" (issue 19: the nine
+    pictures of 10_pitfalls section 3 were text), with or without pyplot's inline backend."""
+    from IPython.core.formatters import format_display_data
+
+    name = "lru_eviction"
+    fig = draw_probe(name, pf.PROBES[name](), pf.PROBES[name](), "s18")
+    data, _ = format_display_data(fig)
+    png = data.get("image/png")
+    assert png is not None, sorted(data)
+    png = png if isinstance(png, bytes) else __import__("base64").b64decode(png)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+
+
+def test_diff_lines_wrap_instead_of_running_past_the_widget():
+    rows = re.findall(r"<div style='([^']*)'>", diff_html("s13"))
+    assert rows and all("white-space:pre-wrap" in r for r in rows)

@@ -28,7 +28,7 @@ def test_hand_example_reproduces_token_3():
     assert w.logits_text.value == "1, 3, 2, 3, -1"
     w.top_k.value = 3
     w.top_p.value = 0.8
-    w.seed.value = 0
+    w.seed.value = "0"
     line = plain(w.result.value)
     assert "token 3" in line and "logprob -0.92487" in line and "u = 0.80209" in line
     assert "kept 2 of 5: {1, 3}" in line
@@ -83,9 +83,9 @@ def test_the_widget_shows_what_sample_returns():
         w.logits_text.value = ", ".join(map(str, x))
         w.temperature.value, w.top_k.value = float(round(g.uniform(0.1, 2.5), 2)), int(g.integers(0, 5))
         w.top_p.value, w.min_p.value = float(round(g.uniform(0.3, 1), 2)), float(round(g.uniform(0, 0.4), 2))
-        w.seed.value = int(g.integers(0, 1000))
+        w.seed.value = str(g.integers(0, 1000))
         params = w.params()
-        want = sample(x.astype(np.float32), params, [], [], stream(w.seed.value, 4))
+        want = sample(x.astype(np.float32), params, [], [], stream(int(w.seed.value), 4))
         assert (w.trace.token, w.trace.logprob) == want
         assert f"token {want[0]}" in plain(w.result.value)
 
@@ -134,7 +134,10 @@ def test_bad_input_shows_a_message_not_a_traceback():
         ("logits_text", "", "type some logits"),
         ("prompt_text", "7", "prompt[0] = 7 is outside the vocabulary [0, 5)"),
         ("output_text", "x", "output ids must be whole numbers: 'x'"),
-        ("seed", -1, "seed must be an integer in [0, 2**64), got -1"),
+        ("seed", "-1", "seed must be an integer in [0, 2**64), got -1"),
+        ("seed", "2.5", "seed must be an integer in [0, 2**64), got '2.5'"),
+        ("seed", "18446744073709551616", "seed must be an integer in [0, 2**64), got 18446744073709551616"),
+        ("seed", "9" * 5000, "seed must be an integer in [0, 2**64), got '999"),
         ("draw", -2, "draws before must be in [0, 100,000], got -2"),
         ("draw", 10**9, "draws before must be in [0, 100,000], got 1,000,000,000"),
     ]:
@@ -146,6 +149,18 @@ def test_bad_input_shows_a_message_not_a_traceback():
     assert w.trace is None
     w.logits_text.value = "[2, 1]"  # recovers
     assert w.trace is not None and w.message == "" and "token" in plain(w.result.value)
+
+
+def test_a_seed_above_2_53_draws_bit_for_bit():
+    """The seed box holds text: 9007199254740993 (2^53 + 1) draws with exactly that seed, not with the
+    ...992 a JavaScript number would round it to (issue 19); its neighbours give other uniforms."""
+    w = SamplerPlayground()
+    us = {}
+    for seed in (2**53, 2**53 + 1, 2**64 - 1):
+        w.seed.value = f" {seed} "
+        us[seed] = w.trace.u
+        assert w.trace.u == stream(seed, 4).uniform_f64() and w.message == ""
+    assert len(set(us.values())) == 3
 
 
 def test_greedy_trace_matches_the_library():
@@ -254,10 +269,10 @@ def test_model_playground_bad_input_gives_a_message(tiny_runner):
     w.chat.value = True  # disabled in the UI; set from Python anyway
     assert "no chat template" in plain(w.status.value) and w.logits is None
     w.chat.value = False
-    w.sampler.seed.value = -1  # the sampler refuses: nothing to append
+    w.sampler.seed.value = "-1"  # the sampler refuses: nothing to append
     w.sample_button.click()
     assert "Nothing to sample: seed must be an integer" in plain(w.status.value) and w.output_ids == []
-    w.sampler.seed.value = 0
+    w.sampler.seed.value = "0"
     w.sampler.preset.value = "peaked"  # the sampler now shows a preset, not the model
     w.sample_button.click()
     assert "shows a preset" in plain(w.status.value) and w.output_ids == []

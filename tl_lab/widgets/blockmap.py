@@ -25,7 +25,7 @@ from tl_lab.blocks import BlockManager, SeqBlocks, blocks_for, cacheable
 from tl_lab.errors import KvError
 from tl_lab.kv import KvCfg, KvPool, key_location, slab_offset
 from tl_lab.quant import f16_to_f32, f32_to_f16
-from tl_lab.widgets.common import MONO, NOTE, message
+from tl_lab.widgets.common import CellWidget, MONO, NOTE, message
 
 COLOURS = {"free": "#e5e7eb", "in_use": "#93c5fd", "cached": "#fcd34d"}
 STROKE = {"free": "#9ca3af", "in_use": "#1d4ed8", "cached": "#b45309"}
@@ -187,7 +187,7 @@ def parse_position(text: str) -> tuple[int | None, str | None]:
         return None, f"Position {t!r} is not a whole number: type one such as 37."
 
 
-class BlockMap(widgets.VBox):
+class BlockMap(CellWidget):
     """The pool as a grid (`grid.value`, HTML with an SVG), the story's caption and buttons, and the
     "where a key lands" panel (`where.value`) driven by `seq` (a Dropdown) and `position` (text).
 
@@ -221,10 +221,12 @@ class BlockMap(widgets.VBox):
         self.reset_button.on_click(lambda _: self.goto(0))
         for w in (self.seq, self.position, self.layer):
             w.observe(lambda _: self._redraw(), names="value")
-        buttons = widgets.HBox([self.back_button, self.next_button, self.reset_button])
-        picker = widgets.HBox([self.seq, self.position, self.layer])
-        top = [buttons, self.caption] if self.story else []
-        super().__init__(top + [self.grid, picker, self.where])
+        # attributes, shown or not: closing the map closes them (CellWidget), else a hidden row of buttons
+        # would stay registered and its callbacks keep the map, and its copy of a pool, alive
+        self.buttons = widgets.HBox([self.back_button, self.next_button, self.reset_button])
+        self.picker = widgets.HBox([self.seq, self.position, self.layer])
+        top = [self.buttons, self.caption] if self.story else []
+        super().__init__(top + [self.grid, self.picker, self.where])
         if self.story:
             self.goto(0)
         else:

@@ -22,7 +22,7 @@ import ipywidgets as widgets
 from tl_lab.errors import TlError, clip
 from tl_lab.model import Layout, ModelConfig, SafeTensors
 from tl_lab.paths import DATA_DIR
-from tl_lab.widgets.common import ERROR, MONO
+from tl_lab.widgets.common import CellWidget, ERROR, MONO
 
 CHECKPOINTS = {
     "bigram": DATA_DIR / "bigram",
@@ -207,7 +207,7 @@ def _short(v) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-class CheckpointView(widgets.VBox):
+class CheckpointView(CellWidget):
     """A dropdown of model directories; the file map, the config and the parameter count of the one picked.
 
     After each change: `path` (the directory), `config` (ModelConfig or None), `file_layout` (the file's

@@ -19,9 +19,102 @@ NOTE = "#555"       # a normal state worth a sentence ("no sequence holds blocks
 KEPT, DROPPED, HIGHLIGHT, LINE = "#2471a3", "#c8c8c8", "#c0392b", "#e67e22"
 
 
+class CellWidget(widgets.VBox):
+    """The base of every tl_lab widget: a VBox that is closed, with every widget inside it, when the
+    notebook cell that made it runs again.
+
+    A cell run again replaces its output, so the widgets of the old output are gone from the page; but
+    ipywidgets keeps every widget alive until it is closed, and with it whatever it holds (a block map's
+    copy of a pool, a playground's model, their observers): each Run All grew the kernel by them."""
+
+    def __init__(self, children=(), **kwargs):
+        super().__init__(children, **kwargs)
+        _one_per_cell(self)
+
+    def close(self) -> None:
+        """Close this widget and every widget it holds: its children, their layouts and styles, and the
+        controls kept as attributes but not shown (a closed box's parts stay registered otherwise, and
+        their observers hold the box, and the box what it shows)."""
+        _close_parts(self, {id(self)})
+        super().close()
+
+
+def _close_parts(w: widgets.Widget, seen: set) -> None:
+    for part in _parts(w):
+        if id(part) in seen:
+            continue
+        seen.add(id(part))
+        if isinstance(part, CellWidget):
+            part.close()  # its own close: a playground lets go of its model
+        else:
+            _close_parts(part, seen)
+            part.close()
+
+
+def _parts(w: widgets.Widget) -> list[widgets.Widget]:
+    """The widgets `w` refers to: trait values (children, layout, style) and plain attributes."""
+    values = [*getattr(w, "_trait_values", {}).values(), *vars(w).values()]
+    flat = [x for v in values for x in (v if isinstance(v, (list, tuple)) else (v,))]
+    return [x for x in flat if isinstance(x, widgets.Widget) and x is not w]
+
+
+_MADE: dict[str, tuple[int, list]] = {}  # cell -> (the execution count of its last run, the widgets it made)
+
+
+def _one_per_cell(w: widgets.Widget) -> None:
+    """Remember `w` as made by the running cell; close what that cell made when it last ran."""
+    cell = _running_cell()
+    if cell is None:
+        return
+    key, count = cell
+    made_in, old = _MADE.get(key, (None, []))
+    if made_in != count:
+        for widget in old:
+            widget.close()
+        _MADE[key] = (count, old := [])
+    old.append(w)
+
+
+def _running_cell() -> tuple[str, int] | None:
+    """(the cell's id, or its source where the front end sends none; this run's execution count) of the
+    notebook cell running now, or None outside one (a script, a test, a widget's callback)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    ip = get_ipython()
+    kernel = getattr(ip, "kernel", None)
+    if kernel is None:
+        return None
+    parent = kernel.get_parent()
+    if parent.get("header", {}).get("msg_type") != "execute_request":
+        return None
+    key = parent.get("metadata", {}).get("cellId") or parent.get("content", {}).get("code")
+    return (key, ip.execution_count) if key else None
+
+
 def message(text: str, colour: str = ERROR) -> str:
     """One line of HTML in words, escaped; red by default, `NOTE` grey for a normal state."""
     return f"<p class='tl-message' style='color:{colour}'><b>{html.escape(text)}</b></p>"
+
+
+def left_table(head: list[str], rows: list[list[str]]) -> str:
+    """An HTML table with every cell aligned left and spaced, for a notebook's display(HTML(...)):
+    JupyterLab aligns rendered table cells right, which suits numbers, not sentences and code. `head`
+    is text (escaped here); the cells of `rows` are HTML already."""
+    cell = "text-align:left; vertical-align:top; padding:2px 10px"
+    ths = "".join(f"<th style='{cell}'>{html.escape(h)}</th>" for h in head)
+    trs = "".join("<tr>" + "".join(f"<td style='{cell}'>{c}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table class='tl-table'><tr>{ths}</tr>{trs}</table>"
+
+
+def breakable(name: str) -> str:
+    """`name` (a test node id, a path) as HTML that may wrap after its _ / and :: (a long identifier
+    would otherwise widen its table column past the window)."""
+    out = html.escape(name)
+    for sep in ("_", "/", "::"):
+        out = out.replace(sep, sep + "<wbr>")
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------

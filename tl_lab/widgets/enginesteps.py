@@ -17,14 +17,14 @@ import html
 import ipywidgets as widgets
 
 from tl_lab.generate import Engine, Request, StepRecord
-from tl_lab.widgets.common import MONO, NOTE, message
+from tl_lab.widgets.common import CellWidget, MONO, NOTE, message
 
 PREFILL, DECODE, SELECT = "#93c5fd", "#86efac", "#dc2626"
 CELL_W, CELL_H, LEFT, TOP = 26, 22, 64, 22
 MAX_DRAWN = 120  # steps drawn in the timeline; the slider still reaches every step
 
 
-class EngineSteps(widgets.VBox):
+class EngineSteps(CellWidget):
     """A timeline of the records (`timeline.value`: an SVG, one row per request, one column per step,
     a cell per sequence that ran: blue a prompt chunk, green a decode token, the number its new tokens)
     and the details of step `slider.value` (`detail.value`). `back_button` / `next_button` step."""

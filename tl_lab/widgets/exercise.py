@@ -36,7 +36,14 @@ class CheckPanel(widgets.VBox):
         self.button = widgets.Button(description="check", button_style="primary")
         self.table = widgets.HTML(message("press check to run the chapter's tests on your code", NOTE))
         self.button.on_click(lambda _: self.run())
+        # a table left from another choice of modules would answer a question no longer asked
+        for control in (self.modules, self.ref_deps):
+            control.observe(lambda _: self._unchecked(), names="value")
         super().__init__([widgets.HBox([self.modules, self.button]), self.ref_deps, self.table])
+
+    def _unchecked(self) -> None:
+        self.rows, self.message = [], ""
+        self.table.value = message(f"{self.modules.value}: press check to run the chapter's tests on your code", NOTE)
 
     def run(self) -> list[Row]:
         """Run the check now and redraw the table."""

@@ -25,7 +25,7 @@ import ipywidgets as widgets
 import numpy as np
 
 from tl_lab.quant import QLinear, f16_to_f32, pack_int4, unpack_int4
-from tl_lab.widgets.common import MONO, NOTE, message
+from tl_lab.widgets.common import CellWidget, MONO, NOTE, message
 
 PRESETS = {
     "section 3: [0.7, -1.4, 0, 0.29995]": ("0.7, -1.4, 0, 0.29995", 4),
@@ -38,6 +38,9 @@ SCALE_RULES = ("stored f16 scale (correct)", "f32 scale, f16 stored (mistake s10
 NIBBLE_ORDERS = ("even column in the low nibble (correct)", "odd column in the low nibble (mistake s09)")
 MAX_WEIGHTS = 64
 OK, BAD, HALF = "#2471a3", "#c0392b", "#e67e22"
+F16_ZERO_BELOW = 2.0**-25  # half of f16's smallest subnormal 2^-24: a scale up to it rounds to 0 (ties to even)
+# cells apart: monospace headers such as "W" and "W / s" would otherwise run together
+TABLE = f"{MONO}; font-size:12px; border-collapse:separate; border-spacing:12px 2px"
 
 __all__ = ["Int4Widget", "Int4View", "parse_weights", "int4_view", "PRESETS", "SCALE_RULES", "NIBBLE_ORDERS"]
 
@@ -70,9 +73,17 @@ class Int4View:
     W_hat_correct: np.ndarray
 
     @property
+    def underflow(self) -> np.ndarray:
+        """(n,) bool: the weights of groups whose scale max|W| / 7 is not 0 but rounds to the f16 0
+        (it is at most 2^-25, half of f16's smallest subnormal). Such a group is stored as s = 0 and
+        reads back as zeros: correct, and the s/2 bound says nothing there (the error is |W| itself,
+        at most 7 * 2^-25)."""
+        return np.repeat((self.s16 == 0) & (self.s32 > 0), self.group)
+
+    @property
     def broken(self) -> np.ndarray:
-        """(n,) bool: the weights outside |W - W_hat| <= s/2."""
-        return self.err > self.half
+        """(n,) bool: the weights outside |W - W_hat| <= s/2 (an underflowed group's are not broken)."""
+        return (self.err > self.half) & ~self.underflow
 
 
 def parse_weights(text: str, group_text) -> tuple[np.ndarray, int]:
@@ -156,7 +167,7 @@ def _pack_odd_low(q: np.ndarray) -> np.ndarray:
     return (nib[1::2] | (nib[0::2] << 4)).astype(np.uint8)
 
 
-class Int4Widget(widgets.VBox):
+class Int4Widget(CellWidget):
     """Controls: `preset` (Dropdown), `weights_text` (Text), `group` (Text: the group size),
     `scale_rule` and `nibble_order` (RadioButtons: the correct rule or the labelled mistake).
     Shown: `summary` (HTML: scales, bytes and the verdict, or a message in words), `table` (HTML:
@@ -271,13 +282,20 @@ class Int4Widget(widgets.VBox):
         return f"<p class='tl-yours' style='{MONO}'><b>yours:</b> bytes {text} &middot; {verdict}</p>"
 
 
+def f32(x) -> str:
+    """A float32 as the shortest text that reads back to it: 0.7, not 0.699999988079071 (its exact
+    value). For the values typed or computed in float32 (W, max|W| / 7); the f16 scale and W_hat are
+    shown exactly, as the file means them."""
+    return str(np.float32(x))
+
+
 def summary_html(v: Int4View, scale_mistake: bool, nibble_mistake: bool) -> str:
     """Per group the scale (f32, stored f16), the packed bytes, and the verdict in words."""
     rows = "".join(
-        f"<tr><td>{g}</td><td>{float(np.abs(v.W.reshape(-1, v.group)[g]).max())!r}</td>"
-        f"<td>{float(v.s32[g])!r}</td><td>0x{int(v.s_bits[g]):04X}</td><td>{float(v.s16[g])!r}</td></tr>"
+        f"<tr><td>{g}</td><td>{f32(np.abs(v.W.reshape(-1, v.group)[g]).max())}</td>"
+        f"<td>{f32(v.s32[g])}</td><td>0x{int(v.s_bits[g]):04X}</td><td>{float(v.s16[g])!r}</td></tr>"
         for g in range(v.s16.size))
-    scales = (f"<table style='{MONO}; font-size:12px'><tr><th>group</th><th>max|W|</th>"
+    scales = (f"<table style='{TABLE}'><tr><th>group</th><th>max|W|</th>"
               "<th>max|W| / 7 (f32)</th><th>stored f16 bits</th><th>s (stored value)</th></tr>"
               f"{rows}</table>")
     packed = " ".join(f"0x{int(b):02X}" for b in v.packed)
@@ -290,13 +308,24 @@ def summary_html(v: Int4View, scale_mistake: bool, nibble_mistake: bool) -> str:
     if nibble_mistake:
         parts.append(message("MISTAKE s09: the odd column went into the low nibble; a reader following the "
                              "format swaps every pair of columns"))
+    parts += [message(underflow_words(v, g), NOTE) for g in np.flatnonzero((v.s16 == 0) & (v.s32 > 0))]
+    n_checked = v.W.size - int(v.underflow.sum())
     if n_bad:
         parts.append(message(f"{n_bad} of {v.W.size} weights break |W - W_hat| <= s/2 "
                              f"({n_q} decode to another q than the correct file's)"))
-    else:
+    elif n_checked:
         parts.append(message(f"every weight is within s/2 of its original: |W - W_hat| <= s/2 holds for all "
-                             f"{v.W.size}", NOTE))
+                             f"{n_checked}" + (" of the groups with a scale" if n_checked < v.W.size else ""), NOTE))
     return "".join(parts)
+
+
+def underflow_words(v: Int4View, g: int) -> str:
+    """Why group g reads back as zeros, and why that is the correct result."""
+    top = float(np.abs(v.W.reshape(-1, v.group)[g]).max())
+    return (f"group {g}: max|W| / 7 = {f32(v.s32[g])} is below 2^-25 = {F16_ZERO_BELOW:.3g} (half of f16's "
+            f"smallest subnormal), so the f16 scale stored is 0 and every weight of the group reads back as 0. "
+            f"That is the correct result, not a broken one: with s = 0 the s/2 bound says nothing, the error is "
+            f"|W| itself, here at most {top:.3g} (never above 7 * 2^-25 = {7 * F16_ZERO_BELOW:.3g}).")
 
 
 def table_html(v: Int4View) -> str:
@@ -305,19 +334,21 @@ def table_html(v: Int4View) -> str:
     for j in range(v.W.size):
         s = v.s_round[j]
         ratio = "0 (s = 0)" if s == 0 else f"{float(v.W[j] / np.float32(s)):.5f}"
-        colour = BAD if v.broken[j] else "inherit"
+        colour = BAD if v.broken[j] else HALF if v.underflow[j] else "inherit"
+        within = "s = 0 (underflow)" if v.underflow[j] else "no" if v.broken[j] else "yes"
         rows.append(
-            f"<tr style='color:{colour}'><td>{j}</td><td>{j // v.group}</td><td>{float(v.W[j])!r}</td>"
+            f"<tr style='color:{colour}'><td>{j}</td><td>{j // v.group}</td><td>{f32(v.W[j])}</td>"
             f"<td>{ratio}</td><td>{int(v.q[j])}</td><td>{int(v.q[j]) & 0xF:04b}</td><td>{int(v.q_read[j])}</td>"
             f"<td>{float(v.W_hat[j])!r}</td><td>{v.err[j]:.6g}</td><td>{v.half[j]:.6g}</td>"
-            f"<td>{'no' if v.broken[j] else 'yes'}</td></tr>")
+            f"<td>{within}</td></tr>")
     head = ("<tr><th>col</th><th>group</th><th>W</th><th>W / s (the s rounded with)</th><th>q written</th><th>nibble</th>"
             "<th>q read</th><th>W_hat = q s</th><th>|W - W_hat|</th><th>s/2</th><th>within s/2</th></tr>")
-    return f"<table style='{MONO}; font-size:12px; text-align:right'>{head}{''.join(rows)}</table>"
+    return f"<table style='{TABLE}; text-align:right'>{head}{''.join(rows)}</table>"
 
 
 def error_svg(v: Int4View) -> str:
-    """Bars of |W - W_hat| per column (red when above s/2), each group's s/2 as an orange line."""
+    """Bars of |W - W_hat| per column (red when above s/2, orange in a group whose scale underflowed to
+    0), each group's s/2 as an orange line."""
     n = v.W.size
     bw, gap, left, top, h = 18, 4, 48, 24, 120
     width = max(left + n * (bw + gap) + 16, 300)  # room for the title
@@ -335,7 +366,7 @@ def error_svg(v: Int4View) -> str:
     for j in range(n):
         x = left + j * (bw + gap)
         y0 = y(v.err[j])
-        colour = BAD if v.broken[j] else OK
+        colour = BAD if v.broken[j] else HALF if v.underflow[j] else OK
         parts.append(f"<rect class='err' x='{x}' y='{y0:.1f}' width='{bw}' height='{max(y(0) - y0, 1.0):.1f}' "
                      f"fill='{colour}'><title>col {j}: |W - W_hat| = {v.err[j]:.6g}, s/2 = {v.half[j]:.6g}</title></rect>")
         parts.append(f"<text x='{x + bw / 2}' y='{top + h + 12}' font-size='9' text-anchor='middle'>{j}</text>")

@@ -21,7 +21,7 @@ import numpy as np
 
 from tl_lab.errors import TlError
 from tl_lab.sample import SamplingParams
-from tl_lab.widgets.common import MONO, NOTE, message
+from tl_lab.widgets.common import CellWidget, MONO, NOTE, message
 from tl_lab.widgets.sampler_playground import GIVEN, SamplerPlayground
 
 PROMPT_CHAT = "What is the capital of France?"
@@ -77,7 +77,7 @@ def loaded_model(model_dir, cfg=None) -> LoadedModel:
     return _LOADED[key]
 
 
-class ModelPlayground(widgets.VBox):
+class ModelPlayground(CellWidget):
     """A model's real next-token distribution in the sampler playground (chapter L10.1, section 2.6).
 
     Controls: `prompt` (Textarea), `chat` (Checkbox: render the prompt as a user turn with the model's

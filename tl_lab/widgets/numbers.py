@@ -25,14 +25,14 @@ from tl_lab.quant import (
     f16_to_f32,
     f32_from_bits,
 )
-from tl_lab.widgets.common import ERROR, MONO, message
+from tl_lab.widgets.common import CellWidget, ERROR, MONO, message
 
 # (total bits, exponent bits, mantissa bits, relative error bound in the normal range)
 FORMATS = {"f32": (32, 8, 23, 2.0**-24), "f16": (16, 5, 10, 2.0**-11), "bf16": (16, 8, 7, 2.0**-8)}
 COLOURS = {"sign": ERROR, "exponent": "#2471a3", "mantissa": "#1e8449", "dropped": "#999999"}
 
 
-class NumbersWidget(widgets.VBox):
+class NumbersWidget(CellWidget):
     """Type a number in `text`; `html` shows its bit fields, the rounding decisions and the errors.
 
     After each change `x` holds the parsed value (None when the text is not a number) and

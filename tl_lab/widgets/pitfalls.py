@@ -15,9 +15,9 @@ import ipywidgets as widgets
 from matplotlib.figure import Figure
 
 from tl_lab import pitfalls as pf
-from tl_lab.widgets.common import MONO, NOTE, message
+from tl_lab.widgets.common import CellWidget, MONO, NOTE, message
 
-__all__ = ["PitfallLab", "diff_html", "verdict_html", "draw_probe"]
+__all__ = ["PitfallLab", "ProbeFigure", "diff_html", "verdict_html", "draw_probe"]
 
 RED, GREEN, GREY = "#fdecea", "#e8f6ec", "#f4f4f4"
 
@@ -30,7 +30,9 @@ def diff_html(pid: str) -> str:
         rows = []
         for line in d["diff"]:
             colour = {"-": RED, "+": GREEN}.get(line[:1], GREY)
-            rows.append(f"<div style='background:{colour}; white-space:pre'>{html.escape(line)}</div>")
+            # pre-wrap: a long line wraps inside the widget instead of running past its edge, cut off
+            rows.append(f"<div style='background:{colour}; white-space:pre-wrap; overflow-wrap:anywhere'>"
+                        f"{html.escape(line)}</div>")
         blocks.append(f"<p><b>{html.escape(d['file'])}</b>, in <code>{html.escape(d['function'])}</code>:</p>"
                       f"<div class='tl-diff' style='{MONO}; font-size:12px'>{chr(10).join(rows)}</div>")
     return "".join(blocks)
@@ -159,9 +161,22 @@ DRAW = {"f16_drift": _f16_drift, "bf16_read": _bf16_read, "decode_vs_prefill": _
 _LABELLED = ("decode_vs_prefill", "hf_logits")  # shared by several pitfalls: the legend names the one on
 
 
-def draw_probe(name: str, off: dict, on: dict, pid: str | None = None) -> Figure:
-    """The picture of probe `name`: the correct code's data `off` beside the broken code's `on`."""
-    fig = Figure(figsize=(7.5, 3.2))
+class ProbeFigure(Figure):
+    """A Figure that shows as a picture when a notebook displays it. Made without pyplot (so nothing
+    keeps it alive once dropped, and there is nothing to close), it would otherwise display as its text
+    form, "<Figure size 750x320 with 1 Axes>": the PNG display hook is registered by pyplot's inline
+    backend, which a notebook that never imports pyplot does not have."""
+
+    def _repr_png_(self) -> bytes:
+        buf = io.BytesIO()
+        self.savefig(buf, format="png")
+        return buf.getvalue()
+
+
+def draw_probe(name: str, off: dict, on: dict, pid: str | None = None) -> ProbeFigure:
+    """The picture of probe `name`: the correct code's data `off` beside the broken code's `on`
+    (display() it in a notebook: it shows as a PNG)."""
+    fig = ProbeFigure(figsize=(7.5, 3.2))
     ax = fig.add_subplot()
     if name in _LABELLED:
         DRAW[name](ax, off, on, pid or "the pitfall")
@@ -185,7 +200,7 @@ def svg(fig: Figure) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-class PitfallLab(widgets.VBox):
+class PitfallLab(CellWidget):
     """Pick a pitfall (`picker`, or type its id in `jump`); `info` and `diff` show it; `run_button`
     runs its test with it on in a subprocess (`off_button` with it off) and `verdict` says what
     happened; `draw_button` draws the symptom from the broken code next to the correct code's.

@@ -25,7 +25,7 @@ import ipywidgets as widgets
 import numpy as np
 
 from tl_lab.sample import PURPOSE_SAMPLE, SampleTrace, SamplingParams
-from tl_lab.widgets.common import MONO, Control, build_controls, field_style, message
+from tl_lab.widgets.common import MONO, CellWidget, Control, build_controls, field_style, message
 from tl_lab.widgets.sampler_charts import render_charts, stage_data
 
 PRESETS = {
@@ -51,11 +51,11 @@ SLIDERS = [
 ]
 
 
-class SamplerPlayground(widgets.VBox):
+class SamplerPlayground(CellWidget):
     """Controls: `preset` (Dropdown), `logits_text` (Text), `prompt_text`, `output_text` (ids), one
     slider per row of SLIDERS (`temperature`, `top_k`, `top_p`, `min_p`, `repetition_penalty`,
-    `presence_penalty`, `frequency_penalty`), `seed` and `draw` (IntText: draws already taken from
-    stream(seed, 4), at most MAX_DRAWS). Shown: `result` (HTML: the token line or a message) and
+    `presence_penalty`, `frequency_penalty`), `seed` (Text: the exact integer typed) and `draw` (IntText:
+    draws already taken from stream(seed, 4), at most MAX_DRAWS). Shown: `result` (HTML: the token line or a message) and
     `charts` (HTML: one SVG column per stage beside the id labels). After every change `trace` holds
     the SampleTrace behind the display (None after a refusal), `message` the refusal text ("" when
     fine), `shown_ids` the ids drawn and `chart_data` stage -> {"ids", "values", "kept"}.
@@ -95,8 +95,10 @@ class SamplerPlayground(widgets.VBox):
         self.logits_text = widgets.Text(description="logits", placeholder="numbers: 1, 3, 2, 3, -1", **field_style())
         self.prompt_text = widgets.Text(description="prompt ids", placeholder="e.g. 0, 2", **field_style())
         self.output_text = widgets.Text(description="output ids", placeholder="generated so far", **field_style())
-        self.seed = widgets.IntText(value=seed, description="seed", **field_style("230px", "90px"))
-        self.draw = widgets.IntText(value=0, description="draws before", **field_style("230px", "90px"))
+        # a Text box, not IntText: the browser holds an IntText's value as a JavaScript number, which
+        # rounds seeds above 2^53 (9007199254740993 would draw as ...992); the text reaches the kernel as typed
+        self.seed = widgets.Text(value=str(seed), description="seed", **field_style("270px", "90px"))  # 20 digits
+        self.draw = widgets.IntText(value=0, description="draws before", **field_style("200px", "90px"))
         self.result = widgets.HTML()
         self.compare = widgets.HTML()  # yours beside the reference's (empty without `yours`)
         self.charts = widgets.HTML()
@@ -182,7 +184,7 @@ class SamplerPlayground(widgets.VBox):
         n = self.draw.value
         if not 0 <= n <= MAX_DRAWS:
             raise ValueError(f"draws before must be in [0, {MAX_DRAWS:,}], got {n:,}")
-        rng = self.engine.stream(self.seed.value, PURPOSE_SAMPLE)
+        rng = self.engine.stream(read_seed(self.seed.value), PURPOSE_SAMPLE)
         for _ in range(n):
             rng.uniform_f64()
         return rng
@@ -217,7 +219,7 @@ class SamplerPlayground(widgets.VBox):
         mod = self.yours
         try:
             p = mod.SamplingParams(**{f.name: getattr(params, f.name) for f in fields(params)})
-            rng = mod.stream(self.seed.value, PURPOSE_SAMPLE)
+            rng = mod.stream(read_seed(self.seed.value), PURPOSE_SAMPLE)
             for _ in range(self.draw.value):
                 rng.uniform_f64()
             got = mod.sample(logits, p, prompt, output, rng)
@@ -264,6 +266,16 @@ class SamplerPlayground(widgets.VBox):
             f"{tr.logprob:.5f} (p = {math.exp(tr.logprob):.4f}) &middot; {draw} &middot; kept {len(kept)} "
             f"of {tr.penalised.size}: {kept_txt}</p>"
         )
+
+
+def read_seed(text) -> int:
+    """The seed box's text as the exact integer typed (any size: stream() then refuses one outside
+    [0, 2**64) in the spec's words); ValueError in words for anything else."""
+    raw = str(text).strip()
+    digits = raw.removeprefix("-")
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > 40:  # 2**64 has 20 digits
+        raise ValueError(f"seed must be an integer in [0, 2**64), got {raw[:40]!r}" + ("..." if len(raw) > 40 else ""))
+    return int(raw)
 
 
 def _sample_module():

@@ -1,0 +1,217 @@
+"""The notebooks as a learner uses them, outside the browser: Run All, then look at what it left.
+
+One kernel per notebook (nbclient, kernel python3, cwd notebooks/) serves both checks:
+- every code cell that made a matplotlib figure shows a picture: an image/png (or svg) output, or a
+  widget whose models hold one (an Output widget's image, an HTML widget's <svg>). The kernel is
+  instrumented before Run All: a pre/post-run hook counts the Figures each cell creates, so a figure
+  displayed as its text form (`<Figure size 750x320 with 1 Axes>`) is caught;
+- re-run safety: after Run All and a learner's use of the widgets (USE), every code cell is executed
+  again, one at a time, from the last to the first, on the state Run All left (a cell never sees its own
+  set-up re-run first). None may raise, asserts included. A cell that must not be re-run says so in its
+  first line (RUN_ONCE); aim for none. Afterwards no tl_lab widget made by an earlier run of its cell is
+  still alive (each Run All of 01 once kept its block map, and a copy of the pool, for good).
+
+nbval (`pytest --nbval-lax notebooks/`) only checks that Run All raises nothing; these checks see what
+a learner sees next. Times are printed (`-s`); benchmarks/bench_notebooks.py measures them properly.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+import pytest
+
+from conftest import need
+from notebook_kernel import NOTEBOOKS, NotebookKernel, error_line, first_line
+
+RUN_ONCE = "# run once"  # a cell's first line starting so is not re-run (none today)
+
+# What a learner does with the widgets between Run All and running cells again (run in the kernel, by
+# the widgets' own controls), with the states the widgets must then show. A cell after a widget that
+# asserts the widget's first state would fail the re-run here (10_pitfalls once did).
+USE = {
+    "02_model_directory.ipynb": 'view.dropdown.value = "tiny Llama (int4)"',
+    "03_numbers.ipynb": 'numbers.text.value = "65520"',
+    "04_kv_pool.ipynb": "bm.next_button.click()",
+    "06_int4.ipynb": 'int4_widget.weights_text.value, int4_widget.group.value = "1e-9, 0", "2"\n'
+                     'assert int4_widget.view.underflow.all() and not int4_widget.view.broken.any()',
+    "07_sampler.ipynb": 'pg.seed.value = "9007199254740993"\nmp.sample_button.click()',
+    "10_pitfalls.ipynb": 'lab.picker.value = "s17"\nlab.draw_button.click()',
+    "11_interface.ipynb": """run_button.click()
+assert f"PASSED: {picker.value}</b>" in verdict.value, verdict.value   # the verdict names its test
+picker.index = 1
+assert "not run yet" in verdict.value and "PASSED" not in verdict.value, verdict.value   # and goes with it""",
+    "12_where_next.ipynb": "steps.next_button.click()",
+}
+
+# Run in the kernel before the notebook: count the matplotlib Figures each cell creates, by execution
+# count (a Figure made with pyplot or directly, as tl_lab.widgets.pitfalls.draw_probe does).
+PROBE = """
+def _tl_probe():
+    import matplotlib.figure
+    made = {"now": 0, "per_cell": {}}
+    init = matplotlib.figure.Figure.__init__
+    def counting_init(self, *args, **kwargs):
+        made["now"] += 1
+        init(self, *args, **kwargs)
+    matplotlib.figure.Figure.__init__ = counting_init
+    def pre(info):
+        made["now"] = 0
+    def post(result):
+        if made["now"]:
+            made["per_cell"][result.execution_count] = made["now"]
+    get_ipython().events.register("pre_run_cell", pre)
+    get_ipython().events.register("post_run_cell", post)
+    return made
+_tl_made = _tl_probe()
+del _tl_probe
+"""
+REPORT = "import json; print(json.dumps(_tl_made['per_cell']))"
+# After the re-runs: the tl_lab widgets still alive that no cell's latest run made (each Run All once
+# left 01's block map, with its copy of the pool, alive: tl_lab.widgets.common.CellWidget)
+LEFT_ALIVE = """
+def _tl_left_alive():
+    import gc
+    from ipywidgets import Widget
+    from tl_lab.widgets import common
+    gc.collect()
+    latest = {id(w) for _, made in common._MADE.values() for w in made}
+    # IPython's output history keeps every cell's result (a cell ending in `lab` keeps that lab, and
+    # what it holds, as Out[n]): the learner's to clear (%reset out), not a widget's leak
+    held, todo = set(), list(Out.values())
+    while todo:
+        w = todo.pop()
+        if id(w) not in held:
+            held.add(id(w))
+            todo += common._parts(w) if isinstance(w, Widget) else []
+    return sum(isinstance(o, common.CellWidget) and id(o) not in latest | held for o in gc.get_objects())
+print(_tl_left_alive())
+del _tl_left_alive
+"""
+
+
+@dataclass
+class Executed:
+    """What one Run All and one re-run of every cell left: per-cell findings and the times."""
+
+    name: str
+    figures: int = 0  # matplotlib Figures made during Run All
+    missing_pictures: list[str] = field(default_factory=list)
+    rerun_errors: list[str] = field(default_factory=list)
+    left_alive: int = 0  # tl_lab widgets of earlier runs of their cells, still alive after the re-runs
+    run_all_s: float = 0.0
+    rerun_s: float = 0.0
+
+
+def execute(name: str) -> Executed:
+    """Run All of notebooks/`name` in a fresh python3 kernel, then re-run every code cell from the
+    last to the first in the same kernel; -> what each phase found."""
+    need("nbformat")
+    need("nbclient")
+    from nbclient.exceptions import CellExecutionError
+
+    found = Executed(name)
+    with NotebookKernel(name) as k:
+        k.helper(PROBE)
+        found.run_all_s = k.run_all()
+        figures = {int(n): count for n, count in json.loads(k.printed(REPORT)).items()}
+        found.missing_pictures = cells_without_picture(k.nb, figures)
+        found.figures = sum(figures.values())
+        if name in USE:
+            try:
+                k.helper(USE[name])
+            except CellExecutionError as exc:
+                found.rerun_errors.append(f"using the widgets ({USE[name].splitlines()[0]!r}): {error_line(exc)}")
+        t0 = time.perf_counter()
+        for index in reversed(range(len(k.nb.cells))):
+            cell = k.nb.cells[index]
+            if cell.cell_type != "code" or first_line(cell).startswith(RUN_ONCE):
+                continue
+            try:
+                k.run_again(index)
+            except CellExecutionError as exc:
+                found.rerun_errors.append(f"cell {index} ({first_line(cell)[:60]!r}): {error_line(exc)}")
+        found.rerun_s = time.perf_counter() - t0
+        found.left_alive = int(k.printed(LEFT_ALIVE))
+    return found
+
+
+# ------------------------------------------------------------------ what counts as a picture
+
+IMAGE_MIMES = ("image/png", "image/svg+xml")
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def widget_models(nb) -> dict:
+    return nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+
+
+def model_shows_image(models: dict, model_id: str, seen: set | None = None) -> bool:
+    """Whether widget `model_id` or a widget inside it holds a picture: an Image, an Output whose outputs
+    hold an image, an HTML value with an <svg>."""
+    seen = set() if seen is None else seen
+    if model_id in seen or model_id not in models:
+        return False
+    seen.add(model_id)
+    m = models[model_id]
+    state = m.get("state", {})
+    if m.get("model_name") == "ImageModel":
+        return True
+    if m.get("model_name") == "OutputModel" and outputs_show_image(state.get("outputs", []), models):
+        return True
+    if "<svg" in str(state.get("value", "")) and m.get("model_name", "").startswith("HTML"):
+        return True
+    children = state.get("children", [])
+    return any(model_shows_image(models, c.removeprefix("IPY_MODEL_"), seen) for c in children)
+
+
+def outputs_show_image(outputs: list, models: dict) -> bool:
+    for out in outputs:
+        data = out.get("data", {})
+        if any(m in data for m in IMAGE_MIMES) or "<svg" in data.get("text/html", ""):
+            return True
+        if WIDGET_VIEW in data and model_shows_image(models, data[WIDGET_VIEW]["model_id"]):
+            return True
+    return False
+
+
+def cells_without_picture(nb, figures: dict[int, int]) -> list[str]:
+    """The code cells of executed `nb` that made a figure (`figures`: execution count -> how many) but
+    show no image."""
+    models = widget_models(nb)
+    missing = []
+    for index, cell in enumerate(nb.cells):
+        n = figures.get(cell.get("execution_count") or -1, 0) if cell.cell_type == "code" else 0
+        if n and not outputs_show_image(cell.outputs, models):
+            shown = [o.get("data", {}).get("text/plain", o.get("output_type")) for o in cell.outputs][:3]
+            missing.append(f"cell {index} ({first_line(cell)[:60]!r}) made {n} figure(s), shows {shown}")
+    return missing
+
+
+# ------------------------------------------------------------------ the tests
+
+_RUNS: dict[str, Executed] = {}
+
+
+def executed(name: str) -> Executed:
+    """One Run All and re-run per notebook for both tests (the first test to ask runs it)."""
+    if name not in _RUNS:
+        _RUNS[name] = found = execute(name)
+        print(f"\n{name}: Run All {found.run_all_s:.1f} s, every cell again {found.rerun_s:.1f} s, "
+              f"{found.figures} figures")
+    return _RUNS[name]
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_every_cell_that_draws_shows_a_picture(name):
+    missing = executed(name).missing_pictures
+    assert not missing, "\n".join(missing)
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_every_cell_runs_again_after_run_all(name):
+    found = executed(name)
+    assert not found.rerun_errors, "\n".join(found.rerun_errors)
+    assert found.left_alive == 0, f"{found.left_alive} widgets of earlier runs of their cells are still alive"
