@@ -743,11 +743,12 @@ class LoneRowThreads:
         if full == 1:
             return 1
         self.steps += 1
-        for n in (1, full):  # too few times yet: try the count with fewer
-            if len(self.times.get(n, ())) < 3:
-                return min((1, full), key=lambda c: len(self.times.get(c, ())))
+        timed = {c: len(self.times.get(c, ())) for c in (1, full)}
+        if min(timed.values()) < 3:  # too few times yet: try the count with fewer
+            return min(timed, key=timed.get)
         best = min((1, full), key=self._median)
-        return (full + 1 - best) if self.steps % self.PROBE == 0 else best
+        other = full if best == 1 else 1
+        return other if self.steps % self.PROBE == 0 else best
 
     def record(self, n: int, seconds: float) -> None:
         """A one-row step took `seconds` on n threads."""
