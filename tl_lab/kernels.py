@@ -72,12 +72,12 @@ import numpy as np  # noqa: E402
 from numba import njit, prange  # noqa: E402
 
 from tl_lab.lanes import (LANES, prefetch, vexp, vfma, vhat, vload, vload_f16, vload_f16_part, vload_part,  # noqa: E402
-                          vmax, vmul, vsplat, vstore, vstore_part, vsum, vsum4, vtop, vzero)
+                          vmax, vmul, vq8, vsplat, vstore, vstore_part, vsum, vsum4, vtop, vzero)
 from tl_lab.machine import cache_bytes  # noqa: E402
 
 __all__ = ["ROWS", "padded_rows", "lanes_ready", "matmul_f32", "matmul8_f32", "matmul_q4", "matmul8_q4",
            "matvec_f32", "attend_paged", "QUERY_TILE", "product_f32", "rows_f32", "head_f32",
-           "product_q4", "matvec_q4", "set_threads", "threads_for", "SERIAL_ROWS", "LoneRowThreads"]
+           "product_q4", "matvec_q4", "matvec_q8", "matmul8_q8", "product_q8", "set_threads", "threads_for", "SERIAL_ROWS", "LoneRowThreads"]
 
 ROWS = 3
 """Batch rows per block of the product kernels (and the multiple every x is padded to)."""
@@ -378,6 +378,66 @@ def matmul8_q4(x, P, S, f16, y):  # pragma: no cover (compiled)
                 if half == LANES:  # groups of 32: the high nibbles of the same 16 bytes, loaded once
                     a = _fma8(x, k + LANES, vhat(P, n0, byte, 4, s0), a)
                     b = _fma8(x, k + LANES, vhat(P, r1, byte, 4, s1), b)
+        _store82(y, n0, a, b)
+
+
+Q8_AHEAD = 8
+"""Weight rows ahead of the block in use that `matvec_q8` asks for (two blocks, 4.6 KB for K = 576)."""
+
+
+@njit(parallel=True, cache=True)
+def matvec_q8(x, Q, S, f16, y):  # pragma: no cover (compiled)
+    """y = x W_hat^T straight from int8 weights, W_hat = q s per group of g columns (`quant.Q8Linear`,
+    the int4 model's LM head): `matvec_f32`'s four features a pass, each step's sixteen W_hat made by
+    `lanes.vq8` (exact) as they are read. So y has the bits of the float32 product on W_hat.
+
+    x: (M, K) float32 (any M: every row in turn against the four rows in the L1 cache); Q: (N, K)
+    int8; S: (N, G) uint16, the f16 scales, K / G a multiple of 16; f16: (65536,) float32, every f16
+    widened; y: (M, N) float32, written."""
+    N = Q.shape[0]
+    for nb in prange((N + 3) // 4):
+        n0, r0, r1, r2, r3 = _four_features(nb, N)
+        for m in range(x.shape[0]):
+            a0, a1, a2, a3 = _q8_four(x, m, Q, S, f16, n0, r0, r1, r2, r3)
+            _store_lanes(y, m, n0, N, a0, a1, a2, a3)
+
+
+@njit(inline="always", cache=True)
+def _q8_four(x, m, Q, S, f16, n0, r0, r1, r2, r3):  # pragma: no cover (compiled)
+    """Row m of x against the int8 rows r0 .. r3: their four sums in lanes, not yet folded; the rows
+    Q8_AHEAD past n0 asked for as the pass goes."""
+    G = S.shape[1]
+    g = x.shape[1] // G
+    a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
+    for grp in range(G):
+        _prefetch_rows(Q, n0 + Q8_AHEAD, 4, grp * g)
+        s0, s1 = _scale(f16, S, r0, grp), _scale(f16, S, r1, grp)
+        s2, s3 = _scale(f16, S, r2, grp), _scale(f16, S, r3, grp)
+        for k in range(grp * g, grp * g + g, LANES):
+            xv = vload(x, m, k)
+            a0, a1 = vfma(xv, vq8(Q, r0, k, s0), a0), vfma(xv, vq8(Q, r1, k, s1), a1)
+            a2, a3 = vfma(xv, vq8(Q, r2, k, s2), a2), vfma(xv, vq8(Q, r3, k, s3), a3)
+    return a0, a1, a2, a3
+
+
+@njit(parallel=True, cache=True)
+def matmul8_q8(x, Q, S, f16, y):  # pragma: no cover (compiled)
+    """y = x W_hat^T for a batch of eight rows from int8 weights: `matmul8_f32`'s blocks of 8 rows x 2
+    features, each W_hat vector (`lanes.vq8`) made once and used by all eight rows. The same sums, so
+    the same bits as `matvec_q8`. x: (8, K) float32 (`padded_rows(x, 8)`); Q, S, f16 as in
+    `matvec_q8`; y: (8, N) float32, written."""
+    K = x.shape[1]
+    N, G = S.shape
+    g = K // G
+    for nb in prange((N + 1) // 2):
+        n0 = nb * 2
+        r1 = min(n0 + 1, N - 1)  # an odd N's last block repeats its feature (never stored)
+        a, b = _zeros8(), _zeros8()
+        for grp in range(G):
+            _prefetch_rows(Q, n0 + 4, 4, grp * g)  # the next two blocks
+            s0, s1 = _scale(f16, S, n0, grp), _scale(f16, S, r1, grp)
+            for k in range(grp * g, grp * g + g, LANES):
+                a, b = _fma8(x, k, vq8(Q, n0, k, s0), a), _fma8(x, k, vq8(Q, r1, k, s1), b)
         _store82(y, n0, a, b)
 
 
@@ -709,6 +769,20 @@ def product_q4(x: np.ndarray, planar: np.ndarray, scales: np.ndarray, f16: np.nd
     xp = _whole_steps(padded_rows(x))
     y = np.empty((xp.shape[0], N), dtype=np.float32)
     matmul_q4(xp, _c(planar), _c(scales), f16, y)
+    return y[:M]
+
+
+def product_q8(x: np.ndarray, Q: np.ndarray, scales: np.ndarray, f16: np.ndarray) -> np.ndarray:
+    """y = x W_hat^T from int8 weights (the int4 model's LM head). x: (M, K) float32, Q: (N, K)
+    int8, scales: (N, G) uint16 with K / G a multiple of 16 -> (M, N) float32. Five to eight rows
+    through `matmul8_q8` (as `product_f32` picks `matmul8_f32`), any other count through
+    `matvec_q8`; the same bits either way, those of `product_f32` on W_hat."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    M, K = x.shape
+    eight = _eight_rows(M, K)
+    xp = padded_rows(x, 8) if eight else x
+    y = np.empty((xp.shape[0], Q.shape[0]), dtype=np.float32)
+    (matmul8_q8 if eight else matvec_q8)(xp, _c(Q), _c(scales), f16, y)
     return y[:M]
 
 
