@@ -20,10 +20,13 @@ the arithmetic (`lanes.prefetch`): without that, a kernel busy with arithmetic l
 idle, and a batch of 8 cost twice what it needs to. The int4 kernels (`matvec_q4` for a lone
 row, `matmul8_q4` for a batch of eight, `matmul_q4`'s tiles for the rest) turn the stored nibbles
 into W_hat = n s - 8 s, exactly, and add x W_hat into the same lanes: an int4 product is the f32
-product on W_hat, bit for bit. Every kernel takes C-contiguous arrays only.
+product on W_hat, bit for bit. The int4 model's LM head is int8 (`quant.Q8Linear`): `matvec_q8` and
+`matmul8_q8` make W_hat = q s (exact) sixteen at a time as they read it, the same way. Every kernel
+takes C-contiguous arrays only.
 
 What depends on the machine, and where it comes from (the same code must be fast on every
-processor it lands on; a constant tuned on one host was 40% of another's bandwidth):
+processor it lands on; a constant tuned on one host was 40% of another's bandwidth). Read from the
+system or measured while running:
 
 - threads for a step: a one-row step (a batch-1 decode) runs on 1 thread or on the count in force,
   whichever its own recent steps ran faster on, measured per runner as it decodes and probed again
@@ -31,13 +34,21 @@ processor it lands on; a constant tuned on one host was 40% of another's bandwid
   in force;
 - the kernel for a batch size: one row `matvec_*`, five to eight rows `matmul8_*` when eight rows of
   x fit `X_IN_L1`, else `matmul_*`; `X_IN_L1` is half the L1 data cache, read from the system
-  (`machine.cache_bytes`);
+  (`machine.cache_bytes`, sysfs);
+- how many rows of x `matmul_*` pass over a block of weight rows at a time: `X_IN_L2` bytes, a
+  quarter of the L2 cache, read the same way;
 - vector width: not a choice. The 16 lanes are part of the order of every sum (`lanes`), so they
   are the same on every machine: one AVX-512 register where there is one, two AVX2 halves where
-  not; only `lanes.vhat` picks its instructions by the target's features (the same bits either way);
-- prefetch distance, the 3 x 8 and 8 x 2 blocks: fixed, measured on processor B (and the 8 x 2
-  blocks on A), each next to its figures below; they depend on the cache line (64 bytes) and the
-  register count (32 with AVX-512), not on a cache size.
+  not; only `lanes.vhat` picks its instructions by the target's features (the same bits either way).
+
+Fixed, each measured on processor B (the 8 x 2 blocks also on A) with its figures next to it: the
+prefetch distances (`_prefetch_rows`, `Q4_AHEAD`, `Q8_AHEAD`), the 3 x 8 and 8 x 2 blocks, and the
+fractions of the caches above. They depend on the cache line (64 bytes) and the register count (32
+with AVX-512), not on a cache size. How: microbenchmarks of the kernel at SmolLM2's shapes, the
+candidates interleaved round by round in one process and the best of several rounds kept (the
+machine is shared, the best round is the least disturbed one), every candidate checked for the same
+bits first; `benchmarks/bench_targets.py` runs the kernels compiled for other processors' tuning
+(NUMBA_CPU_NAME) to check the code another machine gets is not the slow one.
 
 Compiled with numba, ``cache=True``: the first process compiles (about 9 s for the tiny model's f32
 and int4 forwards), later ones load the machine code from ``__pycache__`` (0.2 s). No kernel uses a
@@ -399,7 +410,9 @@ def matmul8_q4(x, P, S, f16, y):  # pragma: no cover (compiled)
 
 
 Q8_AHEAD = 8
-"""Weight rows ahead of the block in use that `matvec_q8` asks for (two blocks, 4.6 KB for K = 576)."""
+"""Weight rows ahead of the block in use that `matvec_q8` asks for (two blocks, 4.6 KB for K = 576).
+SmolLM2's int8 head (49152 x 576), one row, 1 thread, processor B, best of 12 interleaved rounds:
+12.1 ms without asking, 2.15 with 4 rows ahead, 1.89 with 8, 1.92 with 16, 1.88 with 32."""
 
 
 @njit(parallel=True, cache=True)
