@@ -75,6 +75,26 @@ def test_one_row_kernel_and_the_blocks_give_the_same_bits(K, N):
     assert np.array_equal(eight.view(np.uint32), rows_f32(X, W16).view(np.uint32)), "matmul8_f32"
 
 
+def test_row_chunks_are_sized_from_the_machines_caches_and_keep_the_bits():
+    """x's rows pass over the weight in chunks of X_IN_L2 bytes (a quarter of L2, read from the
+    system, as X_IN_L1 is half of L1d); a batch of several chunks gives the bits of the one-row
+    kernel on every row, f32 and int4."""
+    from tl_lab import kernels
+    from tl_lab.machine import cache_bytes
+
+    assert kernels.X_IN_L1 == (cache_bytes(1) or 48 * 1024) // 2
+    assert kernels.X_IN_L2 == (cache_bytes(2) or 2 << 20) // 4
+    K = 1536
+    rows = kernels._rows_in_l2(K)
+    assert rows % ROWS == 0 and rows * 4 * K <= kernels.X_IN_L2 < (rows + ROWS) * 4 * K
+    rng = np.random.default_rng(5)
+    W = rng.standard_normal((20, K)).astype(np.float32)
+    X = rng.standard_normal((2 * rows + 7, K)).astype(np.float32)  # three chunks, the last one short
+    assert np.array_equal(product_f32(X, W).view(np.uint32), rows_f32(X, W).view(np.uint32))
+    layer = QLinear.quantize(W * 0.05, group=32)
+    assert np.array_equal(layer.forward(X).view(np.uint32), rows_f32(X, layer.dequantize()).view(np.uint32))
+
+
 Q4_SHAPES = [(576, 200, 32), (1536, 9, 32), (64, 7, 64), (8, 5, 4)]  # (K, N, group); N % 4 != 0 included
 
 
