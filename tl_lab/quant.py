@@ -32,6 +32,7 @@ F16_QUIET = 0x0200  # the top mantissa bit: set, a NaN is quiet
 BF16_QUIET = 0x0040
 INT4_MIN, INT4_MAX = -8, 7
 INT8_MAX = 127  # symmetric int8: -127 .. 127, as llama.cpp's Q8_0
+Q8_ROWS = 2048  # rows Q8Linear.quantize takes at a time (4.5 MB of a 576-column f32 weight)
 
 __all__ = [
     "F16_MAX",
@@ -539,14 +540,17 @@ class Q8Linear:
         W = _check_weights(w)
         out, inp = W.shape
         _check_q8_group(inp, group)
-        Wg = W.reshape(out, inp // group, group)
-        s_bits = f32_to_f16(np.abs(Wg).max(axis=2) / np.float32(INT8_MAX))
-        if (s_bits == F16_INF).any():
-            raise ValueError(f"weights too large for an f16 scale: max|w| must stay below {F16_MAX * INT8_MAX}")
-        s = f16_to_f32(s_bits)[:, :, None]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            q = np.where(s == 0, 0, np.clip(np.rint(Wg / s), -INT8_MAX, INT8_MAX))  # 0/0 in an all-zero group
-        return cls(q.astype(np.int8).reshape(out, inp), s_bits, group)
+        q, s_bits = np.empty((out, inp), np.int8), np.empty((out, inp // group), np.uint16)
+        for r in range(0, out, Q8_ROWS):  # a block of rows at a time: the temporaries stay a few MB
+            Wg = W[r : r + Q8_ROWS].reshape(-1, inp // group, group)
+            s_bits[r : r + Q8_ROWS] = f32_to_f16(np.abs(Wg).max(axis=2) / np.float32(INT8_MAX))
+            if (s_bits[r : r + Q8_ROWS] == F16_INF).any():
+                raise ValueError(f"weights too large for an f16 scale: max|w| must stay below {F16_MAX * INT8_MAX}")
+            s = f16_to_f32(s_bits[r : r + Q8_ROWS])[:, :, None]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                qg = np.where(s == 0, 0, np.clip(np.rint(Wg / s), -INT8_MAX, INT8_MAX))  # 0/0 in an all-zero group
+            q[r : r + Q8_ROWS] = qg.reshape(-1, inp)
+        return cls(q, s_bits, group)
 
     def dequantize(self) -> np.ndarray:
         """W_hat = q s: float32 (out, inp), exact (an 8-bit q times an 11-bit s fits in f32)."""
