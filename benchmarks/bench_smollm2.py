@@ -12,7 +12,8 @@ same CXXFLAGS, pip install llama-cpp-python (a default build dies with SIGILL at
 Three configurations, each in a subprocess of its own so its peak resident memory is its alone:
 
 - tl_lab f32:   ModelRunner.load(dir, EngineConfig(threads=N)), the BF16 file widened to f32;
-- tl_lab int4:  the same with quant=Int4(32): every layer linear quantized while loading (section 2.5);
+- tl_lab int4:  the same with quant=Int4(32): every layer linear quantized while loading (section 2.5),
+                the LM head int8 in groups of 32 (`quant.Q8Linear`, as the GGUF holds it in Q8_0);
 - transformers: LlamaForCausalLM.from_pretrained(dir, dtype=torch.float32) on the SAME directory (its
                 config.json is Hugging Face's Llama config; the tl_ keys are ignored), torch.set_num_threads(N)
                 with N the OpenBLAS thread count of the tl_lab rows;
