@@ -387,7 +387,11 @@ def matmul8_q4(x, P, S, f16, y):  # pragma: no cover (compiled)
     8 rows x 2 features, each step's sixteen values of W_hat made by `matvec_q4`'s fused multiply-add
     as they are read and used by all eight rows, never stored. The same sums, so the same bits as
     the float32 product on W_hat. x: (8, K) float32 (`padded_rows(x, 8)`); P, S, f16 as in
-    `matvec_q4` (a group size that is a multiple of 32); y: (8, N) float32, written."""
+    `matvec_q4` (a group size that is a multiple of 32); y: (8, N) float32, written.
+
+    The rows two and three blocks ahead are asked for as a block goes: SmolLM2's 30 layers at batch
+    8, 1 thread, processor B, best of 12 interleaved rounds: 39.5 ms without, 37.5 asking 4 rows
+    ahead (16 rows ahead: 40.5)."""
     K = x.shape[1]
     N, G = S.shape
     g = K // G
@@ -397,6 +401,7 @@ def matmul8_q4(x, P, S, f16, y):  # pragma: no cover (compiled)
         r1 = min(n0 + 1, N - 1)  # an odd N's last block repeats its feature (never stored)
         a, b = _zeros8(), _zeros8()
         for grp in range(G):
+            _prefetch_rows(P, n0 + 4, 4, grp * half)  # rows two and three blocks ahead
             s0 = _scale(f16, S, n0, grp)
             s1 = _scale(f16, S, r1, grp)
             for c in range(0, g, 2 * LANES if half == LANES else LANES):  # the group's columns in order
