@@ -222,6 +222,23 @@ def test_an_unreadable_or_unwritable_workspace_is_named(tmp_path, monkeypatch):
     assert usable(tmp_path, write=True) == tmp_path
 
 
+def test_check_without_the_clones_tests_says_what_is_missing_and_exit_2(tmp_path):
+    """A tl_lab installed by pip (the package alone, no tests/ beside it): one line naming the missing
+    file and the clone, exit 2, nothing checked."""
+    import shutil
+
+    shutil.copytree(REPO_ROOT / "tl_lab", tmp_path / "site" / "tl_lab", ignore=shutil.ignore_patterns("__pycache__"))
+    ws = workspace(tmp_path, "ref", ["sample"])
+    p = subprocess.run([PY, "-m", "tl_lab", "exercise", "check", "sample", "--workspace", str(ws)], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(tmp_path / "site"), "TL_LAB_WORKSPACE": "off"})
+    assert p.returncode == 2 and p.stdout == "" and p.stderr == (
+        f"error: exercise check runs the chapter's tests from a clone of the repository, and this tl_lab "
+        f"({tmp_path / 'site' / 'tl_lab'}) has no tests/conftest.py: clone it (README, Install), then run "
+        f"python -m tl_lab exercise check from the clone\n"), p.stderr
+    assert not (ws / ".tl_lab").exists()  # nothing checked, nothing written
+
+
 def test_a_syntax_error_is_reported_with_file_and_line_and_the_rest_is_still_checked(tmp_path):
     ws = workspace(tmp_path, "ref", ["kv", "sample"])
     (ws / "kv.py").write_text(reference_source("kv").replace("class KvPool:", "class KvPool(:", 1))
