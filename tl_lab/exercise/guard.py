@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tl_lab.exercise.registry import MODULES, PIECES, SECTIONS
+from tl_lab.exercise.stubs import NOT_WRITTEN
 from tl_lab.exercise.workspace import ENV, ENV_USE
 
 __all__ = ["Fault", "TRIALS", "trial", "blame"]
@@ -146,6 +147,8 @@ def blame(exc: BaseException, workspace: Path, tried: str) -> Fault:
     piece = next((p for p in PIECES[module] if p.qualname == function), None)
     hint = f"{piece.hint} (section {piece.section})" if piece else f"reread {SECTIONS[module]}"
     error = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, NotImplementedError) and NOT_WRITTEN in str(exc):
+        hint = "a piece still the stub (its message says what to write)"  # the stub's message has the hint
     if len(error) > MESSAGE_CHARS:
         error = error[:MESSAGE_CHARS] + " ..."
     return Fault(module, file, line, function, error, f"{hint}; python -m tl_lab exercise hint {module}")

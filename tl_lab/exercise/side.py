@@ -16,7 +16,7 @@ from pathlib import Path
 from tl_lab.exercise.stubs import reference_path, stub_source
 from tl_lab.exercise.workspace import resolve
 
-__all__ = ["load", "yours", "yours_or_none", "reference"]
+__all__ = ["load", "yours", "yours_or_none", "reference", "raised"]
 
 
 def load(path: Path, name: str):
@@ -63,3 +63,13 @@ def yours_or_none(module: str, workspace=None):
             where = f"{exc.filename}:{exc.lineno}: "
         print(f"your {module}.py does not import: {where}{type(exc).__name__}: {exc}; the reference's is shown alone")
         return None
+
+
+def raised(exc: BaseException, yours_module, module: str) -> str:
+    """What a widget shows when the learner's `module` (loaded by `yours`) raised `exc`: one line with
+    the learner's file and line, the function, the error and the hint of the piece it was in."""
+    from tl_lab.exercise.guard import blame
+
+    f = blame(exc, Path(yours_module.__file__).parent, module)
+    at = f"{f.file}:{f.line}" if f.line else f.file
+    return f"your {module}.py raised at {at} in {f.function}: {f.error}; hint: {f.hint}"
