@@ -388,17 +388,26 @@ def test_the_sampler_and_kv_notebooks_run_on_a_complete_workspace(tmp_path):
     assert p.returncode == 1 and "failed" in p.stdout.splitlines()[-1], p.stdout[-3000:]
 
 
-def _first_cells(ws, notebook: str, n: int = 2, monkeypatch=None) -> list[str]:
-    """The text output of the first `n` cells of `notebook` run in a python3 kernel (nbclient) whose
-    TL_LAB_WORKSPACE is `ws`; a cell that raises fails the test."""
+def _run_cells(ws, notebook: str, monkeypatch, code_cells=(0, 1)) -> list[tuple[str, str | None]]:
+    """Code cells `code_cells` (indices among the code cells) of `notebook`, run in a python3 kernel
+    (nbclient) whose TL_LAB_WORKSPACE is `ws` -> per cell (its text output, its error name or None)."""
     nbformat, nbclient = need("nbformat"), need("nbclient")
     nb = nbformat.read(REPO_ROOT / "notebooks" / f"{notebook}.ipynb", 4)
-    nb.cells = [c for c in nb.cells if c.cell_type == "code"][:n]
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    nb.cells = [code[i] for i in code_cells]
     monkeypatch.setenv("TL_LAB_WORKSPACE", str(ws))
     monkeypatch.setenv("PYTHONPATH", str(REPO_ROOT))
-    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
+    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True,
                             resources={"metadata": {"path": str(REPO_ROOT / "notebooks")}}).execute()
-    return ["".join(o.get("text", "") for o in c.outputs) for c in nb.cells]
+    return [("".join(o.get("text", "") for o in c.outputs),
+             next((o.ename for o in c.outputs if o.output_type == "error"), None)) for c in nb.cells]
+
+
+def _first_cells(ws, notebook: str, monkeypatch) -> list[str]:
+    """The text output of the first two code cells (the first cell, the imports); neither may raise."""
+    out = _run_cells(ws, notebook, monkeypatch)
+    assert [e for _, e in out] == [None, None], out
+    return [text for text, _ in out]
 
 
 def test_a_notebook_whose_learner_module_raises_shows_the_error_and_hint_and_runs_to_the_end(tmp_path, monkeypatch):
@@ -415,7 +424,7 @@ def test_a_notebook_whose_learner_module_raises_shows_the_error_and_hint_and_run
     line = {m: src.splitlines().index(text) + 1 for m, src, text in
             (("kv", kv, "class KvPool(:"), ("quant", quant, "undefined_name"), ("sample", sample, "    M = float(l.maximum())"))}
 
-    first, imports = _first_cells(ws, "04_kv_pool", monkeypatch=monkeypatch)
+    first, imports = _first_cells(ws, "04_kv_pool", monkeypatch)
     assert imports == ""
     for m, what in (("kv", "SyntaxError"), ("quant", "NameError: name 'undefined_name' is not defined"),
                     ("sample", "AttributeError")):
@@ -430,11 +439,33 @@ def test_a_notebook_whose_learner_module_raises_shows_the_error_and_hint_and_run
 
 
 def test_a_bad_workspace_in_a_notebook_is_one_line_and_the_reference_runs(tmp_path, monkeypatch):
-    first, imports = _first_cells(tmp_path / "missing", "04_kv_pool", monkeypatch=monkeypatch)
+    first, imports = _first_cells(tmp_path / "missing", "04_kv_pool", monkeypatch)
     assert first.splitlines()[0] == (f"error: TL_LAB_WORKSPACE={tmp_path / 'missing'}: workspace "
                                      f"{tmp_path / 'missing'} does not exist: python -m tl_lab exercise start writes "
                                      "it; this notebook runs the reference's modules (fix it, then restart the kernel)")
     assert "Traceback" not in first and imports == ""
+
+
+def test_05_holds_the_learners_forward_against_hf_and_the_reference(tmp_path, monkeypatch):
+    """Notebook 05's central claim with a workspace: the runner is the learner's, and the reference's
+    runs the same golden cases beside it. A forward that skips the final norm (s16) is OUTSIDE the
+    bound beside a reference within it, and the cell's assert fails: the learner's forward ran."""
+    import nbformat
+
+    ws = workspace(tmp_path, "ref", ["quant", "kv", "model", "forward", "runner"])
+    src = reference_source("forward")
+    for e in PITFALLS["s16"].edits:
+        src = apply_edit(src, e, "s16")
+    (ws / "forward.py").write_text(src)
+    code = [c for c in nbformat.read(REPO_ROOT / "notebooks" / "05_forward.ipynb", 4).cells if c.cell_type == "code"]
+    claim = next(i for i, c in enumerate(code) if c.source.startswith("cases = hf_golden_cases()"))
+    (first, _), (_, err), (text, claim_err) = _run_cells(ws, "05_forward", monkeypatch, (0, 1, claim))
+    assert f"forward  learner   {ws / 'forward.py'}" in first and err is None
+    lines = [s for s in text.splitlines() if " tokens: yours " in s]
+    assert len(lines) == 6 and all(s.endswith("OUTSIDE") for s in lines), text
+    ref = [float(s.split("the reference's ")[1].split(",")[0]) for s in lines]
+    bound = [float(s.split("bound ")[1].split(":")[0]) for s in lines]
+    assert all(r <= b for r, b in zip(ref, bound)) and claim_err == "AssertionError"
 
 
 def test_a_learner_module_that_does_not_import_is_a_printed_line(tmp_path, capsys):
