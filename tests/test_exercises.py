@@ -438,6 +438,22 @@ def test_a_notebook_whose_learner_module_raises_shows_the_error_and_hint_and_run
     assert p.returncode == 0, p.stdout[-3000:]
 
 
+def test_the_guard_stops_a_loop_and_survives_an_exit(tmp_path, monkeypatch):
+    """A learner module that never ends its trial, or ends the process, is a Fault naming it; the
+    other modules are tried again without it and stay the learner's."""
+    from tl_lab.exercise import guard
+
+    ws = workspace(tmp_path, "ref", ["kv", "sample"])
+    (ws / "sample.py").write_text(reference_source("sample") + "\nwhile True:\n    pass\n")
+    monkeypatch.setattr(guard, "TIMEOUT", 20.0)
+    faults = guard.trial(ws, ["kv", "sample"])
+    assert list(faults) == ["sample"] and faults["sample"].error == "ran longer than 20 s", faults
+    (ws / "kv.py").write_text(reference_source("kv") + "\nimport sys\nsys.exit(3)\n")
+    (ws / "sample.py").write_text(reference_source("sample"))
+    faults = guard.trial(ws, ["kv", "sample"])
+    assert list(faults) == ["kv"] and faults["kv"].error.startswith("the process ended"), faults
+
+
 def test_a_bad_workspace_in_a_notebook_is_one_line_and_the_reference_runs(tmp_path, monkeypatch):
     first, imports = _first_cells(tmp_path / "missing", "04_kv_pool", monkeypatch)
     assert first.splitlines()[0] == (f"error: TL_LAB_WORKSPACE={tmp_path / 'missing'}: workspace "

@@ -44,6 +44,8 @@ def activate(workspace=None, quiet: bool = False) -> dict[str, dict]:
         if ws is not None and (named or ws.is_dir()):
             usable(ws)
             learner = [m for m, o in plan(ws).items() if o.origin == "learner"]
+            if learner and not quiet:
+                print(f"trying your {', '.join(learner)} once before this notebook imports them ...", flush=True)
             faults = guard.trial(ws, learner) if learner else {}
             _forget_unused_finder()
             install(ws, instead={m: f"your {m}.py raises (see below): the reference runs in its place" for m in faults})

@@ -186,19 +186,23 @@ def _one_trial(workspace: Path, modules: list[str]) -> Fault | None:
         out, err = p.stdout, p.stderr
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        last = [s for s in out.splitlines() if s.startswith("trying ")]
-        m = last[-1].split()[-1] if last else modules[0]
+        m = _last_tried(out, modules)
         return Fault(m, str(workspace / f"{m}.py"), None, "(its trial)", f"ran longer than {TIMEOUT:g} s",
                      f"a loop that never ends? python -m tl_lab exercise check {m} names the test")
     verdict = next((s[len(MARK):] for s in reversed(out.splitlines()) if s.startswith(MARK)), None)
     if verdict is None:  # the process died (the learner's code called exit, or crashed the interpreter)
-        last = [s for s in out.splitlines() if s.startswith("trying ")]
-        m = last[-1].split()[-1] if last else modules[0]
+        m = _last_tried(out, modules)
         tail = (err.strip().splitlines() or ["no output"])[-1][:MESSAGE_CHARS]
         return Fault(m, str(workspace / f"{m}.py"), None, "(its trial)", f"the process ended: {tail}",
                      f"python -m tl_lab exercise check {m} says more")
     data = json.loads(verdict)
     return None if data is None else Fault(**data)
+
+
+def _last_tried(out: str, modules: list[str]) -> str:
+    """The module the trial process was on when it stopped (its "trying m" lines)."""
+    tried = [s.split()[-1] for s in out.splitlines() if s.startswith("trying ")]
+    return tried[-1] if tried and tried[-1] in modules else modules[0]
 
 
 def trial(workspace: Path, modules) -> dict[str, Fault]:
