@@ -438,6 +438,30 @@ def test_a_notebook_whose_learner_module_raises_shows_the_error_and_hint_and_run
     assert p.returncode == 0, p.stdout[-3000:]
 
 
+NOT_ACTIVATED = {
+    "10_pitfalls": "a pitfall edits the reference's text: pitfalls and a workspace do not combine",
+    "11_interface": "it runs the project's own tests on the interface, item by item: the reference's",
+    "13_your_turn": "it drives the exercise itself, in a workspace of its own under the project's tests",
+}
+
+
+def test_every_section_notebook_using_a_learner_module_activates_the_workspace_first():
+    """The guard is one mechanism for every section notebook: the first code cell of each notebook
+    that imports one of the six is exercise.activate(), before any of them is imported."""
+    import re
+
+    nbformat = need("nbformat")
+    pattern = re.compile(r"(from tl_lab\.(%s) import|import tl_lab\.(%s)\b)" % ("|".join(MODULES), "|".join(MODULES)))
+    seen = []
+    for f in sorted((REPO_ROOT / "notebooks").glob("*.ipynb")):
+        code = [c.source for c in nbformat.read(f, 4).cells if c.cell_type == "code"]
+        if f.stem in NOT_ACTIVATED or not any(pattern.search(c) for c in code):
+            continue
+        assert "exercise.activate()" in code[0] and not pattern.search(code[0]), f.stem
+        seen.append(f.stem)
+    assert len(seen) >= 10 and {"04_kv_pool", "05_forward", "07_sampler"} <= set(seen), seen
+
+
 def test_the_guard_stops_a_loop_and_survives_an_exit(tmp_path, monkeypatch):
     """A learner module that never ends its trial, or ends the process, is a Fault naming it; the
     other modules are tried again without it and stay the learner's."""
