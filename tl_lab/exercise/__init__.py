@@ -31,8 +31,7 @@ def activate(workspace=None, quiet: bool = False) -> dict[str, dict]:
     its file, line, error and hint, and the reference runs in its place. A workspace that cannot be
     used is one line, and the reference runs. Prints one line per module unless quiet (the faults
     and a bad workspace always)."""
-    from tl_lab.exercise import guard
-    from tl_lab.exercise.workspace import ENV, OFF, env_error, lift_refusal, plan, usable
+    from tl_lab.exercise.workspace import ENV, OFF, env_error, lift_refusal, usable
 
     named = workspace is not None or os.environ.get(ENV, "").strip().lower() not in OFF
     off = workspace is None and os.environ.get(ENV) is not None and not named  # TL_LAB_WORKSPACE=off
@@ -42,13 +41,7 @@ def activate(workspace=None, quiet: bool = False) -> dict[str, dict]:
     faults = {}
     try:
         if ws is not None and (named or ws.is_dir()):
-            usable(ws)
-            learner = [m for m, o in plan(ws).items() if o.origin == "learner"]
-            if learner and not quiet:
-                print(f"trying your {', '.join(learner)} once before this notebook imports them ...", flush=True)
-            faults = guard.trial(ws, learner) if learner else {}
-            _forget_unused_finder()
-            install(ws, instead={m: f"your {m}.py raises (see below): the reference runs in its place" for m in faults})
+            faults = _install_tried(usable(ws), quiet)
     except ExerciseError as exc:
         bad = exc
     out = origins()
@@ -62,6 +55,29 @@ def activate(workspace=None, quiet: bool = False) -> dict[str, dict]:
     for fault in faults.values():
         print("\n".join(fault.lines()))
     return out
+
+
+def _install_tried(ws, quiet: bool) -> dict:
+    """Try the learner's modules of `ws` (`guard.trial`), then install the workspace with the reference
+    in place of each that raised -> {module: Fault}. Nothing is tried again once one of the six is
+    imported in this process (the cell run again): what runs is what was imported, until a restart."""
+    import sys
+
+    from tl_lab.exercise import guard
+    from tl_lab.exercise.workspace import plan
+
+    if any(f"tl_lab.{m}" in sys.modules for m in MODULES):
+        install(ws)  # the same workspace is kept; another one is refused
+        if not quiet:
+            print("the six were imported earlier in this kernel: restart the kernel to run your edits")
+        return {}
+    learner = [m for m, o in plan(ws).items() if o.origin == "learner"]
+    if learner and not quiet:
+        print(f"trying your {', '.join(learner)} once before this notebook imports them ...", flush=True)
+    faults = guard.trial(ws, learner) if learner else {}
+    _forget_unused_finder()
+    install(ws, instead={m: f"your {m}.py raised when tried: the reference runs in its place" for m in faults})
+    return faults
 
 
 def _forget_unused_finder() -> None:
