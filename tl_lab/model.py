@@ -29,7 +29,7 @@ import numpy as np
 
 from tl_lab.errors import ConfigError, FormatError, clip
 from tl_lab.checks import as_float, as_int, is_int
-from tl_lab.kernels import product_f32
+from tl_lab.lazy_kernels import product_f32  # the compiler is imported at the first product, not to read a file
 from tl_lab.paths import open_regular, read_regular
 from tl_lab.schema import CONFIG_SCHEMA_PATH, config_schema, validate_config
 from tl_lab.quant import QLinear, _rows, bf16_to_f32, f16_to_f32

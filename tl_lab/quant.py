@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tl_lab.checks import as_float, is_int
-from tl_lab.kernels import product_q4
+from tl_lab.lazy_kernels import product_q4  # the compiler is imported at the first product, not to read a file
 
 F16_MAX = 65504.0
 F16_INF = 0x7C00
