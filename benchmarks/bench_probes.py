@@ -497,17 +497,26 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3, help="runs of each probe, interleaved (best time counts)")
     ap.add_argument("--only", nargs="*", default=[], help="probes whose item or name holds one of these words")
+    ap.add_argument("--compare", metavar="JSON", help="an earlier run's results (the code before a change): "
+                    "its seconds and MB become each row's before_seconds and before_MB")
+    ap.add_argument("--out", default="probes", help="the results file's name (default probes)")
     args = ap.parse_args(argv)
     probes = [p for p in PROBES if not args.only or any(w in p.item or w in p.name for w in args.only)]
     t0 = time.time()
     rows = run_all(probes, args.repeat)
+    if args.compare:
+        before = {r["probe"]: r for r in json.loads(Path(args.compare).read_text())["rows"]}
+        for r in rows:
+            b = before.get(r["probe"], {})
+            r["before_seconds"], r["before_MB"], r["before_ok"] = b.get("seconds"), b.get("peak_MB"), b.get("ok")
     slow = [r["probe"] for r in rows if not r.get("within_bounds", False)]
     failed = [r["probe"] for r in rows if not r["ok"]]
     notes = (f"{len(rows)} probes, each the best of {args.repeat} fresh processes; bounds {SECONDS} s and {MB:.0f} MB; "
              f"load average {os.getloadavg()[0]:.1f} at the end ({time.time() - t0:.0f} s in all). "
              f"Outside the bounds: {slow or 'none'}. Wrong answers: {failed or 'none'}.")
-    table = [{k: r.get(k, "") for k in ("item", "probe", "exit", "lines", "seconds", "peak_MB", "ok")} for r in rows]
-    report("probes", rows, notes, measure_limits=False, table=table)
+    cols = ("item", "probe", "exit", "lines", "seconds", "peak_MB", "ok") + (("before_seconds", "before_MB") if args.compare else ())
+    table = [{k: r.get(k, "") for k in cols} for r in rows]
+    report(args.out, rows, notes, measure_limits=False, table=table)
 
 
 if __name__ == "__main__":

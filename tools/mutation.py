@@ -46,6 +46,8 @@ MODULES = {
     "generate": ["tests/test_generate.py", "-m", "not hf and not smollm2"],
     "tokenizer": ["tests/test_tokenizer.py", "-m", "not hf and not smollm2"],
     "fetch": ["tests/test_fetch.py"],
+    # the runner's batches and checks; not the hf comparisons nor SmolLM2
+    "runner": ["tests/test_runner.py", "-m", "not hf and not smollm2"],
 }
 
 # (name, file, old text, new text): each a mistake a later refactor of a compiled loop could make.
@@ -144,8 +146,10 @@ def _meta(work: Path, module: str) -> dict[str, int | None]:
     return json.loads(path.read_text())["exit_code_by_key"] if path.exists() else {}
 
 
-def run_module(module: str, ref: str, sample: int | None, seed: int, budget: float) -> dict:
-    """Mutate tl_lab/<module>.py at `ref`: its score over all or a seeded sample of its mutants."""
+def run_module(module: str, ref: str, sample: int | None, seed: int, budget: float,
+               only: list[str] | None = None) -> dict:
+    """Mutate tl_lab/<module>.py at `ref`: its score over all or a seeded sample of its mutants
+    (`only`: run just these of them, the rest of the sample stays not run)."""
     work = _work(ref, module)
     _checkout(ref, work)
     (work / "setup.cfg").write_text(_setup_cfg(module, MODULES[module]))
@@ -154,10 +158,28 @@ def run_module(module: str, ref: str, sample: int | None, seed: int, budget: flo
         # A filter matching nothing: mutmut generates the mutants, maps tests to functions, then stops.
         _sh([*MUTMUT, "run", "--max-children", "1", "no-such-mutant"], work, timeout=budget)
         chosen = _chosen(work, module, sample, seed)
-        _sh([*MUTMUT, "run", "--max-children", "1", *chosen], work, timeout=max(60.0, budget - (time.time() - t0)))
+        if only is not None:
+            chosen = [n for n in chosen if n in only]
+        if chosen:
+            _sh([*MUTMUT, "run", "--max-children", "1", *chosen], work, timeout=max(60.0, budget - (time.time() - t0)))
     except subprocess.TimeoutExpired:
         timed_out = True
     return {**score_module(module, ref, sample, seed), "seconds": round(time.time() - t0, 1), "budget_hit": timed_out}
+
+
+def rerun_survivors(module: str, ref: str, sample: int | None, seed: int, budget: float, earlier: dict) -> dict:
+    """The score at `ref` of an earlier run's sample when only tests were added since: its survivors
+    run again (a mutant the old tests killed, they still kill: the code and those tests are the same),
+    the rest of the sample counted as the earlier run found it."""
+    r = run_module(module, ref, sample, seed, budget, only=list(earlier["survivors"]))
+    if r["mutants_in_module"] != earlier["mutants_in_module"]:
+        raise SystemExit(f"{module}: {r['mutants_in_module']} mutants at {ref}, {earlier['mutants_in_module']} "
+                         "before: the module changed, so its survivors are not the same mutants; run it whole")
+    killed = earlier["killed"] + r["killed"]
+    tried = earlier["killed"] + r["killed"] + r["survived"]
+    return {**r, "killed": killed, "tried": tried, "score": round(killed / tried, 3) if tried else None,
+            "rerun": f"the {len(earlier['survivors'])} survivors of the earlier run of this sample, again; "
+                     f"its {earlier['killed']} killed counted as killed"}
 
 
 MUTMUT = [sys.executable, "-m", "mutmut"]
@@ -264,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kernels", action="store_true", help="also the hand-written kernel mutants")
     p.add_argument("--only-kernel", nargs="*", metavar="WORD", help="only the kernel mutants whose names hold a WORD")
     p.add_argument("--rescore", action="store_true", help="score the modules' last runs again, running nothing")
+    p.add_argument("--survivors-of", metavar="LABEL", help="run only the survivors of LABEL's run of the same "
+                   "sample (after adding tests: the rest stay killed)")
     p.add_argument("--out", type=Path, default=RESULTS, help=f"the results file (default {RESULTS.relative_to(REPO)})")
     args = p.parse_args(argv)
     unknown = [m for m in args.modules if m not in MODULES]
@@ -277,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
         commit = _sh(["git", "rev-parse", args.ref], REPO).stdout.strip()  # per module: HEAD may move meanwhile
         if args.rescore:
             r = {**bucket.get(module, {}), **score_module(module, args.ref, args.sample, args.seed)}
+        elif args.survivors_of:
+            r = rerun_survivors(module, args.ref, args.sample, args.seed, args.budget,
+                                doc["results"][args.survivors_of][module])
         else:
             r = run_module(module, args.ref, args.sample, args.seed, args.budget)
         bucket[module] = {"commit": commit, **r}
