@@ -12,9 +12,9 @@ directory (its model copy, its cache: TL_LAB_CACHE), and this records
 - the exit code and the number of stderr lines (and bytes), against what the probe expects;
 - the wall seconds from the start of the process to its end, and its peak resident memory
   (`os.wait4`'s ru_maxrss: the child alone, fresh, every import included);
-- what changed: every path under the work directory, the bundled models (tl_lab/data... DATA_DIR)
-  and the real cache (~/.cache/tl_lab), compared before and after (mode, size, mtime and, for files
-  under 16 MB, sha256), less what the probe is meant to change (a fetch sweeping a leftover).
+- what changed: every path under the work directory, the bundled models (DATA_DIR) and the real
+  cache's models and downloads (~/.cache/tl_lab), compared before and after (mode, size, mtime and,
+  for files under 16 MB, sha256), less what the probe is meant to remove (a fetch sweeping a leftover).
 
 Times are the best of --repeat runs (the machine is shared), memory the largest. The results file,
 benchmarks/results/probes.json, records the machine (tl_lab.machine.describe) and the load average;
@@ -428,7 +428,8 @@ def run_probe(probe: Probe, base: Path) -> dict:
                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
         env.pop("TL_LAB_PITFALL", None)
         env.update({k: _subst(v, work) for k, v in probe.env.items()})
-        roots = [work, DATA_DIR, REAL_CACHE]
+        roots = [work, DATA_DIR, REAL_CACHE / "models", REAL_CACHE / "downloads"]  # not its compiled-code caches,
+        # which any other process running a pitfall may write meanwhile
         before = snapshot(roots)
         got = run_child(command(probe, work), env, work, probe.stdin, probe.limit_as_mb)
         after = snapshot(roots)

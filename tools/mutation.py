@@ -161,10 +161,13 @@ def run_module(module: str, ref: str, sample: int | None, seed: int, budget: flo
         if only is not None:
             chosen = [n for n in chosen if n in only]
         if chosen:
-            _sh([*MUTMUT, "run", "--max-children", "1", *chosen], work, timeout=max(60.0, budget - (time.time() - t0)))
+            run = _sh([*MUTMUT, "run", "--max-children", "1", *chosen], work, timeout=max(60.0, budget - (time.time() - t0)))
     except subprocess.TimeoutExpired:
         timed_out = True
-    return {**score_module(module, ref, sample, seed), "seconds": round(time.time() - t0, 1), "budget_hit": timed_out}
+    r = {**score_module(module, ref, sample, seed), "seconds": round(time.time() - t0, 1), "budget_hit": timed_out}
+    if not r["tried"] and not timed_out and chosen:  # mutmut stopped before any mutant: say why
+        r["mutmut_said"] = (run.stdout + run.stderr)[-2000:]
+    return r
 
 
 def rerun_survivors(module: str, ref: str, sample: int | None, seed: int, budget: float, earlier: dict) -> dict:
@@ -258,6 +261,16 @@ def run_kernels(ref: str, budget: float, only: list[str] | None = None, out: dic
             "score": round(killed / tried, 3) if tried else None, "seconds": round(time.time() - t0, 1)}
 
 
+def summary(results: dict) -> dict:
+    """module -> {label: score, label_killed_of_tried: "k/t"} over every label's run of it."""
+    out: dict = {}
+    for label, modules in sorted(results.items()):
+        for module, r in modules.items():
+            out.setdefault(module, {})[label] = r.get("score")
+            out[module][f"{label}_killed_of_tried"] = f"{r.get('killed')}/{r.get('tried')}"
+    return out
+
+
 def _machine() -> dict:
     import platform
 
@@ -309,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         bucket[module] = {"commit": commit, **r}
         print(f"{args.label} {module}: {r['killed']}/{r['tried']} killed (score {r['score']}), "
               f"{r['mutants_in_module']} mutants in the module, {r['seconds']} s", flush=True)
+        doc["summary"] = summary(doc["results"])
         args.out.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     if args.kernels:
         commit = _sh(["git", "rev-parse", args.ref], REPO).stdout.strip()
