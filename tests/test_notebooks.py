@@ -242,3 +242,40 @@ def test_run_all_again_keeps_no_more_memory(name):
             k.run_all()
             live.append(round(k.live_mb(), 1))
     assert live[2] - live[1] < GROWTH_MB, f"{name}: live memory after each Run All {live} MiB (bound +{GROWTH_MB})"
+
+
+def first_failing_section(name: str) -> str | None:
+    """Run All of notebooks/`name` up to its first cell that raises; -> the heading (its text after the
+    #s) of the section that cell is in, or None when every cell ran."""
+    from nbclient.exceptions import CellExecutionError
+
+    heading = None
+    with NotebookKernel(name) as k:
+        for index, cell in enumerate(k.nb.cells):
+            if cell.cell_type == "markdown" and cell.source.lstrip().startswith("## "):
+                heading = cell.source.lstrip()[3:].splitlines()[0]
+            elif cell.cell_type == "code":
+                try:
+                    k.client.execute_cell(cell, index)
+                except CellExecutionError:
+                    return heading
+    return None
+
+
+def test_s16_breaks_the_section_of_05_the_lab_names(monkeypatch):
+    """10_pitfalls says where each pitfall shows in the notebooks (the registry's notebook and cell); s16,
+    the final norm skipped, was once said to break no cell of 05_forward while 05's section 6 failed
+    under it (issue 19). With s16 on in the kernel, 05's first failing cell is in that section."""
+    import re
+
+    from tl_lab import pitfalls as pf
+
+    need("nbformat")
+    need("nbclient")
+    p = pf.get("s16")
+    named = re.findall(r"\b(\d+)\. ", p.cell)
+    assert p.notebook == "05_forward" and named, (p.notebook, p.cell)
+    monkeypatch.setenv("TL_LAB_PITFALL", "s16")
+    section = first_failing_section(f"{p.notebook}.ipynb")
+    assert section is not None, f"no cell of {p.notebook} fails with s16 on"
+    assert section.split(".")[0] in named, f"s16 first breaks {p.notebook}'s section {section!r}, the lab says {p.cell!r}"
