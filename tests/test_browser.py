@@ -48,7 +48,7 @@ WIDGETS = {
     ],
     "04_kv_pool.ipynb": [
         # after Run All the story starts at step 0, so next shows step 1 (issue 11, item 5: it once started at its end)
-        Act("bm = BlockMap()", "click", "next", watch=".widget-html", expect="Step 1 of 5"),
+        Act("bm = BlockMap(yours=", "click", "next", watch=".widget-html", expect="Step 1 of 5"),
         Act("view = show(pool, {", "type", "position", "20", watch=".tl-where"),
     ],
     "10_pitfalls.ipynb": [

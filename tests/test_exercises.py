@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from conftest import need
 from tl_lab.exercise import registry
 from tl_lab.exercise.cli import reset, start, written
 from tl_lab.exercise.grading import _run, check, format_table, pitfall_hint
@@ -166,6 +167,78 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
         ro.chmod(0o700)
 
 
+COMMANDS = [["generate", "--model", "bigram", "--prompt", "ab", "--max-tokens", "2"], ["chat", "--model", "bigram"],
+            ["fetch", "smollm2"], ["pitfalls"], *[["exercise", *c] for c in (
+                ["status"], ["tests"], ["check", "sample"], ["hint", "kv"], ["reset", "kv"], ["parity"])]]
+
+
+@pytest.mark.parametrize("kind", ["missing", "a file"])
+def test_a_bad_TL_LAB_WORKSPACE_or_workspace_is_one_line_and_exit_2_for_every_command(tmp_path, kind):
+    bad = tmp_path / "ws"
+    if kind == "a file":
+        bad.write_text("not a folder\n")
+    why = "does not exist" if kind == "missing" else "is a file, not a folder"
+
+    def run(argv, env):
+        return subprocess.run([PY, "-m", "tl_lab", *argv], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                              stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **env})
+
+    runs = [(argv, run(argv, {"TL_LAB_WORKSPACE": str(bad)})) for argv in COMMANDS]
+    runs += [(argv, run([*argv, "--workspace", str(bad)], {"TL_LAB_WORKSPACE": "off"})) for argv in COMMANDS if
+             argv[0] == "exercise"]
+    for argv, p in runs:
+        assert p.returncode == 2 and p.stdout == "", (argv, p.returncode, p.stdout, p.stderr)
+        assert p.stderr.count("\n") == 1 and p.stderr.startswith("error: ") and f"workspace {bad} {why}" in p.stderr, (
+            argv, p.stderr)
+    start = run(["exercise", "start", "sample"], {"TL_LAB_WORKSPACE": str(bad)})
+    if kind == "missing":  # start is what makes a workspace
+        assert start.returncode == 0 and (bad / "sample.py").read_text() == stub_source("sample")
+    else:
+        assert start.returncode == 2 and start.stderr.count("\n") == 1 and why in start.stderr
+        assert bad.read_text() == "not a folder\n"
+
+
+def test_a_bad_TL_LAB_WORKSPACE_is_raised_where_a_program_imports_the_learners_modules(tmp_path):
+    code = ("import tl_lab, tl_lab.tokenizer\ntry:\n    import tl_lab.sample\nexcept Exception as e:\n"
+            "    print(type(e).__name__, e)")
+    p = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "TL_LAB_WORKSPACE": str(tmp_path / "nope")})
+    assert p.stdout == (f"ExerciseError TL_LAB_WORKSPACE={tmp_path / 'nope'}: workspace {tmp_path / 'nope'} does not "
+                        "exist: python -m tl_lab exercise start writes it\n"), (p.stdout, p.stderr)
+
+
+def test_an_unreadable_or_unwritable_workspace_is_named(tmp_path, monkeypatch):
+    """Permissions through os.access (these tests may run as root, who reads and writes anything)."""
+    from tl_lab.exercise.workspace import usable
+
+    real = os.access
+    for lacking, words, write in ((os.R_OK, "cannot be read", False), (os.W_OK, "is not writable", True)):
+        monkeypatch.setattr(os, "access", lambda path, mode, lacking=lacking: not (mode & lacking) and real(path, mode))
+        with pytest.raises(ExerciseError, match=f"^workspace {tmp_path} {words}"):
+            usable(tmp_path, write=write)
+        if lacking == os.W_OK:  # reading a workspace needs no write permission (generate, the notebooks)
+            assert usable(tmp_path) == tmp_path
+    monkeypatch.setattr(os, "access", real)
+    assert usable(tmp_path, write=True) == tmp_path
+
+
+def test_check_without_the_clones_tests_says_what_is_missing_and_exit_2(tmp_path):
+    """A tl_lab installed by pip (the package alone, no tests/ beside it): one line naming the missing
+    file and the clone, exit 2, nothing checked."""
+    import shutil
+
+    shutil.copytree(REPO_ROOT / "tl_lab", tmp_path / "site" / "tl_lab", ignore=shutil.ignore_patterns("__pycache__"))
+    ws = workspace(tmp_path, "ref", ["sample"])
+    p = subprocess.run([PY, "-m", "tl_lab", "exercise", "check", "sample", "--workspace", str(ws)], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(tmp_path / "site"), "TL_LAB_WORKSPACE": "off"})
+    assert p.returncode == 2 and p.stdout == "" and p.stderr == (
+        f"error: exercise check runs the chapter's tests from a clone of the repository, and this tl_lab "
+        f"({tmp_path / 'site' / 'tl_lab'}) has no tests/conftest.py: clone it (README, Install), then run "
+        f"python -m tl_lab exercise check from the clone\n"), p.stderr
+    assert not (ws / ".tl_lab").exists()  # nothing checked, nothing written
+
+
 def test_a_syntax_error_is_reported_with_file_and_line_and_the_rest_is_still_checked(tmp_path):
     ws = workspace(tmp_path, "ref", ["kv", "sample"])
     (ws / "kv.py").write_text(reference_source("kv").replace("class KvPool:", "class KvPool(:", 1))
@@ -313,6 +386,126 @@ def test_the_sampler_and_kv_notebooks_run_on_a_complete_workspace(tmp_path):
     (ws / "sample.py").write_text(src)
     p = _nbval(ws, "07_sampler")
     assert p.returncode == 1 and "failed" in p.stdout.splitlines()[-1], p.stdout[-3000:]
+
+
+def _run_cells(ws, notebook: str, monkeypatch, code_cells=(0, 1)) -> list[tuple[str, str | None]]:
+    """Code cells `code_cells` (indices among the code cells) of `notebook`, run in a python3 kernel
+    (nbclient) whose TL_LAB_WORKSPACE is `ws` -> per cell (its text output, its error name or None)."""
+    nbformat, nbclient = need("nbformat"), need("nbclient")
+    nb = nbformat.read(REPO_ROOT / "notebooks" / f"{notebook}.ipynb", 4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    nb.cells = [code[i] for i in code_cells]
+    monkeypatch.setenv("TL_LAB_WORKSPACE", str(ws))
+    monkeypatch.setenv("PYTHONPATH", str(REPO_ROOT))
+    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True,
+                            resources={"metadata": {"path": str(REPO_ROOT / "notebooks")}}).execute()
+    return [("".join(o.get("text", "") for o in c.outputs),
+             next((o.ename for o in c.outputs if o.output_type == "error"), None)) for c in nb.cells]
+
+
+def _first_cells(ws, notebook: str, monkeypatch) -> list[str]:
+    """The text output of the first two code cells (the first cell, the imports); neither may raise."""
+    out = _run_cells(ws, notebook, monkeypatch)
+    assert [e for _, e in out] == [None, None], out
+    return [text for text, _ in out]
+
+
+def test_a_notebook_whose_learner_module_raises_shows_the_error_and_hint_and_runs_to_the_end(tmp_path, monkeypatch):
+    """tl_lab.exercise.guard through each section notebook's first cell: kv.py with a SyntaxError,
+    quant.py with a NameError at import, sample.py raising at call. The first cell names each with
+    its file, line and hint, the reference runs in their place, and 04 and 07 run to the end."""
+    ws = workspace(tmp_path, "ref")
+    kv = reference_source("kv").replace("class KvPool:", "class KvPool(:", 1)
+    quant = reference_source("quant").replace("\nclass QLinear:", "\nundefined_name\n\nclass QLinear:", 1)
+    sample = reference_source("sample").replace("    M = float(l.max())\n", "    M = float(l.maximum())\n", 1)
+    for m, src in (("kv", kv), ("quant", quant), ("sample", sample)):
+        assert src != reference_source(m)
+        (ws / f"{m}.py").write_text(src)
+    line = {m: src.splitlines().index(text) + 1 for m, src, text in
+            (("kv", kv, "class KvPool(:"), ("quant", quant, "undefined_name"), ("sample", sample, "    M = float(l.maximum())"))}
+
+    first, imports = _first_cells(ws, "04_kv_pool", monkeypatch)
+    assert imports == ""
+    for m, what in (("kv", "SyntaxError"), ("quant", "NameError: name 'undefined_name' is not defined"),
+                    ("sample", "AttributeError")):
+        assert f"!! your {m}.py raises, so this notebook runs the reference's {m} in its place" in first, first
+        assert f"{ws / f'{m}.py'}:{line[m]} in " in first and what in first, first
+    assert "hint: every step of docs/spec/sampling.md" in first  # the piece it raised in: sample's _run
+    assert "python -m tl_lab exercise hint kv" in first
+    assert f"model    learner   {ws / 'model.py'}" in first  # the modules that run stay the learner's
+
+    p = _nbval(ws, "04_kv_pool", "07_sampler")
+    assert p.returncode == 0, p.stdout[-3000:]
+
+
+NOT_ACTIVATED = {
+    "10_pitfalls": "a pitfall edits the reference's text: pitfalls and a workspace do not combine",
+    "11_interface": "it runs the project's own tests on the interface, item by item: the reference's",
+    "13_your_turn": "it drives the exercise itself, in a workspace of its own under the project's tests",
+}
+
+
+def test_every_section_notebook_using_a_learner_module_activates_the_workspace_first():
+    """The guard is one mechanism for every section notebook: the first code cell of each notebook
+    that imports one of the six is exercise.activate(), before any of them is imported."""
+    import re
+
+    nbformat = need("nbformat")
+    pattern = re.compile(r"(from tl_lab\.(%s) import|import tl_lab\.(%s)\b)" % ("|".join(MODULES), "|".join(MODULES)))
+    seen = []
+    for f in sorted((REPO_ROOT / "notebooks").glob("*.ipynb")):
+        code = [c.source for c in nbformat.read(f, 4).cells if c.cell_type == "code"]
+        if f.stem in NOT_ACTIVATED or not any(pattern.search(c) for c in code):
+            continue
+        assert "exercise.activate()" in code[0] and not pattern.search(code[0]), f.stem
+        seen.append(f.stem)
+    assert len(seen) >= 10 and {"04_kv_pool", "05_forward", "07_sampler"} <= set(seen), seen
+
+
+def test_the_guard_stops_a_loop_and_survives_an_exit(tmp_path, monkeypatch):
+    """A learner module that never ends its trial, or ends the process, is a Fault naming it; the
+    other modules are tried again without it and stay the learner's."""
+    from tl_lab.exercise import guard
+
+    ws = workspace(tmp_path, "ref", ["kv", "sample"])
+    (ws / "sample.py").write_text(reference_source("sample") + "\nwhile True:\n    pass\n")
+    monkeypatch.setattr(guard, "TIMEOUT", 20.0)
+    faults = guard.trial(ws, ["kv", "sample"])
+    assert list(faults) == ["sample"] and faults["sample"].error == "ran longer than 20 s", faults
+    (ws / "kv.py").write_text(reference_source("kv") + "\nimport sys\nsys.exit(3)\n")
+    (ws / "sample.py").write_text(reference_source("sample"))
+    faults = guard.trial(ws, ["kv", "sample"])
+    assert list(faults) == ["kv"] and faults["kv"].error.startswith("the process ended"), faults
+
+
+def test_a_bad_workspace_in_a_notebook_is_one_line_and_the_reference_runs(tmp_path, monkeypatch):
+    first, imports = _first_cells(tmp_path / "missing", "04_kv_pool", monkeypatch)
+    assert first.splitlines()[0] == (f"error: TL_LAB_WORKSPACE={tmp_path / 'missing'}: workspace "
+                                     f"{tmp_path / 'missing'} does not exist: python -m tl_lab exercise start writes "
+                                     "it; this notebook runs the reference's modules (fix it, then restart the kernel)")
+    assert "Traceback" not in first and imports == ""
+
+
+def test_05_holds_the_learners_forward_against_hf_and_the_reference(tmp_path, monkeypatch):
+    """Notebook 05's central claim with a workspace: the runner is the learner's, and the reference's
+    runs the same golden cases beside it. A forward that skips the final norm (s16) is OUTSIDE the
+    bound beside a reference within it, and the cell's assert fails: the learner's forward ran."""
+    import nbformat
+
+    ws = workspace(tmp_path, "ref", ["quant", "kv", "model", "forward", "runner"])
+    src = reference_source("forward")
+    for e in PITFALLS["s16"].edits:
+        src = apply_edit(src, e, "s16")
+    (ws / "forward.py").write_text(src)
+    code = [c for c in nbformat.read(REPO_ROOT / "notebooks" / "05_forward.ipynb", 4).cells if c.cell_type == "code"]
+    claim = next(i for i, c in enumerate(code) if c.source.startswith("cases = hf_golden_cases()"))
+    (first, _), (_, err), (text, claim_err) = _run_cells(ws, "05_forward", monkeypatch, (0, 1, claim))
+    assert f"forward  learner   {ws / 'forward.py'}" in first and err is None
+    lines = [s for s in text.splitlines() if " tokens: yours " in s]
+    assert len(lines) == 6 and all(s.endswith("OUTSIDE") for s in lines), text
+    ref = [float(s.split("the reference's ")[1].split(",")[0]) for s in lines]
+    bound = [float(s.split("bound ")[1].split(":")[0]) for s in lines]
+    assert all(r <= b for r, b in zip(ref, bound)) and claim_err == "AssertionError"
 
 
 def test_a_learner_module_that_does_not_import_is_a_printed_line(tmp_path, capsys):

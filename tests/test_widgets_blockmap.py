@@ -230,3 +230,50 @@ def test_the_story_admits_through_the_engines_block_manager(monkeypatch):
                             lambda self, *a, _n=name, _f=real, **k: (calls.append(_n), _f(self, *a, **k))[1])
     BlockMap().goto(5)
     assert calls.count("admit") == 3 and calls.count("release") == 2 and "written" in calls
+
+
+def test_block_map_shows_the_learners_pool_beside_the_reference(tmp_path):
+    """Chapter "your turn": the story also runs on the learner's kv.py, its pool drawn beside the
+    reference's after the same steps. A copy of the reference agrees at every step; evicting the
+    newest cached block (s18) differs at the step that evicts; a piece still the stub is its error
+    with the learner's file and line, and the reference's map still works."""
+    from tl_lab.exercise.side import load
+    from tl_lab.exercise.stubs import reference_source, stub_source
+    from tl_lab.pitfalls import apply_edit, get
+
+    (tmp_path / "kv.py").write_text(reference_source("kv"))
+    bm = BlockMap(yours=load(tmp_path / "kv.py", "yours_kv_a"))
+    assert bm.pool.__class__.__module__ == "tl_lab.exercise.side.reference_kv"  # the reference file's pool
+    for k in range(len(STORY)):
+        bm.goto(k)
+        assert bm.yours_differences == [] and "your pool is the reference's" in bm.compare.value, k
+        assert bm.yours_grid.value.replace("yours_kv_a", "") == bm.grid.value  # drawn alike, block for block
+
+    src = reference_source("kv")
+    for e in get("s18").edits:
+        src = apply_edit(src, e, "s18")
+    (tmp_path / "kv.py").write_text(src)
+    bm = BlockMap(yours=load(tmp_path / "kv.py", "yours_kv_b"))
+    bm.goto(4)
+    assert bm.yours_differences == []  # nothing evicted yet: the mistake does not show
+    bm.goto(5)
+    text = plain(bm.compare.value)
+    assert "DIFFERENT" in text and "lru(): yours [2], the reference's [4]" in text, text
+    assert bm.yours_pool.lru() == [2] and bm.pool.lru() == [4]
+
+    (tmp_path / "kv.py").write_text(stub_source("kv"))
+    bm = BlockMap(yours=load(tmp_path / "kv.py", "yours_kv_c"))
+    line = stub_source("kv").splitlines().index(next(s for s in stub_source("kv").splitlines()
+                                                      if "KvPool.__init__: not written yet" in s)) + 1
+    text = plain(bm.compare.value)
+    assert f"your kv.py raised at {tmp_path / 'kv.py'}:{line} in KvPool.__init__: NotImplementedError" in text, text
+    assert "hint: a piece still the stub" in text
+    assert bm.yours_pool is None and bm.yours_grid.value == ""
+    bm.goto(5)
+    assert bm.pool.lru() == [4] and "KvPool.__init__" in plain(bm.compare.value)
+
+
+def test_a_map_of_any_pool_takes_no_learners_pool():
+    pool = KvPool(KvCfg(n_blocks=2, block_tokens=4, n_layers=1, n_kv_heads=1, head_dim=2))
+    bm = BlockMap.from_pool(pool, {"s": []})
+    assert bm.yours is None and bm.compare.value == ""

@@ -13,9 +13,12 @@ import os as _os
 __version__ = "0.1.0"
 
 if _os.environ.get("TL_LAB_WORKSPACE", "").strip().lower() not in ("", "off", "0", "none"):
-    from tl_lab.exercise.workspace import install_from_env as _install_workspace
+    from tl_lab.exercise import workspace as _workspace
 
-    _install_workspace()
+    try:
+        _workspace.install_from_env()
+    except _workspace.ExerciseError as _exc:  # raised again by an import of the six; the CLI's one line
+        _workspace.refuse_from_env(_exc)
 
 if _os.environ.get("TL_LAB_PITFALL", "").strip():
     from tl_lab import pitfalls as _pitfalls

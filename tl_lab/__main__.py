@@ -448,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _pitfall_env()
         args = _parser().parse_args(argv)
+        _workspace_env(args)
         code = args.run(args)
         if sys.stdout is not None:
             sys.stdout.flush()  # a failure here is the last chance to report it as one line
@@ -475,6 +476,15 @@ def _pitfall_env() -> None:
     error = pitfalls.env_error() if pitfalls is not None else None
     if error is not None:
         raise UsageError(f"TL_LAB_PITFALL={os.environ.get('TL_LAB_PITFALL', '')!r}: {error}")
+
+
+def _workspace_env(args) -> None:
+    """A TL_LAB_WORKSPACE that cannot be used (`import tl_lab` kept its error): a usage error for every
+    command but `exercise`, whose commands check their workspace themselves (start makes a missing one)."""
+    workspace = sys.modules.get("tl_lab.exercise.workspace")
+    error = workspace.env_error() if workspace is not None else None
+    if error is not None and args.command != "exercise":
+        raise UsageError(str(error))
 
 
 def _classify(exc: Exception) -> tuple[int, str]:

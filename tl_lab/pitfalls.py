@@ -522,31 +522,22 @@ def install_from_env() -> tuple[str, ...]:
     return install(text) if text else ()
 
 
-class _RefusingFinder:
-    """After a TL_LAB_PITFALL that cannot be switched on (`import tl_lab` stored the error, see
-    `env_error`): importing any other tl_lab module raises it, so a program using the library meets
-    it where it imports, while the command line (tl_lab.__main__, which needs only tl_lab.errors)
-    reports it as one line and exit code 2 instead of an import-time traceback."""
-
-    ALLOWED = ("tl_lab.__main__", "tl_lab.errors")
-
-    def __init__(self, error: PitfallError) -> None:
-        self.error = error
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname.startswith("tl_lab.") and fullname not in self.ALLOWED:
-            raise PitfallError(str(self.error))
-        return None
+_ALLOWED = ("tl_lab.__main__", "tl_lab.errors")  # what the command line needs to report a bad TL_LAB_PITFALL
 
 
 def refuse_imports(error: PitfallError) -> None:
     """Keep `error` (a bad TL_LAB_PITFALL) for `env_error` and raise it on any further tl_lab import."""
-    sys.meta_path.insert(0, _RefusingFinder(error))
+    from tl_lab.switch import RefusingFinder
+
+    sys.meta_path.insert(0, RefusingFinder(error, lambda name: name.startswith("tl_lab.") and name not in _ALLOWED))
 
 
 def env_error() -> PitfallError | None:
     """The PitfallError a bad TL_LAB_PITFALL gave at `import tl_lab`, or None."""
-    return next((f.error for f in sys.meta_path if isinstance(f, _RefusingFinder)), None)
+    from tl_lab.switch import refusal
+
+    finder = refusal(PitfallError)
+    return finder.error if finder else None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,8 +12,9 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import linecache
+from collections.abc import Callable
 
-__all__ = ["SourceLoader", "SourceFinder"]
+__all__ = ["SourceLoader", "SourceFinder", "RefusingFinder"]
 
 
 class SourceLoader(importlib.machinery.SourceFileLoader):
@@ -44,3 +45,26 @@ class SourceFinder(importlib.abc.MetaPathFinder):
             return None
         origin, source = self.served[fullname]
         return importlib.util.spec_from_file_location(fullname, origin, loader=SourceLoader(fullname, origin, source))
+
+
+class RefusingFinder(importlib.abc.MetaPathFinder):
+    """After an environment setting that cannot be honoured (a bad TL_LAB_PITFALL or TL_LAB_WORKSPACE,
+    kept by `import tl_lab`): importing a module `refused` names raises `error` again, so a program
+    meets it where it imports the wrong code, while the command line (tl_lab.__main__, which finds
+    the finder) reports it as one line and exit code 2 instead of an import-time traceback."""
+
+    def __init__(self, error: Exception, refused: Callable[[str], bool]):
+        self.error = error
+        self.refused = refused
+
+    def find_spec(self, fullname, path=None, target=None):
+        if self.refused(fullname):
+            raise type(self.error)(str(self.error))
+        return None
+
+
+def refusal(kind: type) -> RefusingFinder | None:
+    """The RefusingFinder of this process whose error is a `kind`, or None."""
+    import sys
+
+    return next((f for f in sys.meta_path if isinstance(f, RefusingFinder) and isinstance(f.error, kind)), None)

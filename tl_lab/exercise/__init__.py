@@ -13,6 +13,8 @@ In a notebook: `from tl_lab import exercise; exercise.activate()` in the first c
 
 from __future__ import annotations
 
+import os
+
 from tl_lab.exercise.registry import MODULES
 from tl_lab.exercise.stubs import ExerciseError
 from tl_lab.exercise import side  # noqa: F401 (exercise.side.yours in the notebooks)
@@ -22,22 +24,67 @@ __all__ = ["MODULES", "ExerciseError", "activate", "origins", "active"]
 
 
 def activate(workspace=None, quiet: bool = False) -> dict[str, dict]:
-    """Make the learner's workspace tl_lab's modules in this process (a notebook's first cell) and
-    return `origins()`. The workspace: `workspace`, else TL_LAB_WORKSPACE, else the clone's
+    """Make the learner's workspace tl_lab's modules in this process (a section notebook's first cell)
+    and return `origins()`. The workspace: `workspace`, else TL_LAB_WORKSPACE, else the clone's
     work/L10.1; with none of those (TL_LAB_WORKSPACE=off, or no work/L10.1) the reference runs.
-    Prints one line per module unless quiet."""
-    import os
+    Each learner module is tried first (`tl_lab.exercise.guard`): one that raises is reported with
+    its file, line, error and hint, and the reference runs in its place. A workspace that cannot be
+    used is one line, and the reference runs. Prints one line per module unless quiet (the faults
+    and a bad workspace always)."""
+    from tl_lab.exercise.workspace import ENV, OFF, env_error, lift_refusal, usable
 
-    from tl_lab.exercise.workspace import ENV, OFF
-
-    off = workspace is None and os.environ.get(ENV) is not None and os.environ[ENV].strip().lower() in OFF
-    ws = None if off else resolve(workspace)
-    if ws is not None and ws.is_dir():
-        install(ws)
+    named = workspace is not None or os.environ.get(ENV, "").strip().lower() not in OFF
+    off = workspace is None and os.environ.get(ENV) is not None and not named  # TL_LAB_WORKSPACE=off
+    bad = env_error() if workspace is None else None
+    lift_refusal()  # said aloud below: the reference runs
+    ws = None if bad or off else resolve(workspace)
+    faults = {}
+    try:
+        if ws is not None and (named or ws.is_dir()):
+            faults = _install_tried(usable(ws), quiet)
+    except ExerciseError as exc:
+        bad = exc
     out = origins()
+    if bad is not None:
+        print(f"error: {bad}; this notebook runs the reference's modules (fix it, then restart the kernel)")
     if not quiet:
         where = "no workspace: every module is the reference's" if active() is None else f"workspace {active().workspace}"
         print(where)
         for m, o in out.items():
             print(f"  {m:<8} {o['origin']:<9} {o['file']}  ({o['why']})")
+    for fault in faults.values():
+        print("\n".join(fault.lines()))
     return out
+
+
+def _install_tried(ws, quiet: bool) -> dict:
+    """Try the learner's modules of `ws` (`guard.trial`), then install the workspace with the reference
+    in place of each that raised -> {module: Fault}. Nothing is tried again once one of the six is
+    imported in this process (the cell run again): what runs is what was imported, until a restart."""
+    import sys
+
+    from tl_lab.exercise import guard
+    from tl_lab.exercise.workspace import plan
+
+    if any(f"tl_lab.{m}" in sys.modules for m in MODULES):
+        install(ws)  # the same workspace is kept; another one is refused
+        if not quiet:
+            print("the six were imported earlier in this kernel: restart the kernel to run your edits")
+        return {}
+    learner = [m for m, o in plan(ws).items() if o.origin == "learner"]
+    if learner and not quiet:
+        print(f"trying your {', '.join(learner)} once before this notebook imports them ...", flush=True)
+    faults = guard.trial(ws, learner) if learner else {}
+    _forget_unused_finder()
+    install(ws, instead={m: f"your {m}.py raised when tried: the reference runs in its place" for m in faults})
+    return faults
+
+
+def _forget_unused_finder() -> None:
+    """The hook `import tl_lab` installed from TL_LAB_WORKSPACE before the trial's verdict: dropped
+    while none of the six is imported, so `install` makes it again with the faults' modules the reference."""
+    import sys
+
+    finder = active()
+    if finder is not None and not any(f"tl_lab.{m}" in sys.modules for m in MODULES):
+        sys.meta_path.remove(finder)

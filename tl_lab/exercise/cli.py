@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tl_lab.exercise.registry import CATALOGUE, MODULES, PIECES, SECTIONS
 from tl_lab.exercise.stubs import NOT_WRITTEN, ExerciseError, check_module, learner_lines, stub_source
-from tl_lab.exercise.workspace import resolve
+from tl_lab.exercise.workspace import ENV, OFF, resolve, usable
 
 __all__ = ["add_cli", "cli", "start", "reset", "written"]
 
@@ -52,6 +52,10 @@ def add_cli(sub) -> None:
 
 
 def cli(args) -> int:
+    from tl_lab.exercise.workspace import lift_refusal
+
+    if args.workspace is not None:
+        lift_refusal()  # --workspace wins over a bad TL_LAB_WORKSPACE
     try:
         return COMMANDS[args.exercise_command](args)
     except ExerciseError as exc:
@@ -59,10 +63,13 @@ def cli(args) -> int:
         return EXIT_USAGE
 
 
-def _workspace(args, must_exist: bool = True) -> Path:
+def _workspace(args, must_exist: bool = True, write: bool = False) -> Path:
+    """The workspace of `args` (--workspace, TL_LAB_WORKSPACE, else work/L10.1), checked by `usable`;
+    when not `must_exist`, a missing default (before `start`) is allowed, a named one is not."""
     ws = resolve(args.workspace)
-    if must_exist and not ws.is_dir():
-        raise ExerciseError(f"workspace {ws} does not exist: python -m tl_lab exercise start writes it")
+    named = args.workspace is not None or os.environ.get(ENV, "").strip().lower() not in OFF
+    if must_exist or named or ws.exists():
+        usable(ws, write)
     return ws
 
 
@@ -73,12 +80,13 @@ def _modules(names) -> list[str]:
 def start(ws: Path, modules) -> list[tuple[str, str]]:
     """Write the stubs of `modules` into `ws` (made when missing) -> [(file name, "wrote" | "left alone")].
     A file that exists is never touched; a new one is written whole or not at all."""
-    try:
-        ws.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ExerciseError(f"cannot make the workspace {ws}: {exc.strerror or exc}") from None
-    if not os.access(ws, os.W_OK):
-        raise ExerciseError(f"workspace {ws} is not writable")
+    if ws.exists():
+        usable(ws, write=True)
+    else:
+        try:
+            ws.mkdir(parents=True)
+        except OSError as exc:
+            raise ExerciseError(f"cannot make the workspace {ws}: {exc.strerror or exc}") from None
     out = []
     for m in modules:
         f = ws / f"{m}.py"
@@ -133,7 +141,7 @@ def written(ws: Path, module: str) -> dict[str, bool]:
 
 
 def _start(args) -> int:
-    ws = _workspace(args, must_exist=False)
+    ws = resolve(args.workspace)  # start makes it (and refuses a file or an unwritable parent)
     for name, what in start(ws, _modules(args.modules)):
         print(f"{what:<24} {ws / name}")
     print("next: python -m tl_lab exercise tests   (the catalogue), then write a module and "
@@ -144,7 +152,7 @@ def _start(args) -> int:
 def _tests(args) -> int:
     from tl_lab.exercise.grading import load_status
 
-    ws = resolve(args.workspace)
+    ws = _workspace(args, must_exist=False)
     status = load_status(ws) if ws.is_dir() else {}
     print(f"{'chapter test':<46} {'kind':<20} {'module':<8} {'last':<7} our test")
     for g in CATALOGUE:
@@ -161,7 +169,7 @@ def _tests(args) -> int:
 def _check(args) -> int:
     from tl_lab.exercise.grading import DEFAULT_TIMEOUT, check, format_table
 
-    ws = _workspace(args)
+    ws = _workspace(args, write=True)  # the logs and status.json go inside
     modules = _modules(args.modules)
 
     def progress(row) -> None:
@@ -212,7 +220,7 @@ def _hint(args) -> int:
     from tl_lab.exercise.grading import load_status
 
     module = check_module(args.module)
-    ws = resolve(args.workspace)
+    ws = _workspace(args, must_exist=False)
     done = written(ws, module)
     lines = learner_lines(module)
     print(f"{module}: {SECTIONS[module]}; {sum(done.values())} of {len(done)} pieces written")
@@ -247,7 +255,7 @@ def _status(args) -> int:
 
 
 def _reset(args) -> int:
-    ws = _workspace(args)
+    ws = _workspace(args, write=True)
     backup, f = reset(ws, args.module)
     print(f"kept your file as {backup}" if backup else f"there was no {f.name}")
     print(f"wrote a fresh stub {f}")

@@ -26,7 +26,7 @@ from tl_lab.exercise.registry import DEPS, HARNESS, MODULES, PIECES, SECTIONS, g
 from tl_lab.exercise.stubs import NOT_WRITTEN, ExerciseError, check_module, stub_source
 from tl_lab.exercise.workspace import ENV, ENV_USE, REPO_ROOT
 
-__all__ = ["Row", "STATUS_DIR", "DEFAULT_TIMEOUT", "order", "check", "format_table", "load_status", "pitfall_hint"]
+__all__ = ["Row", "STATUS_DIR", "DEFAULT_TIMEOUT", "order", "need_tests", "check", "format_table", "load_status", "pitfall_hint"]
 
 STATUS_DIR = ".tl_lab"  # inside the workspace: the logs and status.json
 DEFAULT_TIMEOUT = 120.0  # seconds per test: the slowest graded test takes ~15 s here once numba's cache is warm
@@ -192,10 +192,29 @@ def _row(module: str, f: Path, uses: dict, data: dict | None, log: Path, seconds
     return row
 
 
+def need_tests(modules) -> None:
+    """The graded tests live in the clone's tests/ (with its conftest and pytest, hypothesis): an
+    ExerciseError naming what is missing and how to get it, before any module is checked. A tl_lab
+    installed with pip has no tests/ (the graded tests read the repository's golden files and helpers
+    too): the README's install is a clone."""
+    import importlib.util
+
+    files = ["tests/conftest.py", *sorted({g.file for m in modules for g in graded(m)})]
+    missing = [f for f in files if not (REPO_ROOT / f).is_file()]
+    if missing:
+        raise ExerciseError(f"exercise check runs the chapter's tests from a clone of the repository, and this tl_lab "
+                            f"({REPO_ROOT / 'tl_lab'}) has no {missing[0]}: clone it (README, Install), then run "
+                            f"python -m tl_lab exercise check from the clone")
+    lacking = [m for m in ("pytest", "hypothesis") if importlib.util.find_spec(m) is None]
+    if lacking:
+        raise ExerciseError(f"exercise check needs {' and '.join(lacking)}: pip install -e '.[dev]' in the clone")
+
+
 def check(workspace: Path, modules=None, ref_deps: bool = False, timeout: float = DEFAULT_TIMEOUT,
           progress=None) -> list[Row]:
     """Check `modules` (default: all six) of `workspace`, with their dependencies, in the chapter's
     order. progress: called with each Row as it is done."""
+    need_tests(order(modules))
     rows: dict[str, Row] = {}
     for m in order(modules):
         f = workspace / f"{m}.py"

@@ -10,13 +10,16 @@ shared with the process. Used for the modules whose own imports are given ones (
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 from tl_lab.exercise.stubs import reference_path, stub_source
 from tl_lab.exercise.workspace import resolve
 
-__all__ = ["load", "yours", "yours_or_none", "reference"]
+__all__ = ["load", "yours", "yours_or_none", "reference", "raised", "reference_against_hf"]
 
 
 def load(path: Path, name: str):
@@ -63,3 +66,43 @@ def yours_or_none(module: str, workspace=None):
             where = f"{exc.filename}:{exc.lineno}: "
         print(f"your {module}.py does not import: {where}{type(exc).__name__}: {exc}; the reference's is shown alone")
         return None
+
+
+def raised(exc: BaseException, yours_module, module: str) -> str:
+    """What a widget shows when the learner's `module` (loaded by `yours`) raised `exc`: one line with
+    the learner's file and line, the function, the error and the hint of the piece it was in."""
+    from tl_lab.exercise.guard import blame
+
+    f = blame(exc, Path(yours_module.__file__).parent, module)
+    at = f"{f.file}:{f.line}" if f.line else f.file
+    return f"your {module}.py raised at {at} in {f.function}: {f.error}; hint: {f.hint}"
+
+
+def reference_against_hf(block_tokens: int = 16) -> dict:
+    """`tl_lab.compare.against_hf` of the reference's runner on the tiny Llama, with each case's
+    logits ("z": lists of floats). Run in a fresh process without the workspace: in this one
+    tl_lab.forward, runner and model may be the learner's, and their imports are each other's
+    (the forward cannot be loaded twice side by side as the sampler can)."""
+    from tl_lab.exercise.workspace import ENV
+    from tl_lab.paths import PACKAGE_DIR
+
+    env = {**os.environ, ENV: "off",
+           "PYTHONPATH": os.pathsep.join([str(PACKAGE_DIR.parent), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env.pop("TL_LAB_PITFALL", None)
+    code = f"import json, tl_lab.exercise.side as s; print(json.dumps(s._against_hf({int(block_tokens)})))"
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600, check=False)
+    if p.returncode != 0:
+        raise RuntimeError(f"the reference's run against HF failed: {(p.stderr.strip().splitlines() or ['?'])[-1]}")
+    return json.loads(p.stdout)
+
+
+def _against_hf(block_tokens: int) -> dict:
+    from tl_lab.compare import against_hf, hf_golden_cases
+    from tl_lab.paths import DATA_DIR
+    from tl_lab.runner import EngineConfig, KvConfig, ModelRunner
+
+    runner = ModelRunner.load(DATA_DIR / "tiny-llama", EngineConfig(kv=KvConfig(n_blocks=96, block_tokens=block_tokens)))
+    cases = hf_golden_cases()
+    out = against_hf(runner, cases)
+    out["z"] = [runner.run_once(c["tokens"])[1].tolist() for c in cases]
+    return out

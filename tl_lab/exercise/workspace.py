@@ -27,8 +27,8 @@ from tl_lab.exercise.registry import MODULES
 from tl_lab.exercise.stubs import ExerciseError, reference_path, stub_source
 from tl_lab.switch import SourceFinder
 
-__all__ = ["ENV", "ENV_USE", "OFF", "Origin", "WorkspaceFinder", "default_workspace", "resolve", "plan", "install",
-           "install_from_env", "origins", "active"]
+__all__ = ["ENV", "ENV_USE", "OFF", "Origin", "WorkspaceFinder", "default_workspace", "resolve", "usable", "plan",
+           "install", "install_from_env", "refuse_from_env", "env_error", "lift_refusal", "origins", "active"]
 
 ENV = "TL_LAB_WORKSPACE"
 ENV_USE = "TL_LAB_EXERCISE_USE"
@@ -51,6 +51,20 @@ def resolve(workspace: str | os.PathLike | None = None) -> Path:
     return default_workspace()
 
 
+def usable(ws: Path, write: bool = False) -> Path:
+    """`ws` when it is a directory this process can read (and, with `write`, write), else
+    ExerciseError in one line naming the folder and what is wrong with it."""
+    if not ws.exists():
+        raise ExerciseError(f"workspace {ws} does not exist: python -m tl_lab exercise start writes it")
+    if not ws.is_dir():
+        raise ExerciseError(f"workspace {ws} is a file, not a folder: name a folder (exercise start makes it)")
+    if not os.access(ws, os.R_OK | os.X_OK):
+        raise ExerciseError(f"workspace {ws} cannot be read (permissions)")
+    if write and not os.access(ws, os.W_OK):
+        raise ExerciseError(f"workspace {ws} is not writable")
+    return ws
+
+
 @dataclass(frozen=True)
 class Origin:
     """Where module `module` comes from: "learner" (the workspace's file) or "reference"; `file`
@@ -62,14 +76,17 @@ class Origin:
     why: str
 
 
-def plan(workspace: Path, use=None) -> dict[str, Origin]:
+def plan(workspace: Path, use=None, instead=None) -> dict[str, Origin]:
     """Where each of the six modules would come from with `workspace` active; `use`: the modules
-    to take from the learner (None: every one whose file differs from its stub)."""
+    to take from the learner (None: every one whose file differs from its stub); `instead`:
+    {module: why} the reference runs in the learner's place (`tl_lab.exercise.guard`)."""
     out = {}
     for m in MODULES:
         f = workspace / f"{m}.py"
         ref = str(reference_path(m))
-        if use is not None and m not in use:
+        if instead and m in instead:
+            out[m] = Origin(m, "reference", ref, instead[m])
+        elif use is not None and m not in use:
             out[m] = Origin(m, "reference", ref, "the reference stands in (not asked for)")
         elif not f.is_file():
             out[m] = Origin(m, "reference", ref, f"no {f.name} in the workspace")
@@ -102,17 +119,16 @@ def active() -> WorkspaceFinder | None:
     return next((f for f in sys.meta_path if isinstance(f, WorkspaceFinder)), None)
 
 
-def install(workspace: str | os.PathLike, use=None) -> WorkspaceFinder:
-    """Make `workspace`'s modules tl_lab's in this process, before any of the six is imported."""
-    ws = Path(workspace).expanduser().resolve()
-    if not ws.is_dir():
-        raise ExerciseError(f"workspace {ws} does not exist (python -m tl_lab exercise start writes it)")
+def install(workspace: str | os.PathLike, use=None, instead=None) -> WorkspaceFinder:
+    """Make `workspace`'s modules tl_lab's in this process, before any of the six is imported
+    (`use`, `instead`: as for `plan`)."""
+    ws = usable(Path(workspace).expanduser().resolve())
     if (finder := active()) is not None:
         if finder.workspace != ws:
             raise ExerciseError(f"workspace {finder.workspace} is already active in this process")
         return finder
     loaded = [f"tl_lab.{m}" for m in MODULES if f"tl_lab.{m}" in sys.modules]
-    origins = plan(ws, use)
+    origins = plan(ws, use, instead)
     if loaded and any(origins[m.split(".")[1]].origin == "learner" for m in loaded):
         raise ExerciseError(f"{', '.join(loaded)} already imported from the reference: activate the workspace "
                             f"before importing them (in a notebook: restart the kernel, activate in the first cell)")
@@ -129,6 +145,35 @@ def install_from_env() -> WorkspaceFinder | None:
         return None
     use = os.environ.get(ENV_USE)
     return install(env, None if use is None else {m.strip() for m in use.split(",") if m.strip()})
+
+
+def _learner_module(name: str) -> bool:
+    return name.startswith("tl_lab.") and name.split(".", 1)[1] in MODULES
+
+
+def refuse_from_env(error: ExerciseError) -> None:
+    """A TL_LAB_WORKSPACE that cannot be used (`import tl_lab` caught `error`): importing any of the six
+    raises it again (never the reference quietly in the learner's place); the command line reports
+    it as one line and exit code 2 (`env_error`)."""
+    from tl_lab.switch import RefusingFinder
+
+    sys.meta_path.insert(0, RefusingFinder(ExerciseError(f"{ENV}={os.environ.get(ENV, '')}: {error}"), _learner_module))
+
+
+def env_error() -> ExerciseError | None:
+    """The error of a bad TL_LAB_WORKSPACE kept by `import tl_lab`, or None."""
+    from tl_lab.switch import refusal
+
+    finder = refusal(ExerciseError)
+    return finder.error if finder else None
+
+
+def lift_refusal() -> None:
+    """Forget a bad TL_LAB_WORKSPACE's refusal (a workspace named otherwise, or the reference said aloud)."""
+    from tl_lab.switch import refusal
+
+    while (finder := refusal(ExerciseError)) is not None:
+        sys.meta_path.remove(finder)
 
 
 def origins() -> dict[str, dict]:

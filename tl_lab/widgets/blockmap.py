@@ -7,6 +7,7 @@ the engine's own block manager (`tl_lab.blocks.BlockManager`: admit through the 
 reserve, mark written, release tail first), so it shows what `tl_lab.generate.Engine` does.
 
     BlockMap()                        the prefix-cache story on a 12-block pool of B = 4
+    BlockMap(yours=module)            the same story also on the learner's kv.py, its pool beside the reference's
     BlockMap.from_pool(pool, tables)  any pool and any sequences' block tables (no story buttons)
     show(pool, tables)                the same, displayed (snapshot=True: a copy frozen at that moment)
 """
@@ -45,14 +46,16 @@ PROMPTS = {
 }
 
 
-def story_cfg() -> KvCfg:
-    """The story's pool: 12 blocks of B = 4, one layer, two kv heads of D = 4."""
-    return KvCfg(n_blocks=12, block_tokens=4, n_layers=1, n_kv_heads=2, head_dim=4)
+def story_cfg(kv=None) -> KvCfg:
+    """The story's pool: 12 blocks of B = 4, one layer, two kv heads of D = 4 (the KvCfg of module
+    `kv`, default tl_lab.kv)."""
+    cfg = KvCfg if kv is None else kv.KvCfg
+    return cfg(n_blocks=12, block_tokens=4, n_layers=1, n_kv_heads=2, head_dim=4)
 
 
-def key_value(token: int, h: int) -> float:
-    """What the story writes as K of `token` at kv head h: recognisable in the slab (V is minus it)."""
-    return token + h / 4
+def story_pool(kv=None) -> KvPool:
+    """A fresh story pool of module `kv` (default tl_lab.kv)."""
+    return (KvPool if kv is None else kv.KvPool)(story_cfg(kv))
 
 
 @dataclass
@@ -166,6 +169,43 @@ STORY = [
 ]
 
 
+def replay(k: int, kv=None) -> tuple[KvPool, StoryState]:
+    """A fresh story pool of module `kv` taken through steps 1..k."""
+    pool, state = story_pool(kv), StoryState()
+    for step in STORY[1:k + 1]:
+        step.run(pool, state)
+    return pool, state
+
+
+def pool_differences(ref: KvPool, mine: KvPool) -> list[str]:
+    """Where pool `mine` differs from `ref`, read through the public interface only (a learner's pool
+    has no private fields of ours): per block its state, ref, fill and hash; the LRU, the free list
+    and the counts. [] when they agree."""
+    out = []
+    for b in range(ref.n_blocks):
+        a = (str(ref.state(b)), ref.ref(b), ref.fill(b), ref.hash_of(b))
+        m = (str(mine.state(b)), mine.ref(b), mine.fill(b), mine.hash_of(b))
+        if a != m:
+            out.append(f"block {b}: yours {_block_text(m)}, the reference's {_block_text(a)}")
+    for what in ("lru", "free_list", "stats"):
+        a, m = getattr(ref, what)(), getattr(mine, what)()
+        same = dict(a) == dict(m) if what == "stats" else list(a) == list(m)
+        if not same:
+            out.append(f"{what}(): yours {m}, the reference's {a}")
+    return out
+
+
+def _block_text(t) -> str:
+    state, ref, fill, h = t
+    return f"{state} ref {ref} fill {fill} h {short_hash(h)}"
+
+
+def key_value(token: int, h: int) -> float:
+    """What the story writes as K of `token` at kv head h: recognisable in the slab (V is minus it)."""
+    return token + h / 4
+
+
+
 # ---------------------------------------------------------------- the widget
 
 
@@ -198,9 +238,16 @@ class BlockMap(CellWidget):
     """
 
     def __init__(self, pool: KvPool | None = None, tables: dict | None = None, *,
-                 lengths: dict | None = None, layer: int = 0, story: bool | None = None):
+                 lengths: dict | None = None, layer: int = 0, story: bool | None = None, yours=None):
         self.story = pool is None if story is None else story
-        self.pool = pool if pool is not None else KvPool(story_cfg())
+        # the learner's kv module (chapter "your turn"): the story also runs on its pool, drawn beside
+        # the reference's (which is then the reference file's, whatever tl_lab.kv is in this process)
+        self.yours = yours if self.story else None
+        self.kv = None if self.yours is None else _reference_kv()
+        self.yours_pool, self.yours_differences = None, []  # after each step; None if none or it raised
+        self.yours_tables: dict[str, list[int]] = {}
+        self.yours_grid, self.compare = widgets.HTML(), widgets.HTML()
+        self.pool = pool if pool is not None else story_pool(self.kv)
         self.state = StoryState()
         self._tables, self._lengths = dict(tables or {}), dict(lengths or {})
         self.step = 0
@@ -226,7 +273,10 @@ class BlockMap(CellWidget):
         self.buttons = widgets.HBox([self.back_button, self.next_button, self.reset_button])
         self.picker = widgets.HBox([self.seq, self.position, self.layer])
         top = [self.buttons, self.caption] if self.story else []
-        super().__init__(top + [self.grid, self.picker, self.where])
+        grids = [self.grid] if self.yours is None else [self.compare, widgets.HBox([
+            widgets.VBox([widgets.HTML("<b>the reference's pool</b>"), self.grid]),
+            widgets.VBox([widgets.HTML("<b>your pool</b>"), self.yours_grid])])]
+        super().__init__(top + grids + [self.picker, self.where])
         if self.story:
             self.goto(0)
         else:
@@ -255,10 +305,9 @@ class BlockMap(CellWidget):
     def goto(self, k: int) -> None:
         """Show story step k (clamped to the story): a fresh pool replayed through steps 1..k."""
         k = max(0, min(int(k), len(STORY) - 1))
-        self.pool, self.state = KvPool(story_cfg()), StoryState()
-        for step in STORY[1:k + 1]:
-            step.run(self.pool, self.state)
+        self.pool, self.state = replay(k, self.kv)
         self.step = k
+        self._yours_at(k)
         step = STORY[k]
         self.caption.value = (
             f"<p><b>Step {k} of {len(STORY) - 1}: {html.escape(step.title)}</b><br>"
@@ -267,6 +316,28 @@ class BlockMap(CellWidget):
         self.back_button.disabled = k == 0
         self.next_button.disabled = k == len(STORY) - 1
         self.refresh(fit=True)
+
+    def _yours_at(self, k: int) -> None:
+        """The same steps on the learner's pool: drawn beside, and where it differs said in words."""
+        if self.yours is None:
+            return
+        self.yours_pool, self.yours_differences = None, []
+        try:
+            pool, state = replay(k, self.yours)
+            self.yours_differences = pool_differences(self.pool, pool)
+            render(pool, state.tables)  # drawing reads every view the map needs: an error shows here
+            self.yours_pool, self.yours_tables = pool, state.tables
+        except Exception as exc:  # noqa: BLE001: the learner's code; its error is what to show
+            from tl_lab.exercise.side import raised
+
+            self.yours_grid.value = ""
+            self.compare.value = message(f"step {k}: {raised(exc, self.yours, 'kv')}")
+            return
+        self.compare.value = (
+            f"<p class='tl-yours' style='{MONO}'><b>yours:</b> after step {k} your pool is the reference's: the same "
+            "states, refs, fills, hashes, LRU, free list and counts</p>" if not self.yours_differences else
+            f"<p class='tl-yours' style='{MONO}'><b>yours after step {k}: DIFFERENT</b><br>"
+            + "<br>".join(html.escape(d) for d in self.yours_differences) + "</p>")
 
     # ------------------------------------------------------------ drawing
 
@@ -298,6 +369,9 @@ class BlockMap(CellWidget):
         loc = self.locate()
         self.where.value = loc["html"]
         self.grid.value = render(self.pool, self.tables, loc.get("block"), loc.get("slot"), loc.get("seq"))
+        if self.yours_pool is not None:  # the same selection on the learner's pool
+            self.yours_grid.value = render(self.yours_pool, self.yours_tables, loc.get("block"), loc.get("slot"),
+                                           loc.get("seq"))
 
     def locate(self, seq: str | None = None, position: int | None = None) -> dict:
         """Where the key of `position` of sequence `seq` (default: the controls) lands.
@@ -323,6 +397,12 @@ class BlockMap(CellWidget):
         written = pos < self.lengths[seq] if seq in self.lengths else slot < self.pool.fill(block)
         out = _where_html(self.pool, seq, pos, (index, block, slot), layer, offsets, written)
         return {"html": out, "seq": seq, "index": index, "block": block, "slot": slot, "offsets": offsets}
+
+
+def _reference_kv():
+    from tl_lab.exercise.side import reference
+
+    return reference("kv")
 
 
 def _where_html(pool: KvPool, seq: str, pos: int, loc: tuple[int, int, int], layer: int,
