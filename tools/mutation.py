@@ -122,6 +122,11 @@ EQUIVALENT = [
      "the ByteLevel post-processor only fixes offsets; ids and text are the same"),
     ("fetch", "write_safetensors: the arithmetic of the size check's message",
      "an internal consistency check of the writer's own two sums, which agree by construction"),
+    ("sample", "_exp_battery: another constant, or the specials None (the battery would raise)",
+     "the battery runs once per process and mutmut's forked runs inherit its cached answer; a fresh "
+     "process that samples (tests/test_cli.py) runs it; its inputs are the check's, not the sampler's"),
+    ("sample", "_nucleus: the candidate window grows 9x instead of 8x",
+     "speed only: the window grows until its mass reaches p, whatever the factor; the same ids"),
     ("model", "_header_pieces: the default overlap 0 -> 1",
      "the header's copy writes each piece at its own offset, so the one byte of overlap is written "
      "twice with the same value"),
