@@ -151,7 +151,9 @@ METHOD = (
     "e2b4c68, before that session's new tests; 'wide-after' runs only that sample's survivors again "
     "at the commit with the new tests (--survivors-of: the module's code is the same, so a mutant the old "
     "tests killed stays killed); 'after-rerun' does the same for the 40-mutant 'after' sample "
-    "(tokenizer). Mutants mutmut ended with SIGTERM (its timeout, on a host at load 5 to 9) count in neither."
+    "(tokenizer). sample changed since its 'after' run, so 'after-2' is a new 40 at 35a1786 and "
+    "'after-2-rerun' its survivors at 076c00c. Mutants mutmut ended with SIGTERM (its timeout, on a host "
+    "at load 5 to 9) count in neither."
 )
 
 
