@@ -8,6 +8,7 @@ and N threads), so a reader can tell which machine a figure describes and how ne
 """
 
 import json
+import os
 import platform
 import resource
 import time
@@ -47,10 +48,13 @@ def current_rss_mb() -> float:
 
 
 def machine() -> dict:
-    """What the machine is (`tl_lab.machine.describe`) and its architecture."""
+    """What the machine is (`tl_lab.machine.describe`), its architecture, and how busy it was when
+    the results were written: the load average over 1, 5 and 15 minutes (`os.getloadavg`; on a
+    shared machine a figure means little without it)."""
     from tl_lab.machine import describe
 
-    return {**describe(), "machine": platform.machine()}
+    load = [round(v, 2) for v in os.getloadavg()] if hasattr(os, "getloadavg") else None
+    return {**describe(), "machine": platform.machine(), "load_avg_1_5_15min": load}
 
 
 SGEMM_SHAPES = ((512, 576, 1536), (2048, 2048, 2048))

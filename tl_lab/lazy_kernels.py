@@ -36,3 +36,8 @@ def product_f32(x: np.ndarray, W: np.ndarray) -> np.ndarray:
 def product_q4(x: np.ndarray, planar: np.ndarray, scales: np.ndarray, f16: np.ndarray) -> np.ndarray:
     """`kernels.product_q4`: x: (M, K) float32 times the int4 weight (planar nibbles, f16 scales) -> (M, N) float32."""
     return _module().product_q4(x, planar, scales, f16)
+
+
+def product_q8(x: np.ndarray, Q: np.ndarray, scales: np.ndarray, f16: np.ndarray) -> np.ndarray:
+    """`kernels.product_q8`: x: (M, K) float32 times the int8 head (int8 q, f16 scales) -> (M, N) float32."""
+    return _module().product_q8(x, Q, scales, f16)
