@@ -122,6 +122,18 @@ EQUIVALENT = [
      "the ByteLevel post-processor only fixes offsets; ids and text are the same"),
     ("fetch", "write_safetensors: the arithmetic of the size check's message",
      "an internal consistency check of the writer's own two sums, which agree by construction"),
+    ("sample", "_exp_battery: another constant, or the specials None (the battery would raise)",
+     "the battery runs once per process and mutmut's forked runs inherit its cached answer; a fresh "
+     "process that samples (tests/test_cli.py) runs it; its inputs are the check's, not the sampler's"),
+    ("sample", "_nucleus: the candidate window grows 9x instead of 8x",
+     "speed only: the window grows until its mass reaches p, whatever the factor; the same ids"),
+    ("model", "_header_pieces: the default overlap 0 -> 1",
+     "the header's copy writes each piece at its own offset, so the one byte of overlap is written "
+     "twice with the same value"),
+    ("model", "_check_llama: head_dim checked against d / H instead of d // H",
+     "d % H is refused just before, so d / H is the integer d // H"),
+    ("model", "_check_tensor_count's arithmetic and its message; _check_llama's 'RoPE' in a message",
+     "left: killed by tests/test_hardening.py, outside model's fast selection (a full run kills them)"),
     ("kernels (hand-written)", "attention: the next block's keys not prefetched",
      "speed only: a prefetch is a hint; the same bits (kept in the list as the harness's own check)"),
 ]
@@ -134,7 +146,14 @@ METHOD = (
     "'before' is main at f1510b4 (the tests as they were), 'after' this branch's HEAD with the new tests; "
     "the mutants differ where the code changed, so each is its own sample. The kernels: the hand-written "
     "KERNEL_MUTANTS, each a text edit in a fresh copy with its own numba cache, run against "
-    "tests/test_kernels.py and tests/test_lanes.py."
+    "tests/test_kernels.py and tests/test_lanes.py. Widened (session 2 of issue 20): 'wide-before' is "
+    "a larger seeded sample (fetch 120, blocks all 105, runner 60, generate 60, model 80) at a976f14 or "
+    "e2b4c68, before that session's new tests; 'wide-after' runs only that sample's survivors again "
+    "at the commit with the new tests (--survivors-of: the module's code is the same, so a mutant the old "
+    "tests killed stays killed); 'after-rerun' does the same for the 40-mutant 'after' sample "
+    "(tokenizer). sample changed since its 'after' run, so 'after-2' is a new 40 at 35a1786 and "
+    "'after-2-rerun' its survivors at 076c00c. Mutants mutmut ended with SIGTERM (its timeout, on a host "
+    "at load 5 to 9) count in neither."
 )
 
 
@@ -199,6 +218,7 @@ def rerun_survivors(module: str, ref: str, sample: int | None, seed: int, budget
     killed = earlier["killed"] + r["killed"]
     tried = earlier["killed"] + r["killed"] + r["survived"]
     return {**r, "killed": killed, "tried": tried, "score": round(killed / tried, 3) if tried else None,
+            "not_run": r["not_run"] - earlier["killed"],  # those were run, in the earlier run
             "rerun": f"the {len(earlier['survivors'])} survivors of the earlier run of this sample, again; "
                      f"its {earlier['killed']} killed counted as killed"}
 
