@@ -8,6 +8,7 @@ and N threads), so a reader can tell which machine a figure describes and how ne
 """
 
 import json
+import os
 import platform
 import resource
 import time
@@ -47,10 +48,13 @@ def current_rss_mb() -> float:
 
 
 def machine() -> dict:
-    """What the machine is (`tl_lab.machine.describe`) and its architecture."""
+    """What the machine is (`tl_lab.machine.describe`), its architecture, and how busy it was when
+    the results were written: the load average over 1, 5 and 15 minutes (`os.getloadavg`; on a
+    shared machine a figure means little without it)."""
     from tl_lab.machine import describe
 
-    return {**describe(), "machine": platform.machine()}
+    load = [round(v, 2) for v in os.getloadavg()] if hasattr(os, "getloadavg") else None
+    return {**describe(), "machine": platform.machine(), "load_avg_1_5_15min": load}
 
 
 SGEMM_SHAPES = ((512, 576, 1536), (2048, 2048, 2048))
@@ -126,15 +130,18 @@ def best_roofline(runs: list[dict]) -> dict:
     return out
 
 
-def report(name: str, rows: list[dict], notes: str = "", limits: dict | None = None) -> Path:
-    """Print `rows` as a table and write benchmarks/results/<name>.json with the machine and its
-    roofline (`limits`, measured by the caller in the same run, else measured here, now)."""
-    print_table(name, rows)
+def report(name: str, rows: list[dict], notes: str = "", limits: dict | None = None, *,
+           measure_limits: bool = True, table: list[dict] | None = None) -> Path:
+    """Print `rows` (or the shorter `table` of them) and write benchmarks/results/<name>.json with the
+    machine and its roofline (`limits`, measured by the caller in the same run, else measured here,
+    now; none with measure_limits=False, for a benchmark no roofline bounds, such as the probes')."""
+    print_table(name, table or rows)
     if notes:
         print(notes)
-    limits = limits or roofline()
-    print(f"roofline: read GB/s {_rounded(limits['read_GBps'])}, sgemm GFLOP/s "
-          f"{ {t: round(r['best']) for t, r in limits['sgemm_GFLOPs'].items()} }")
+    if measure_limits:
+        limits = limits or roofline()
+        print(f"roofline: read GB/s {_rounded(limits['read_GBps'])}, sgemm GFLOP/s "
+              f"{ {t: round(r['best']) for t, r in limits['sgemm_GFLOPs'].items()} }")
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"{name}.json"
     out.write_text(json.dumps({"name": name, "machine": machine(), "roofline": limits, "rows": rows, "notes": notes},

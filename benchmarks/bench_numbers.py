@@ -1,7 +1,8 @@
 """The numbers of chapter L10.1 (sections 2.3 and 2.5): conversions and the int4 linear layer.
 
 Times per million conversions (the scalar f16 reference is measured on fewer values and scaled),
-and QLinear.quantize / dequantize / forward on a SmolLM2-sized 1536 x 576 matrix in groups of 32.
+and QLinear.quantize / dequantize / forward on a SmolLM2-sized 1536 x 576 matrix in groups of 32
+(and Q8Linear.forward, the int8 grid of an int4 model's LM head, on the same matrix).
 
     python benchmarks/bench_numbers.py
 """
@@ -15,7 +16,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import current_rss_mb, report, timeit  # noqa: E402
 
-from tl_lab.quant import QLinear, bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16  # noqa: E402
+from tl_lab.quant import Q8Linear, QLinear, bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16  # noqa: E402
 
 MILLION = 1_000_000
 SCALAR_N = 20_000
@@ -42,7 +43,7 @@ def conversion_rows(rng) -> list[dict]:
 def qlinear_rows(rng) -> list[dict]:
     out, inp, group = 1536, 576, 32
     w = (rng.standard_normal((out, inp)) * 0.02).astype(np.float32)
-    layer = QLinear.quantize(w, group)
+    layer, head = QLinear.quantize(w, group), Q8Linear.quantize(w, group)
     scratch = np.empty((out, inp), dtype=np.float32)
     x1, x8 = (rng.standard_normal((m, inp)).astype(np.float32) for m in (1, 8))
     shape = f"{out}x{inp} g{group}"
@@ -52,7 +53,8 @@ def qlinear_rows(rng) -> list[dict]:
         ("QLinear.dequantize(out=scratch)", lambda: layer.dequantize(out=scratch)),
         ("QLinear.forward m=1", lambda: layer.forward(x1)),
         ("QLinear.forward m=8", lambda: layer.forward(x8)),
-        ("QLinear.forward m=8 rowwise", lambda: layer.forward(x8, rowwise=True)),
+        ("Q8Linear.forward m=1 (int8, the int4 model's head)", lambda: head.forward(x1)),
+        ("Q8Linear.forward m=8", lambda: head.forward(x8)),
         ("f32 x @ W.T m=8 (reference)", lambda: x8 @ w.T),
     ]
     rows = [{"case": name, "shape": shape, "ms": timeit(fn, repeat=3) * 1e3} for name, fn in cases]

@@ -12,7 +12,8 @@ same CXXFLAGS, pip install llama-cpp-python (a default build dies with SIGILL at
 Three configurations, each in a subprocess of its own so its peak resident memory is its alone:
 
 - tl_lab f32:   ModelRunner.load(dir, EngineConfig(threads=N)), the BF16 file widened to f32;
-- tl_lab int4:  the same with quant=Int4(32): every layer linear quantized while loading (section 2.5);
+- tl_lab int4:  the same with quant=Int4(32): every layer linear quantized while loading (section 2.5),
+                the LM head int8 in groups of 32 (`quant.Q8Linear`, as the GGUF holds it in Q8_0);
 - transformers: LlamaForCausalLM.from_pretrained(dir, dtype=torch.float32) on the SAME directory (its
                 config.json is Hugging Face's Llama config; the tl_ keys are ignored), torch.set_num_threads(N)
                 with N the OpenBLAS thread count of the tl_lab rows;
@@ -113,7 +114,8 @@ def measure_tl(weights: str, threads: int, quick: bool) -> dict:
     load_s = time.perf_counter() - t0
     rss_loaded, peak_load = current_rss_mb(), peak_rss_mb()
     w = runner.weights
-    weight_bytes = w.embed.nbytes + w.norm.nbytes + sum(
+    head = w.head_weight if w.head_q8 is None else w.head_q8  # the head a step reads (int8 in an int4 model)
+    weight_bytes = head.nbytes + w.norm.nbytes + sum(
         l.input_layernorm.nbytes + l.post_attention_layernorm.nbytes + sum(x.nbytes for x in l.linears().values())
         for l in w.layers)
     pool, B, V = runner.pool, runner.block_tokens, runner.config.vocab_size
@@ -218,10 +220,10 @@ def measure_agreement(threads: int) -> dict:
 
     l32, l4 = r32.last_logits(prompts), r4.last_logits(prompts)
     a, b = greedy(r32), greedy(r4)
-    rows, agree, total = [], 0, 0
+    rows, agree, total, head = [], 0, 0, r4.weights.head_hat
     for q, p, x, y, pa, pb in zip(QUESTIONS, prompts, l32, l4, a, b):
         hidden, _ = r4.run_once(p + pa[:-1])  # teacher forcing: int4 along f32's own path
-        pred = (hidden[len(p) - 1:] @ r4.weights.head_weight.T).argmax(axis=1)
+        pred = (hidden[len(p) - 1:] @ head.T).argmax(axis=1)
         tf = int((pred == np.array(pa)).sum())
         agree, total = agree + tf, total + len(pa)
         diff = (y - x).astype(np.float64)
@@ -263,6 +265,7 @@ def measure_profile(weights: str, threads: int, steps: int = 16) -> dict:
     embedding gather, residual adds, the runner's checks). The pieces are timed by wrapping the
     functions the forward looks up at call time, so the step runs the engine's own code."""
     import tl_lab.forward as fw
+    from tl_lab.quant import Q8Linear
     from tl_lab.runner import EngineConfig, ForwardBatch, ForwardSeq, Int4, KvConfig, ModelRunner
     from tl_lab.sample import PURPOSE_SAMPLE, SamplingParams, sample, stream
 
@@ -281,7 +284,7 @@ def measure_profile(weights: str, threads: int, steps: int = 16) -> dict:
 
     patches = [(fw, "linear_rows", "products"), (fw.PoolKv, "attend", "attention"),
                (fw.PoolKv, "write", "kv write"), (fw, "rms_norm", "norms"), (fw, "rope", "rope"),
-               (fw, "rope_cos_sin", "rope"), (fw, "silu", "silu"), (fw, "head_f32", "head")]
+               (fw, "rope_cos_sin", "rope"), (fw, "silu", "silu"), (fw, "head_f32", "head"), (Q8Linear, "forward", "head")]
     V, rng = runner.config.vocab_size, np.random.default_rng(0)
     table = runner.pool.alloc(-(-(PROMPT + 2 * steps + 2) // runner.block_tokens))
     runner.forward(ForwardBatch([ForwardSeq(rng.integers(0, V, PROMPT).tolist(), 0, table)]))

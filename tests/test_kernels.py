@@ -9,7 +9,7 @@ import pytest
 
 from tl_lab.forward import PoolKv, Step, attend_reference, write_kv
 from tl_lab.kernels import ROWS, head_f32, lanes_ready, matmul8_f32, product_f32, rows_f32, set_threads
-from tl_lab.quant import QLinear, f32_to_f16
+from tl_lab.quant import Q8Linear, QLinear, f32_to_f16
 
 SHAPES = [(64, 32), (576, 192), (576, 1536), (1536, 576), (64, 7), (36, 5), (17, 3)]  # (K, N); N % 4, K % 16 != 0 included
 
@@ -75,6 +75,26 @@ def test_one_row_kernel_and_the_blocks_give_the_same_bits(K, N):
     assert np.array_equal(eight.view(np.uint32), rows_f32(X, W16).view(np.uint32)), "matmul8_f32"
 
 
+def test_row_chunks_are_sized_from_the_machines_caches_and_keep_the_bits():
+    """x's rows pass over the weight in chunks of X_IN_L2 bytes (a quarter of L2, read from the
+    system, as X_IN_L1 is half of L1d); a batch of several chunks gives the bits of the one-row
+    kernel on every row, f32 and int4."""
+    from tl_lab import kernels
+    from tl_lab.machine import cache_bytes
+
+    assert kernels.X_IN_L1 == (cache_bytes(1) or 48 * 1024) // 2
+    assert kernels.X_IN_L2 == (cache_bytes(2) or 2 << 20) // 4
+    K = 1536
+    rows = kernels._rows_in_l2(K)
+    assert rows % ROWS == 0 and rows * 4 * K <= kernels.X_IN_L2 < (rows + ROWS) * 4 * K
+    rng = np.random.default_rng(5)
+    W = rng.standard_normal((20, K)).astype(np.float32)
+    X = rng.standard_normal((2 * rows + 7, K)).astype(np.float32)  # three chunks, the last one short
+    assert np.array_equal(product_f32(X, W).view(np.uint32), rows_f32(X, W).view(np.uint32))
+    layer = QLinear.quantize(W * 0.05, group=32)
+    assert np.array_equal(layer.forward(X).view(np.uint32), rows_f32(X, layer.dequantize()).view(np.uint32))
+
+
 Q4_SHAPES = [(576, 200, 32), (1536, 9, 32), (64, 7, 64), (8, 5, 4)]  # (K, N, group); N % 4 != 0 included
 
 
@@ -121,6 +141,28 @@ def test_q4_kernel_is_the_f32_product_on_w_hat_bit_for_bit(K, N, group):
     for M in (1, 2, 6, 8, 11):
         X = rng.standard_normal((M, K)).astype(np.float32)
         assert np.array_equal(layer.forward(X).view(np.uint32), product_f32(X, W_hat).view(np.uint32)), f"M={M}"
+
+
+@pytest.mark.parametrize("K,N,group", [(576, 201, 32), (64, 7, 16), (96, 9, 48)])
+def test_q8_kernels_are_the_f32_product_on_w_hat_bit_for_bit_in_any_batch(K, N, group, restore_threads):
+    """W_hat = q s is exact, and `matvec_q8` / `matmul8_q8` add x W_hat into the f32 kernels' lanes in
+    their order: the int8 head's product of any batch is `product_f32` on the dequantized weight,
+    bit for bit, and a probe row gives the same bits alone and at any place of a batch, at 1 and 2
+    threads."""
+    rng = np.random.default_rng(K + N)
+    head = Q8Linear.quantize(rng.standard_normal((N, K)).astype(np.float32), group=group)
+    W_hat = head.dequantize()
+    probe = rng.standard_normal((1, K)).astype(np.float32)
+    _threads(1)
+    alone = head.forward(probe)[0]
+    for n in (1, 2):
+        _threads(n)
+        for M in (1, 2, 5, 8, 9, 17):
+            X = rng.standard_normal((M, K)).astype(np.float32)
+            X[M // 2] = probe[0]
+            Y = head.forward(X)
+            assert np.array_equal(Y.view(np.uint32), product_f32(X, W_hat).view(np.uint32)), f"M={M}, {n} threads"
+            assert np.array_equal(Y[M // 2], alone), f"row {M // 2} of {M}, {n} threads"
 
 
 def test_kernels_refuse_a_strided_weight():
@@ -214,11 +256,13 @@ def test_kernels_give_the_same_bits_at_1_and_2_threads(restore_threads):
     data = _pool(rng)
     step = _step(rng, data, SEQS)
     q = rng.standard_normal((len(step.tokens), 6, 8)).astype(np.float32)
+    head = Q8Linear.quantize(W, group=32)
     outs = []
     for n in (1, 2, 1):
         assert _threads(n) == n
         outs.append((product_f32(X, W), head_f32(X, W), layer.forward(X), PoolKv(data, step).attend(0, q),
-                     product_f32(X[:8], W), layer.forward(X[:8])))  # batches of 9 and of 8 (`matmul8_*`)
+                     product_f32(X[:8], W), layer.forward(X[:8]),  # batches of 9 and of 8 (`matmul8_*`)
+                     head.forward(X[:1]), head.forward(X[:8])))
     for a, b in zip(outs[0], outs[1]):
         assert np.array_equal(a, b)
     for a, b in zip(outs[0], outs[2]):
@@ -230,12 +274,12 @@ import sys
 import numpy as np
 from tl_lab.forward import PoolKv, Step
 from tl_lab.kernels import head_f32, product_f32, rows_f32, set_threads
-from tl_lab.quant import QLinear, f32_to_f16
+from tl_lab.quant import Q8Linear, QLinear, f32_to_f16
 
 rng = np.random.default_rng(11)
 W = rng.standard_normal((1536, 576)).astype(np.float32)
 X = rng.standard_normal((9, 576)).astype(np.float32)
-q4 = QLinear.quantize(W * 0.05, group=32)
+q4, q8 = QLinear.quantize(W * 0.05, group=32), Q8Linear.quantize(W, group=32)
 B, D, H, H_kv, n = 16, 64, 9, 3, 512  # SmolLM2's heads; a 512-token prefill and a decode row
 data = f32_to_f16(rng.standard_normal((52, 1, 2, H_kv, B, D)).astype(np.float32))
 step = Step.of([([1] * n, 0, list(range(32))), ([1], 300, list(range(32, 51)))])
@@ -245,7 +289,8 @@ for t in (1, 2):
     set_threads(t)
     for name, y in (("matmul_f32", product_f32(X, W)), ("matvec_f32", rows_f32(X, W)), ("head", head_f32(X, W)),
                     ("matmul8_f32", product_f32(X[:8], W)), ("matmul_q4", q4.forward(X)),
-                    ("matmul8_q4", q4.forward(X[:8])), ("attend_paged", PoolKv(data, step).attend(0, q))):
+                    ("matmul8_q4", q4.forward(X[:8])), ("attend_paged", PoolKv(data, step).attend(0, q)),
+                    ("matvec_q8", q8.forward(X)), ("matmul8_q8", q8.forward(X[:8]))):
         out[f"{name}, {t} thread(s)"] = y
 np.savez(sys.argv[1], **out)
 """

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from numba import njit
 
-from tl_lab.lanes import (LANES, vexp, vfma, vload, vload_f16_part, vload_part, vmax, vhat, vsplat, vstore_part, vsum, vsum4,
-                          vtop, vzero)
+from tl_lab.lanes import (LANES, vexp, vfma, vload, vload_f16_part, vload_part, vmax, vhat, vq8, vsplat, vstore_part, vsum,
+                          vsum4, vtop, vzero)
 
 
 @njit(cache=True)
@@ -157,3 +157,18 @@ def test_hat_gives_the_same_bits_without_avx512(tmp_path):
     P = np.arange(256, dtype=np.uint8).reshape(16, 16)
     want = (np.stack([(P & 15), (P >> 4)]).astype(np.float32) - 8) * np.float32(0.01171875)
     assert np.array_equal(outs[0], want) and np.array_equal(outs[0], outs[1])
+
+
+@njit(cache=True)
+def _q8(Q, s, out):
+    for i in range(Q.shape[0]):
+        vstore_part(out, i, 0, LANES, vq8(Q, i, 0, vsplat(s)))
+
+
+@pytest.mark.parametrize("s", [0.0078125, 1.5 * 2.0**-9, 65504.0 / 128, -0.375])
+def test_q8_is_the_stored_int8_times_the_scale(s):
+    """Every int8 value: W_hat = q s exactly (q's 8 bits times an f16's 11 fit a float32)."""
+    Q = np.arange(-128, 128, dtype=np.int8).reshape(16, 16)
+    out = np.empty((16, LANES), np.float32)
+    _q8(Q, np.float32(s), out)
+    assert np.array_equal(out, Q.astype(np.float64) * s) and np.array_equal(out, Q.astype(np.float32) * np.float32(s))

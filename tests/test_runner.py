@@ -307,7 +307,8 @@ def test_int4_runner_matches_its_dequantized_model():
     w = q_load.weights
     dq_layers = [dataclasses.replace(layer, **{n: Linear(lin.dequantize()) for n, lin in layer.linears().items()})
                  for layer in w.layers]  # replace: the stacks (qkv, gate_up) are rebuilt from the new linears
-    dq = ModelRunner(LlamaWeights(w.config, w.embed, dq_layers, w.norm, None), EngineConfig(kv=KvConfig(64)))
+    assert w.head_q8 is not None and w.embed.dtype == np.float32  # the int8 head (its own W_hat below), the f32 lookup
+    dq = ModelRunner(LlamaWeights(w.config, w.embed, dq_layers, w.norm, Linear(w.head_hat)), EngineConfig(kv=KvConfig(64)))
     f32 = tiny()
     for case in golden_cases():
         toks = case["tokens"]

@@ -9,6 +9,7 @@ spec's edge rules and the refusals. Every sampler test runs BOTH `sample` and `s
 
 import json
 import math
+import random
 
 import numpy as np
 import pytest
@@ -555,5 +556,7 @@ def test_out_of_range_arithmetic_is_refused(fn):
         mix64(-1)
     with pytest.raises(TypeError, match="needs a Pcg32 rng, got NoneType"):
         fn([0.0, 1.0], SamplingParams(), [], [], None)
+    with pytest.raises(TypeError, match="needs a Pcg32 rng, got Random$"):  # names what was given (mutation testing)
+        fn([0.0, 1.0], SamplingParams(), [], [], random.Random(0))
     with pytest.raises(TypeError, match="SamplingParams"):
         fn([0.0, 1.0], {"temperature": 0.0}, [], [], None)

@@ -406,14 +406,17 @@ def llama_layer(layer, l: int, x: np.ndarray, cos: np.ndarray, sin: np.ndarray, 
 def lm_head(weights: LlamaWeights, x_last: np.ndarray, product: str = "invariant") -> np.ndarray:
     """Final RMSNorm and the LM head (the embedding when tied). x_last: (S, d) -> (S, V) float32.
 
-    The invariant product here is the compiled `kernels.head_f32` (`product_f32`): the weight is
-    read from memory once per step, whatever the number of sequences."""
+    The invariant product here is the compiled `kernels.head_f32` (`product_f32`), or an int4
+    model's int8 head (`LlamaWeights.head_q8`): the weight is read from memory once per step,
+    whatever the number of sequences."""
     c = weights.config
     h = rms_norm(x_last, weights.norm, c.rms_norm_eps)  # the final norm
     if product == "plain":
-        return h @ weights.head_weight.T
+        return h @ weights.head_hat.T
     if product != "invariant":
         raise ValueError(f"product must be one of {PRODUCTS}, got {product!r}")
+    if weights.head_q8 is not None:
+        return weights.head_q8.forward(h)
     return head_f32(h, weights.head_weight)
 
 

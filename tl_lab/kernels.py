@@ -20,10 +20,13 @@ the arithmetic (`lanes.prefetch`): without that, a kernel busy with arithmetic l
 idle, and a batch of 8 cost twice what it needs to. The int4 kernels (`matvec_q4` for a lone
 row, `matmul8_q4` for a batch of eight, `matmul_q4`'s tiles for the rest) turn the stored nibbles
 into W_hat = n s - 8 s, exactly, and add x W_hat into the same lanes: an int4 product is the f32
-product on W_hat, bit for bit. Every kernel takes C-contiguous arrays only.
+product on W_hat, bit for bit. The int4 model's LM head is int8 (`quant.Q8Linear`): `matvec_q8` and
+`matmul8_q8` make W_hat = q s (exact) sixteen at a time as they read it, the same way. Every kernel
+takes C-contiguous arrays only.
 
 What depends on the machine, and where it comes from (the same code must be fast on every
-processor it lands on; a constant tuned on one host was 40% of another's bandwidth):
+processor it lands on; a constant tuned on one host was 40% of another's bandwidth). Read from the
+system or measured while running:
 
 - threads for a step: a one-row step (a batch-1 decode) runs on 1 thread or on the count in force,
   whichever its own recent steps ran faster on, measured per runner as it decodes and probed again
@@ -31,13 +34,21 @@ processor it lands on; a constant tuned on one host was 40% of another's bandwid
   in force;
 - the kernel for a batch size: one row `matvec_*`, five to eight rows `matmul8_*` when eight rows of
   x fit `X_IN_L1`, else `matmul_*`; `X_IN_L1` is half the L1 data cache, read from the system
-  (`machine.cache_bytes`);
+  (`machine.cache_bytes`, sysfs);
+- how many rows of x `matmul_*` pass over a block of weight rows at a time: `X_IN_L2` bytes, a
+  quarter of the L2 cache, read the same way;
 - vector width: not a choice. The 16 lanes are part of the order of every sum (`lanes`), so they
   are the same on every machine: one AVX-512 register where there is one, two AVX2 halves where
-  not; only `lanes.vhat` picks its instructions by the target's features (the same bits either way);
-- prefetch distance, the 3 x 8 and 8 x 2 blocks: fixed, measured on processor B (and the 8 x 2
-  blocks on A), each next to its figures below; they depend on the cache line (64 bytes) and the
-  register count (32 with AVX-512), not on a cache size.
+  not; only `lanes.vhat` picks its instructions by the target's features (the same bits either way).
+
+Fixed, each measured on processor B (the 8 x 2 blocks also on A) with its figures next to it: the
+prefetch distances (`_prefetch_rows`, `Q4_AHEAD`, `Q8_AHEAD`), the 3 x 8 and 8 x 2 blocks, and the
+fractions of the caches above. They depend on the cache line (64 bytes) and the register count (32
+with AVX-512), not on a cache size. How: microbenchmarks of the kernel at SmolLM2's shapes, the
+candidates interleaved round by round in one process and the best of several rounds kept (the
+machine is shared, the best round is the least disturbed one), every candidate checked for the same
+bits first; `benchmarks/bench_targets.py` runs the kernels compiled for other processors' tuning
+(NUMBA_CPU_NAME) to check the code another machine gets is not the slow one.
 
 Compiled with numba, ``cache=True``: the first process compiles (about 9 s for the tiny model's f32
 and int4 forwards), later ones load the machine code from ``__pycache__`` (0.2 s). No kernel uses a
@@ -72,12 +83,12 @@ import numpy as np  # noqa: E402
 from numba import njit, prange  # noqa: E402
 
 from tl_lab.lanes import (LANES, prefetch, vexp, vfma, vhat, vload, vload_f16, vload_f16_part, vload_part,  # noqa: E402
-                          vmax, vmul, vsplat, vstore, vstore_part, vsum, vsum4, vtop, vzero)
+                          vmax, vmul, vq8, vsplat, vstore, vstore_part, vsum, vsum4, vtop, vzero)
 from tl_lab.machine import cache_bytes  # noqa: E402
 
 __all__ = ["ROWS", "padded_rows", "lanes_ready", "matmul_f32", "matmul8_f32", "matmul_q4", "matmul8_q4",
            "matvec_f32", "attend_paged", "QUERY_TILE", "product_f32", "rows_f32", "head_f32",
-           "product_q4", "matvec_q4", "set_threads", "threads_for", "SERIAL_ROWS", "LoneRowThreads"]
+           "product_q4", "matvec_q4", "matvec_q8", "matmul8_q8", "product_q8", "set_threads", "threads_for", "SERIAL_ROWS", "LoneRowThreads"]
 
 ROWS = 3
 """Batch rows per block of the product kernels (and the multiple every x is padded to)."""
@@ -208,13 +219,30 @@ def matmul_f32(x, W, y):  # pragma: no cover (compiled)
     same bits as `matvec_f32`'s: the engine picks either by the batch alone. The first block of
     rows asks for the next block's weight rows as it goes; the others find the rows it read in the
     cache."""
-    M = x.shape[0]
+    M, K = x.shape
     N = W.shape[0]
-    for nb in prange((N + 7) // 8):
-        n0 = nb * 8
-        p = min(n0 + 8, N - 1)
-        for m0 in range(0, M, ROWS):
-            _block38(x, m0, W, n0, y, n0, p, m0 == 0)
+    rows = _rows_in_l2(K)
+    for mc in range(0, M, rows):  # a chunk of x's rows stays in the L2 cache while every block reads it
+        for nb in prange((N + 7) // 8):
+            n0 = nb * 8
+            p = min(n0 + 8, N - 1)
+            for m0 in range(mc, min(mc + rows, M), ROWS):
+                _block38(x, m0, W, n0, y, n0, p, m0 == mc)
+
+
+X_IN_L2 = (cache_bytes(2) or 2 << 20) // 4
+"""Bytes of x's rows that `matmul_f32` and `matmul_q4` pass over a block of weight rows at a time:
+a quarter of this machine's L2 cache (`machine.cache_bytes`; 512 KB of 2 MB on processor B). A
+512-token prefill's x is 1.2 MB (K = 576) to 3.1 MB (K = 1536): taken whole, every block of eight
+weight rows streamed it from the L3 cache. In chunks that stay in L2 (225 and 84 rows), SmolLM2's
+gate and up projections ran 107 -> 118 GFLOP/s and the down projection 71 -> 78 at 1 thread
+(processor B, best of 14 interleaved rounds; 256 KB and 1 MB chunks were slower)."""
+
+
+@njit(inline="always", cache=True)
+def _rows_in_l2(K):  # pragma: no cover (compiled)
+    """Rows of K float32 columns in X_IN_L2 bytes, a multiple of ROWS (at least ROWS)."""
+    return max(ROWS, X_IN_L2 // (4 * K) // ROWS * ROWS)
 
 
 X_IN_L1 = (cache_bytes(1) or 48 * 1024) // 2
@@ -359,7 +387,11 @@ def matmul8_q4(x, P, S, f16, y):  # pragma: no cover (compiled)
     8 rows x 2 features, each step's sixteen values of W_hat made by `matvec_q4`'s fused multiply-add
     as they are read and used by all eight rows, never stored. The same sums, so the same bits as
     the float32 product on W_hat. x: (8, K) float32 (`padded_rows(x, 8)`); P, S, f16 as in
-    `matvec_q4` (a group size that is a multiple of 32); y: (8, N) float32, written."""
+    `matvec_q4` (a group size that is a multiple of 32); y: (8, N) float32, written.
+
+    The rows two and three blocks ahead are asked for as a block goes: SmolLM2's 30 layers at batch
+    8, 1 thread, processor B, best of 12 interleaved rounds: 39.5 ms without, 37.5 asking 4 rows
+    ahead (16 rows ahead: 40.5)."""
     K = x.shape[1]
     N, G = S.shape
     g = K // G
@@ -369,6 +401,7 @@ def matmul8_q4(x, P, S, f16, y):  # pragma: no cover (compiled)
         r1 = min(n0 + 1, N - 1)  # an odd N's last block repeats its feature (never stored)
         a, b = _zeros8(), _zeros8()
         for grp in range(G):
+            _prefetch_rows(P, n0 + 4, 4, grp * half)  # rows two and three blocks ahead
             s0 = _scale(f16, S, n0, grp)
             s1 = _scale(f16, S, r1, grp)
             for c in range(0, g, 2 * LANES if half == LANES else LANES):  # the group's columns in order
@@ -378,6 +411,68 @@ def matmul8_q4(x, P, S, f16, y):  # pragma: no cover (compiled)
                 if half == LANES:  # groups of 32: the high nibbles of the same 16 bytes, loaded once
                     a = _fma8(x, k + LANES, vhat(P, n0, byte, 4, s0), a)
                     b = _fma8(x, k + LANES, vhat(P, r1, byte, 4, s1), b)
+        _store82(y, n0, a, b)
+
+
+Q8_AHEAD = 8
+"""Weight rows ahead of the block in use that `matvec_q8` asks for (two blocks, 4.6 KB for K = 576).
+SmolLM2's int8 head (49152 x 576), one row, 1 thread, processor B, best of 12 interleaved rounds:
+12.1 ms without asking, 2.15 with 4 rows ahead, 1.89 with 8, 1.92 with 16, 1.88 with 32."""
+
+
+@njit(parallel=True, cache=True)
+def matvec_q8(x, Q, S, f16, y):  # pragma: no cover (compiled)
+    """y = x W_hat^T straight from int8 weights, W_hat = q s per group of g columns (`quant.Q8Linear`,
+    the int4 model's LM head): `matvec_f32`'s four features a pass, each step's sixteen W_hat made by
+    `lanes.vq8` (exact) as they are read. So y has the bits of the float32 product on W_hat.
+
+    x: (M, K) float32 (any M: every row in turn against the four rows in the L1 cache); Q: (N, K)
+    int8; S: (N, G) uint16, the f16 scales, K / G a multiple of 16; f16: (65536,) float32, every f16
+    widened; y: (M, N) float32, written."""
+    N = Q.shape[0]
+    for nb in prange((N + 3) // 4):
+        n0, r0, r1, r2, r3 = _four_features(nb, N)
+        for m in range(x.shape[0]):
+            a0, a1, a2, a3 = _q8_four(x, m, Q, S, f16, n0, r0, r1, r2, r3)
+            _store_lanes(y, m, n0, N, a0, a1, a2, a3)
+
+
+@njit(inline="always", cache=True)
+def _q8_four(x, m, Q, S, f16, n0, r0, r1, r2, r3):  # pragma: no cover (compiled)
+    """Row m of x against the int8 rows r0 .. r3: their four sums in lanes, not yet folded; the rows
+    Q8_AHEAD past n0 asked for as the pass goes."""
+    G = S.shape[1]
+    g = x.shape[1] // G
+    a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
+    for grp in range(G):
+        _prefetch_rows(Q, n0 + Q8_AHEAD, 4, grp * g)
+        s0, s1 = _scale(f16, S, r0, grp), _scale(f16, S, r1, grp)
+        s2, s3 = _scale(f16, S, r2, grp), _scale(f16, S, r3, grp)
+        for k in range(grp * g, grp * g + g, LANES):
+            xv = vload(x, m, k)
+            a0, a1 = vfma(xv, vq8(Q, r0, k, s0), a0), vfma(xv, vq8(Q, r1, k, s1), a1)
+            a2, a3 = vfma(xv, vq8(Q, r2, k, s2), a2), vfma(xv, vq8(Q, r3, k, s3), a3)
+    return a0, a1, a2, a3
+
+
+@njit(parallel=True, cache=True)
+def matmul8_q8(x, Q, S, f16, y):  # pragma: no cover (compiled)
+    """y = x W_hat^T for a batch of eight rows from int8 weights: `matmul8_f32`'s blocks of 8 rows x 2
+    features, each W_hat vector (`lanes.vq8`) made once and used by all eight rows. The same sums, so
+    the same bits as `matvec_q8`. x: (8, K) float32 (`padded_rows(x, 8)`); Q, S, f16 as in
+    `matvec_q8`; y: (8, N) float32, written."""
+    K = x.shape[1]
+    N, G = S.shape
+    g = K // G
+    for nb in prange((N + 1) // 2):
+        n0 = nb * 2
+        r1 = min(n0 + 1, N - 1)  # an odd N's last block repeats its feature (never stored)
+        a, b = _zeros8(), _zeros8()
+        for grp in range(G):
+            _prefetch_rows(Q, n0 + 4, 4, grp * g)  # the next two blocks
+            s0, s1 = _scale(f16, S, n0, grp), _scale(f16, S, r1, grp)
+            for k in range(grp * g, grp * g + g, LANES):
+                a, b = _fma8(x, k, vq8(Q, n0, k, s0), a), _fma8(x, k, vq8(Q, r1, k, s1), b)
         _store82(y, n0, a, b)
 
 
@@ -417,12 +512,14 @@ def matmul_q4(x, P, S, f16, y):  # pragma: no cover (compiled)
     instead (8-row blocks on a tile were tried first: 24.8 against 22.4 ms a pass at batch 8)."""
     M, K16 = x.shape
     N = S.shape[0]
-    for nb in prange((N + 7) // 8):
-        n0 = nb * 8
-        tile = np.zeros((min(8, N - n0), K16), dtype=np.float32)
-        _widen_tile(P, S, f16, n0, tile)
-        for m0 in range(0, M, ROWS):
-            _block38(x, m0, tile, 0, y, n0, 0, False)
+    rows = _rows_in_l2(K16)
+    for mc in range(0, M, rows):  # as in `matmul_f32` (a tile is widened again for each chunk: 1/rows of its work)
+        for nb in prange((N + 7) // 8):
+            n0 = nb * 8
+            tile = np.zeros((min(8, N - n0), K16), dtype=np.float32)
+            _widen_tile(P, S, f16, n0, tile)
+            for m0 in range(mc, min(mc + rows, M), ROWS):
+                _block38(x, m0, tile, 0, y, n0, 0, False)
 
 
 @njit(inline="always", cache=True)
@@ -709,6 +806,20 @@ def product_q4(x: np.ndarray, planar: np.ndarray, scales: np.ndarray, f16: np.nd
     xp = _whole_steps(padded_rows(x))
     y = np.empty((xp.shape[0], N), dtype=np.float32)
     matmul_q4(xp, _c(planar), _c(scales), f16, y)
+    return y[:M]
+
+
+def product_q8(x: np.ndarray, Q: np.ndarray, scales: np.ndarray, f16: np.ndarray) -> np.ndarray:
+    """y = x W_hat^T from int8 weights (the int4 model's LM head). x: (M, K) float32, Q: (N, K)
+    int8, scales: (N, G) uint16 with K / G a multiple of 16 -> (M, N) float32. Five to eight rows
+    through `matmul8_q8` (as `product_f32` picks `matmul8_f32`), any other count through
+    `matvec_q8`; the same bits either way, those of `product_f32` on W_hat."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    M, K = x.shape
+    eight = _eight_rows(M, K)
+    xp = padded_rows(x, 8) if eight else x
+    y = np.empty((xp.shape[0], Q.shape[0]), dtype=np.float32)
+    (matmul8_q8 if eight else matvec_q8)(xp, _c(Q), _c(scales), f16, y)
     return y[:M]
 
 

@@ -41,7 +41,8 @@ The pieces are numba intrinsics emitting LLVM's vector instructions (`F32x16` is
 - ``vsplat(x)``, ``vstore(a, i, k, v)``; for attention, whose head dimension may end inside a
   step, ``vload_part``, ``vstore_part`` (masked: lanes past the row's end read as 0 and are never
   written) and ``vload_f16`` / ``vload_f16_part`` (the pool's f16 bits widened to float32, exact);
-- ``vhat(P, i, b, shift, s)`` -> sixteen stored int4 nibbles n as W_hat = (n - 8) s, for the int4 kernels.
+- ``vhat(P, i, b, shift, s)`` -> sixteen stored int4 nibbles n as W_hat = (n - 8) s, for the int4 kernels;
+  ``vq8(Q, i, k, s)`` -> sixteen stored int8 values q as W_hat = q s, for the int8 LM head.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic, models, register_model
 
 __all__ = ["LANES", "F32x16", "vzero", "vload", "vfma", "vsum", "prefetch", "vload_part", "vload_f16", "vload_f16_part",
-           "vstore", "vstore_part", "vsplat", "vhat", "vexp", "vmax", "vtop", "vsum4", "vmul"]
+           "vstore", "vstore_part", "vsplat", "vhat", "vq8", "vexp", "vmax", "vtop", "vsum4", "vmul"]
 
 LANES = 16
 _VEC = ir.VectorType(ir.FloatType(), LANES)
@@ -360,6 +361,22 @@ def vhat(typingctx, arr, i, b, shift, s):
         return builder.fmul(builder.sitofp(builder.sub(n, ir.Constant(i32x16, [8] * LANES)), _VEC), args[4])
 
     return f32x16(arr, i, b, shift, f32x16), codegen
+
+
+@intrinsic
+def vq8(typingctx, arr, i, k, s):
+    """W_hat of sixteen stored int8 values: a[i, k : k + 16] of a C-contiguous 2-D int8 array, lane
+    l = q s with s the group's scale in every lane (`vsplat`). Exact: q is an integer of -127 .. 127
+    (8 bits) and s an f16 (11 significant bits), so q s fits a float32's 24 (the int8 LM head of
+    `kernels.matvec_q8`). Sign-extend, convert, multiply: three instructions a step."""
+    _check_2d(arr, types.int8, "vq8 reads")
+
+    def codegen(context, builder, sig, args):
+        ptr, _ = _item_pointer(context, builder, sig.args[0], args[0], args[1], args[2])
+        raw = builder.load(builder.bitcast(ptr, ir.VectorType(ir.IntType(8), LANES).as_pointer()), align=1)
+        return builder.fmul(builder.sitofp(raw, _VEC), args[3])
+
+    return f32x16(arr, i, k, f32x16), codegen
 
 
 # ---------------------------------------------------------------------------------------------

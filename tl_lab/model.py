@@ -29,10 +29,10 @@ import numpy as np
 
 from tl_lab.errors import ConfigError, FormatError, clip
 from tl_lab.checks import as_float, as_int, is_int
-from tl_lab.kernels import product_f32
+from tl_lab.lazy_kernels import product_f32  # the compiler is imported at the first product, not to read a file
 from tl_lab.paths import open_regular, read_regular
 from tl_lab.schema import CONFIG_SCHEMA_PATH, config_schema, validate_config
-from tl_lab.quant import QLinear, _rows, bf16_to_f32, f16_to_f32
+from tl_lab.quant import Q8Linear, QLinear, _rows, bf16_to_f32, f16_to_f32
 from tl_lab.widening import Arena, Widening, drop_pages, f32_out, widen_all
 
 __all__ = [
@@ -845,7 +845,9 @@ class LlamaWeights:
     """A Llama model's weights. embed (V, d), norm (d,) float32; lm_head None when tied.
 
     `quant` is None when every linear is a float32 `Linear`, else the `Int4` scheme of the layer
-    linears (the LM head stays float32 either way: see `load_weights`).
+    linears. An int4 model's LM head is int8 (`head_q8`, made here from the float32 head: see
+    `quant.Q8Linear`), as llama.cpp's Q4_1 file of SmolLM2 holds it; the embedding rows a lookup
+    reads stay float32, exact.
     """
 
     config: ModelConfig
@@ -854,11 +856,24 @@ class LlamaWeights:
     norm: np.ndarray
     lm_head: Linear | None
     quant: Int4 | None = None
+    head_q8: Q8Linear | None = None
+
+    HEAD_GROUP = 32  # the int8 head's group: llama.cpp's Q8_0 block
+
+    def __post_init__(self) -> None:
+        if self.quant is not None and self.head_q8 is None and self.config.hidden_size % self.HEAD_GROUP == 0:
+            self.head_q8 = Q8Linear.quantize(self.head_weight, self.HEAD_GROUP)
 
     @property
     def head_weight(self) -> np.ndarray:
-        """The LM head matrix (V, d) float32: the embedding itself when tie_word_embeddings."""
+        """The float32 LM head matrix (V, d): the embedding itself when tie_word_embeddings."""
         return self.embed if self.lm_head is None else self.lm_head.w
+
+    @property
+    def head_hat(self) -> np.ndarray:
+        """The matrix the LM head multiplies by, (V, d) float32: W_hat of the int8 head of an int4
+        model (a new array), else `head_weight`."""
+        return self.head_weight if self.head_q8 is None else self.head_q8.dequantize()
 
     @property
     def head(self) -> Linear:

@@ -143,7 +143,7 @@ PIECES: dict[str, tuple[Piece, ...]] = {
         ("PoolKv.write", "2.4", "the step's k and v into the pool, at the places __init__ computed"),
         ("linear_rows", "2.4", "QLinear.forward for int4, the given kernels.product_f32 for float32"),
         ("llama_layer", "2.4", "RMSNorm, q k v, RoPE, write K and V, attention over the visible keys, o_proj, RMSNorm, SwiGLU with silu on the GATE (s22)"),
-        ("lm_head", "2.4", "the FINAL NORM (skipping it is s16), then the head (the embedding when tied)"),
+        ("lm_head", "2.4", "the FINAL NORM (skipping it is s16), then the head: an int4 model's int8 weights.head_q8 when it has one, else head_weight (the embedding when tied)"),
         ("llama_forward", "2.4", "RoPE at absolute pos(t) = start + i (relative to the step is s13), every layer, the last row of each sequence to the head"),
         ("bigram_forward", "2.1", "row a of the table is the logits of the byte after a"),
     ]),
