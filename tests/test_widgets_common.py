@@ -50,12 +50,15 @@ def test_a_cell_run_again_drops_its_closed_widgets_from_the_output_history(monke
     first = CellWidget()
     ns = {"Out": {1: first, 2: "other"}, "_1": first, "_2": "other", "_": first, "__": "other"}
     hidden = {"_1": first, "_2": "other", "_": first, "__": "other"}  # the displayhook pushes to both
-    monkeypatch.setattr(IPython, "get_ipython", lambda: types.SimpleNamespace(user_ns=ns, user_ns_hidden=hidden))
+    hook = types.SimpleNamespace(_="other", __=first, ___="")  # the displayhook's own copies, pushed again later
+    monkeypatch.setattr(IPython, "get_ipython",
+                        lambda: types.SimpleNamespace(user_ns=ns, user_ns_hidden=hidden, displayhook=hook))
     running["cell"] = ("cell A", 3)
     again = CellWidget()
     assert first.comm is None and again.comm is not None
     assert ns == {"Out": {2: "other"}, "_2": "other", "_": "", "__": "other"}
     assert hidden == {"_2": "other", "_": "", "__": "other"}
+    assert (hook._, hook.__, hook.___) == ("other", "", "")
 
 
 def test_outside_a_notebook_cell_nothing_is_closed():

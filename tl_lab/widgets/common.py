@@ -98,6 +98,10 @@ def _forget_outputs(closed: list) -> None:
         for name in ("_", "__", "___"):
             if id(ns.get(name)) in gone:
                 ns[name] = ""  # what IPython's displayhook.flush() leaves there
+    hook = getattr(ip, "displayhook", None)  # keeps its own _, __, ___ and pushes them again at the next output
+    for name in ("_", "__", "___"):
+        if id(getattr(hook, name, None)) in gone:
+            setattr(hook, name, "")
 
 
 def _running_cell() -> tuple[str, int] | None:
