@@ -130,15 +130,18 @@ def best_roofline(runs: list[dict]) -> dict:
     return out
 
 
-def report(name: str, rows: list[dict], notes: str = "", limits: dict | None = None) -> Path:
-    """Print `rows` as a table and write benchmarks/results/<name>.json with the machine and its
-    roofline (`limits`, measured by the caller in the same run, else measured here, now)."""
-    print_table(name, rows)
+def report(name: str, rows: list[dict], notes: str = "", limits: dict | None = None, *,
+           measure_limits: bool = True, table: list[dict] | None = None) -> Path:
+    """Print `rows` (or the shorter `table` of them) and write benchmarks/results/<name>.json with the
+    machine and its roofline (`limits`, measured by the caller in the same run, else measured here,
+    now; none with measure_limits=False, for a benchmark no roofline bounds, such as the probes')."""
+    print_table(name, table or rows)
     if notes:
         print(notes)
-    limits = limits or roofline()
-    print(f"roofline: read GB/s {_rounded(limits['read_GBps'])}, sgemm GFLOP/s "
-          f"{ {t: round(r['best']) for t, r in limits['sgemm_GFLOPs'].items()} }")
+    if measure_limits:
+        limits = limits or roofline()
+        print(f"roofline: read GB/s {_rounded(limits['read_GBps'])}, sgemm GFLOP/s "
+              f"{ {t: round(r['best']) for t, r in limits['sgemm_GFLOPs'].items()} }")
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"{name}.json"
     out.write_text(json.dumps({"name": name, "machine": machine(), "roofline": limits, "rows": rows, "notes": notes},

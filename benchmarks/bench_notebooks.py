@@ -5,8 +5,9 @@
 Measured per notebook (nbclient, kernel python3, cwd notebooks/, the same driver as
 tests/test_notebooks.py): the seconds of the first Run All (a fresh kernel: imports, numba's cached
 kernels loaded, models read), of the second and third (the same kernel: what pressing Run All again
-costs), and the kernel's resident memory after each of the three (psutil-free: /proc/self/statm read in
-the kernel). What the text of 00_start_here promises about these times comes from this file's results
+costs), and the kernel's memory after each of the three (psutil-free: /proc/self/statm read in the kernel):
+resident, and live (after gc.collect() and glibc's malloc_trim(0), so freed pages malloc keeps for reuse
+are not counted as growth). What the text of 00_start_here promises about these times comes from this file's results
 (benchmarks/results/notebooks.json). CPU-heavy: about ten minutes on two shared cores; nice it.
 """
 
@@ -25,15 +26,18 @@ RUNS = 3
 
 
 def measure(name: str) -> dict:
-    """Three Run Alls of notebooks/`name` in one kernel: their seconds and the RSS after each."""
-    times, rss = [], []
+    """Three Run Alls of notebooks/`name` in one kernel: their seconds, and after each the RSS and the
+    live memory (after a collect and a trim; measured after the RSS, so the next run starts trimmed)."""
+    times, rss, live = [], [], []
     with NotebookKernel(name) as k:
+        kernel = k.rss_mb()
         for _ in range(RUNS):
             times.append(k.run_all())
             rss.append(k.rss_mb())
+            live.append(k.live_mb())
     return {"notebook": name.removesuffix(".ipynb"), "first_s": round(times[0], 1),
-            "again_s": round(min(times[1:]), 1), "rss_mb": [round(m) for m in rss],
-            "growth_mb": round(rss[-1] - rss[0])}
+            "again_s": round(min(times[1:]), 1), "kernel_mb": round(kernel), "rss_mb": [round(m) for m in rss],
+            "live_mb": [round(m, 1) for m in live], "growth_mb": round(live[-1] - live[-2], 1)}
 
 
 def merged(rows: list[dict]) -> list[dict]:
@@ -62,8 +66,11 @@ def main(argv=None) -> None:
     if wanted:  # the other notebooks keep their rows from the last full run
         rows = merged(rows)
     report("notebooks", rows, notes=f"{RUNS} Run Alls per notebook in one kernel; first_s: the first (a fresh "
-           "kernel), again_s: the faster of the next two; rss_mb: the kernel's resident memory after each; "
-           "growth_mb: after the third minus after the first")
+           "kernel), again_s: the faster of the next two; kernel_mb: the fresh kernel's resident memory before "
+           "the first cell (the floor: python, IPython, ipykernel); rss_mb: the resident memory after each Run "
+           "All, as a resource meter shows it; live_mb: after each, once gc.collect() and glibc's malloc_trim(0) "
+           "ran (what the kernel still holds; rss_mb minus live_mb is freed memory malloc keeps for reuse); "
+           "growth_mb: live after the third minus after the second, what one more Run All keeps")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ Three configurations, each in a subprocess of its own so its peak resident memor
 
 - tl_lab f32:   ModelRunner.load(dir, EngineConfig(threads=N)), the BF16 file widened to f32;
 - tl_lab int4:  the same with quant=Int4(32): every layer linear quantized while loading (section 2.5),
-                the LM head int8 in groups of 32 (`quant.Q8Linear`, as the GGUF holds it in Q8_0);
+                the LM head int8 in groups of 32 (`q8.Q8Linear`, as the GGUF holds it in Q8_0);
 - transformers: LlamaForCausalLM.from_pretrained(dir, dtype=torch.float32) on the SAME directory (its
                 config.json is Hugging Face's Llama config; the tl_ keys are ignored), torch.set_num_threads(N)
                 with N the OpenBLAS thread count of the tl_lab rows;
@@ -265,7 +265,7 @@ def measure_profile(weights: str, threads: int, steps: int = 16) -> dict:
     embedding gather, residual adds, the runner's checks). The pieces are timed by wrapping the
     functions the forward looks up at call time, so the step runs the engine's own code."""
     import tl_lab.forward as fw
-    from tl_lab.quant import Q8Linear
+    from tl_lab.q8 import Q8Linear
     from tl_lab.runner import EngineConfig, ForwardBatch, ForwardSeq, Int4, KvConfig, ModelRunner
     from tl_lab.sample import PURPOSE_SAMPLE, SamplingParams, sample, stream
 

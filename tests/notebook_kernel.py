@@ -5,7 +5,7 @@ benchmarks/bench_notebooks.py (Run All times, the kernel's memory).
     with NotebookKernel("05_forward.ipynb") as k:
         seconds = k.run_all()
         k.run_again(12)            # cell 12 once more, on the state Run All left
-        k.rss_mb()
+        k.rss_mb(), k.live_mb()    # the kernel's memory, and what it holds once freed pages are given back
 
 The kernel's working directory is notebooks/, as in JupyterLab; PYTHONPATH is inherited, so a
 worktree's tl_lab is the one imported.
@@ -79,9 +79,18 @@ class NotebookKernel:
         return "".join(o.get("text", "") for o in self.helper(source) if o.get("output_type") == "stream")
 
     def rss_mb(self) -> float:
-        """The kernel's resident memory now, in MiB."""
-        return float(self.printed("import resource as _r, os as _o\n"
+        """The kernel's resident memory now, in MiB (Linux: /proc/self/statm)."""
+        return float(self.printed("import resource as _r\n"
                                   "print(int(open('/proc/self/statm').read().split()[1]) * _r.getpagesize() / 2**20)"))
+
+    def live_mb(self) -> float:
+        """The kernel's resident memory after gc.collect() and, under glibc, malloc_trim(0), in MiB: what
+        the kernel still holds. The difference from rss_mb() is memory already freed that glibc's malloc
+        keeps for reuse (the free pages inside its heaps, given back only by a trim); on another libc,
+        only the collect."""
+        self.helper("import ctypes as _c, gc as _g\n_g.collect()\n"
+                    "try:\n    _c.CDLL('libc.so.6').malloc_trim(0)\nexcept (OSError, AttributeError):\n    pass")
+        return self.rss_mb()
 
 
 def first_line(cell) -> str:

@@ -131,3 +131,40 @@ def test_smollm2_chat_keeps_the_conversation_and_reuses_its_blocks():
     (t1, t2) = stats(p.stderr)
     assert t2[2] > t1[2] + t1[0]  # the second prompt holds the first question and answer
     assert t2[3] >= 32  # and finds their full blocks in the prefix cache
+
+
+# ------------------------------------------------------------------ refusals come before the compiler
+
+
+@pytest.mark.parametrize("argv, code", [
+    (["generate", "--model", "bigram", "--prompt", "x", "--temperature", "-1"], 2),
+    (["generate", "--model", "/nonexistent", "--prompt", "x"], 1),
+    (["generate", "--model", "@bad-config", "--prompt", "x"], 1),
+    (["generate", "--model", "@bad-header", "--prompt", "x"], 1),
+    (["generate", "--model", "@bad-template", "--prompt", "x", "--template"], 1),
+    (["chat", "--model", "@bad-template"], 1),
+    (["generate", "--model", "tiny-llama", "--prompt", "x", "--max-tokens", "1"], 0),  # accepted: the engine runs
+])
+def test_a_refusal_is_said_before_the_compiler_is_imported(tmp_path, argv, code):
+    """Issue 20: every command used to import the engine, and with it numba and llvmlite (0.4 s and
+    75 MB here, 2 to 4 s on a busy host), before its input was checked. The arguments, the model's
+    files and the prompt are now checked first (`_open_model`); only an accepted run imports it (`_engine`)."""
+    import json
+    import shutil
+
+    bad = {"bad-config": {"hidden_size": 64.0}, "bad-template": {"tl_chat_template": "{{ raise_exception('no') }}"},
+           "bad-header": {}}
+    for name, config in bad.items():
+        d = tmp_path / name
+        shutil.copytree(DATA_DIR / "tiny-llama", d)
+        c = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps({**c, **config}))
+    (tmp_path / "bad-header" / "model.safetensors").write_bytes(b"\x08" + b"\0" * 7 + b"not json")
+    argv = [str(tmp_path / a[1:]) if a.startswith("@") else a for a in argv]
+    script = ("import sys\nfrom tl_lab.__main__ import main\ncode = main(sys.argv[1:])\n"
+              "print(code, 'numba' in sys.modules, 'llvmlite' in sys.modules)")
+    p = subprocess.run([sys.executable, "-c", script, *argv], input="hi\n", capture_output=True, text=True,
+                       timeout=300, cwd=REPO_ROOT)
+    compiled = "True" if code == 0 else "False"
+    assert p.stdout.splitlines()[-1] == f"{code} {compiled} {compiled}", (p.stdout, p.stderr)
+    assert code == 0 or p.stderr.count("\n") == 1 and p.stderr.startswith("error: "), p.stderr

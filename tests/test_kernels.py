@@ -9,7 +9,8 @@ import pytest
 
 from tl_lab.forward import PoolKv, Step, attend_reference, write_kv
 from tl_lab.kernels import ROWS, head_f32, lanes_ready, matmul8_f32, product_f32, rows_f32, set_threads
-from tl_lab.quant import Q8Linear, QLinear, f32_to_f16
+from tl_lab.q8 import Q8Linear
+from tl_lab.quant import QLinear, f32_to_f16
 
 SHAPES = [(64, 32), (576, 192), (576, 1536), (1536, 576), (64, 7), (36, 5), (17, 3)]  # (K, N); N % 4, K % 16 != 0 included
 
@@ -274,7 +275,8 @@ import sys
 import numpy as np
 from tl_lab.forward import PoolKv, Step
 from tl_lab.kernels import head_f32, product_f32, rows_f32, set_threads
-from tl_lab.quant import Q8Linear, QLinear, f32_to_f16
+from tl_lab.q8 import Q8Linear
+from tl_lab.quant import QLinear, f32_to_f16
 
 rng = np.random.default_rng(11)
 W = rng.standard_normal((1536, 576)).astype(np.float32)

@@ -241,8 +241,8 @@ MALFORMED = {
     "truncated_in_the_header": (_valid()[:20], ["past the end of the file"]),
     "shorter_than_8_bytes": (b"\x02\0\0", ["shorter"]),
     "empty_file": (b"", ["shorter"]),
-    "bad_json": (craft({}, b"", raw_header=b'{"a": {"dtype": "F32",'), ["not valid JSON"]),
-    "not_utf8": (craft({}, b"", raw_header=b'{"\xff\xfe": 1}'), ["not valid JSON"]),
+    "bad_json": (craft({}, b"", raw_header=b'{"a": {"dtype": "F32",'), ["not valid JSON: Expecting", "char 22"]),  # where
+    "not_utf8": (craft({}, b"", raw_header=b'{"\xff\xfe": 1}'), ["not valid JSON: 'utf-8' codec can't decode byte 0xff"]),
     "not_an_object": (craft({}, b"", raw_header=b"[1, 2, 3]"), ["JSON object"]),
     "leading_whitespace": (craft({}, b"", raw_header=b" {}"), ["JSON object"]),
     "garbage_after_the_object": (craft({}, b"", raw_header=b"{}  xx"), ["not spaces"]),
@@ -259,9 +259,9 @@ MALFORMED = {
     "negative_offset": (craft({"a": entry("U8", [4], -4, 0)}, bytes(4)), ["'a'", "data_offsets"]),
     "offsets_end_before_begin": (craft({"a": entry("U8", [0], 4, 0)}, bytes(4)), ["'a'", "end before"]),
     "offsets_three_numbers": (craft({"a": {"dtype": "U8", "shape": [4], "data_offsets": [0, 2, 4]}}, bytes(4)), ["'a'", "data_offsets"]),
-    "entry_missing_a_key": (craft({"a": {"dtype": "U8", "shape": [4]}}, bytes(4)), ["'a'", "exactly"]),
-    "entry_with_an_extra_key": (craft({"a": {**entry("U8", [4], 0, 4), "x": 1}}, bytes(4)), ["'a'", "exactly"]),
-    "entry_not_an_object": (craft({"a": [1, 2]}, b""), ["'a'", "exactly"]),
+    "entry_missing_a_key": (craft({"a": {"dtype": "U8", "shape": [4]}}, bytes(4)), ["'a'", "exactly", "got ['dtype', 'shape']"]),
+    "entry_with_an_extra_key": (craft({"a": {**entry("U8", [4], 0, 4), "x": 1}}, bytes(4)), ["'a'", "exactly", "'x']"]),
+    "entry_not_an_object": (craft({"a": [1, 2]}, b""), ["'a'", "exactly", "got list"]),
     "metadata_not_strings": (craft({"__metadata__": {"quant": 4}}, b""), ["__metadata__"]),
     "empty_name": (craft({"": entry("U8", [4], 0, 4)}, bytes(4)), ["empty name"]),
     "duplicate_name": (
@@ -1075,3 +1075,17 @@ def test_widening_raises_what_a_widening_thread_raised(tmp_path, monkeypatch):
     with SafeTensors.open(p) as f, pytest.raises(RuntimeError, match="disk gone"):
         f.f32("t")
     assert len(calls) <= 2 * 3, len(calls)  # each thread: at most the piece it had begun and one more, not 50
+
+
+def test_a_file_that_cannot_be_read_is_named_in_the_refusal(tmp_path):
+    """A model.safetensors that opens but cannot be mapped (/proc/self/mem; a dying disk), or is a
+    FIFO: one FormatError naming the file and what it is (mutation testing: the messages went unseen
+    outside the command-line tests)."""
+    import os
+
+    (tmp_path / "mem.safetensors").symlink_to("/proc/self/mem")
+    os.mkfifo(tmp_path / "fifo.safetensors")
+    with pytest.raises(FormatError, match=f"^safetensors file: cannot read {tmp_path}/mem.safetensors: Input/output error$"):
+        SafeTensors.open(tmp_path / "mem.safetensors")
+    with pytest.raises(FormatError, match=r"^safetensors file: .*fifo.safetensors is a named pipe \(FIFO\), not a regular file$"):
+        SafeTensors.open(tmp_path / "fifo.safetensors")

@@ -9,6 +9,7 @@ spec's edge rules and the refusals. Every sampler test runs BOTH `sample` and `s
 
 import json
 import math
+import random
 
 import numpy as np
 import pytest
@@ -415,7 +416,21 @@ BIG_PARAMS = [
     SamplingParams(temperature=1.5, min_p=0.05),
     SamplingParams(top_k=40, top_p=0.9, min_p=0.02, repetition_penalty=1.2, presence_penalty=0.4, frequency_penalty=0.3),
     SamplingParams(temperature=3.0, top_p=0.999),  # a nucleus of thousands of ids
+    SamplingParams(temperature=2.0),  # a power of two: q = l / T exactly, no special case but T = 1
 ]
+
+
+def test_the_scaled_logits_are_l_over_T_at_every_temperature():
+    """q = l / T, also where T is a round number (mutation testing: `q = l if T == 2.0` went unseen)."""
+    x = np.array([0.5, -1.0, 3.0, 2.25], np.float32)
+    for T in (0.5, 1.0, 2.0, 3.0):
+        tr = sample_trace(x, SamplingParams(temperature=T), [], [], stream(0, 4))
+        assert np.array_equal(tr.scaled, x.astype(np.float64) / T), T
+
+
+def test_an_id_list_that_is_not_a_sequence_names_its_type():
+    with pytest.raises(ValueError, match="^prompt must be a sequence of token ids, got int$"):  # mutation testing
+        sample(np.zeros(4, np.float32), SamplingParams(), 5, [], stream(0, 4))
 
 
 @pytest.mark.parametrize("i", range(len(BIG_PARAMS)))
@@ -555,5 +570,7 @@ def test_out_of_range_arithmetic_is_refused(fn):
         mix64(-1)
     with pytest.raises(TypeError, match="needs a Pcg32 rng, got NoneType"):
         fn([0.0, 1.0], SamplingParams(), [], [], None)
+    with pytest.raises(TypeError, match="needs a Pcg32 rng, got Random$"):  # names what was given (mutation testing)
+        fn([0.0, 1.0], SamplingParams(), [], [], random.Random(0))
     with pytest.raises(TypeError, match="SamplingParams"):
         fn([0.0, 1.0], {"temperature": 0.0}, [], [], None)

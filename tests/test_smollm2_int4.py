@@ -12,7 +12,7 @@ in benchmarks/results/smollm2.json and notebooks/09_int4_real.ipynb draws them):
 - the error is the scheme's, not the engine's: an independent torch quantization of transformers'
   model (hf marker) gives the same int4 logits within float tolerance.
 
-The int4 model's LM head is int8 in groups of 32 (`quant.Q8Linear`, as llama.cpp's Q4_1 file holds
+The int4 model's LM head is int8 in groups of 32 (`q8.Q8Linear`, as llama.cpp's Q4_1 file holds
 it in Q8_0); the figures below barely move with it (teacher-forced 0.705 either way, the largest
 last-token error 9.43 either way), where an int4 head would have taken teacher forcing to 0.62.
 
@@ -189,7 +189,7 @@ def test_int4_smollm2_error_is_the_schemes_not_the_engines(model_dir, runners, p
 
 def torch_int4_logits(torch, model, prompts) -> np.ndarray:
     """Quantize `model`'s layer linears in place (section 2.5, written in torch), and its LM head
-    to int8 in groups of 32 (`quant.Q8Linear`'s grid; the embedding lookup keeps the float32 rows),
+    to int8 in groups of 32 (`q8.Q8Linear`'s grid; the embedding lookup keeps the float32 rows),
     and return the last-token logits of `prompts`: (len(prompts), V) float32."""
     def rounded(W, top):  # W_hat = q s, s = f16(max|w| / top) per group, q = clamp(rint(W / s), -top - 1, top)
         g = W.reshape(W.shape[0], -1, GROUP)

@@ -307,6 +307,10 @@ def test_an_operator_refusal_names_both_operands(fresh_env):
         render_chat_template("{{ 'ab' * 10**8 }}", [])
     with pytest.raises(ConfigError, match=r"'\*' on int and str would make more than"):
         render_chat_template("{{ 10**8 * 'ab' }}", [])
+    # `**` is sized before it runs, also where Jinja would fold it as it compiles: there it is one C
+    # call no step counter or clock can stop (12 s for this one before it gave True, when not intercepted)
+    with pytest.raises(ConfigError, match=r"'\*\*' on int and int would make more than 10,000,000 items"):
+        render_chat_template("{{ (7 ** 4000000) > 1 }}", [])
 
 
 def test_a_byte_model_keeps_its_chat_template():

@@ -29,3 +29,11 @@ def test_each_module_is_mutated_alone_with_its_own_tests():
 def test_mutmut_exit_codes_are_scored():
     assert [mutation._status(c) for c in (None, 2, 0, 1, 33, 5, -24, 152, 34)] == \
         ["not run", "not run", "survived", "killed", "no tests", "no tests", "killed", "killed", "other"]
+
+
+def test_the_summary_has_every_labels_score_per_module():
+    results = {"before": {"fetch": {"score": 0.5, "killed": 1, "tried": 2}},
+               "after": {"fetch": {"score": 1.0, "killed": 2, "tried": 2}, "runner": {"score": None, "killed": 0, "tried": 0}}}
+    assert mutation.summary(results) == {
+        "fetch": {"after": 1.0, "after_killed_of_tried": "2/2", "before": 0.5, "before_killed_of_tried": "1/2"},
+        "runner": {"after": None, "after_killed_of_tried": "0/0"}}

@@ -37,6 +37,30 @@ def test_a_cell_run_again_closes_the_widgets_its_last_run_made(monkeypatch):
     assert not closed & live and {other.model_id, again.model_id, also.model_id} <= live
 
 
+def test_a_cell_run_again_drops_its_closed_widgets_from_the_output_history(monkeypatch):
+    """A cell ending in its widget (`pg_big`) left it in IPython's Out[n] and _n, and with it what it
+    holds: 07 kept each run's playgrounds, 49,152 labels and their stage arrays (about 20 MB a Run All).
+    The closed widget goes from the history; other outputs stay."""
+    import types
+
+    import IPython
+
+    running = {"cell": ("cell A", 1)}
+    monkeypatch.setattr(common, "_running_cell", lambda: running["cell"])
+    first = CellWidget()
+    ns = {"Out": {1: first, 2: "other"}, "_1": first, "_2": "other", "_": first, "__": "other"}
+    hidden = {"_1": first, "_2": "other", "_": first, "__": "other"}  # the displayhook pushes to both
+    hook = types.SimpleNamespace(_="other", __=first, ___="")  # the displayhook's own copies, pushed again later
+    monkeypatch.setattr(IPython, "get_ipython",
+                        lambda: types.SimpleNamespace(user_ns=ns, user_ns_hidden=hidden, displayhook=hook))
+    running["cell"] = ("cell A", 3)
+    again = CellWidget()
+    assert first.comm is None and again.comm is not None
+    assert ns == {"Out": {2: "other"}, "_2": "other", "_": "", "__": "other"}
+    assert hidden == {"_2": "other", "_": "", "__": "other"}
+    assert (hook._, hook.__, hook.___) == ("other", "", "")
+
+
 def test_outside_a_notebook_cell_nothing_is_closed():
     """A script or a test makes as many widgets as it likes: none is closed behind its back."""
     assert common._running_cell() is None

@@ -170,8 +170,9 @@ def resolve_model(name: str) -> Path:
 
 
 def _checked(args):
-    """Sampling parameters and engine options, checked before the model loads (UsageError: exit 2)."""
-    from tl_lab.runner import EngineConfig, Int4, KvConfig
+    """Sampling parameters and engine options, checked before the model loads (UsageError: exit 2)
+    -> (params, quant); the engine itself is built once the model's files are accepted (`_engine`)."""
+    from tl_lab.model import Int4
     from tl_lab.sample import SamplingParams
 
     try:
@@ -187,8 +188,7 @@ def _checked(args):
             _text_option(args, name)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    cfg = EngineConfig(kv=KvConfig(n_blocks=args.kv_blocks), quant=quant, threads=args.threads)
-    return params, cfg
+    return params, quant
 
 
 def _bounded(name: str, value: int | None, lo: int, hi: int | None) -> None:
@@ -211,15 +211,30 @@ def _text_option(args, name: str) -> None:
             raise UsageError(f"--{name}: {exc}") from None
 
 
-def _load_engine(args, cfg):
-    """The engine for --model. A ValueError at load comes from --int4 not fitting the checkpoint."""
-    from tl_lab.generate import Engine
+def _open_model(args, quant):
+    """--model's files read and checked -> (weights, tokenizer). Only the readers run here (numpy;
+    `tl_lab.lazy_kernels`): a refused file is said in a fraction of a second, without waiting for
+    the compiler's import. A ValueError here comes from --int4 not fitting the checkpoint."""
+    from tl_lab.model import load_weights
+    from tl_lab.tokenizer import load_tokenizer
 
     path = resolve_model(args.model)
     try:
-        return Engine.load(path, cfg)
+        weights = load_weights(path, quant=quant)
     except ValueError as exc:
         raise UsageError(f"--int4 {args.int4}: {exc}" if args.int4 is not None else str(exc)) from None
+    return weights, load_tokenizer(path, weights.config)
+
+
+def _engine(args, quant, weights, tokenizer):
+    """The engine over weights already read: the one place the command line imports the engine and
+    with it the compiled kernels (numba, llvmlite: 0.4 s and 75 MB here, seconds on a busy host),
+    after every argument, file and the prompt were accepted."""
+    from tl_lab.generate import Engine
+    from tl_lab.runner import EngineConfig, KvConfig, ModelRunner
+
+    cfg = EngineConfig(kv=KvConfig(n_blocks=args.kv_blocks), quant=quant, threads=args.threads)
+    return Engine(ModelRunner(weights, cfg), tokenizer, cfg)
 
 
 def _out(text: str) -> None:
@@ -259,19 +274,17 @@ def _report(engine, result, seconds: float) -> None:
 
 
 def _generate(args) -> int:
-    from tl_lab.generate import Request
-
-    params, cfg = _checked(args)
-    engine = _load_engine(args, cfg)
-    tok = engine.tokenizer
+    params, quant = _checked(args)
+    weights, tok = _open_model(args, quant)
     if args.template:
         ids = _encoded(tok, tok.apply_chat_template([{"role": "user", "content": args.prompt}]))
     else:
         ids = tok.encode(args.prompt)
     if not ids:
         raise UsageError("the prompt is empty: give --prompt some text")
+    engine = _engine(args, quant, weights, tok)
     t0 = time.perf_counter()
-    (result,) = _run(engine, Request(ids, params, args.seed, args.max_tokens))
+    (result,) = _run(engine, _request(ids, params, args.seed, args.max_tokens, None))
     _out("\n")
     if args.stats:
         _report(engine, result, time.perf_counter() - t0)
@@ -290,9 +303,9 @@ def _encoded(tok, rendered: str) -> list[int]:
 class _Chat:
     """A conversation: the messages so far, rendered through the chat template or as a transcript."""
 
-    def __init__(self, engine, args):
-        tok = engine.tokenizer
-        self.engine, self.args, self.tok = engine, args, tok
+    def __init__(self, tok, config, args):
+        self.engine = None  # given once the opening rendered (`opening`)
+        self.args, self.tok = args, tok
         self.templated = bool(tok.chat_template)
         self.stop = None
         self.note = None  # said once the session has started (after check_system)
@@ -300,7 +313,7 @@ class _Chat:
             self.note = (f"note: {args.model} has no chat template; the conversation goes to it as plain "
                          "text ('User: ...' / 'Assistant: ...' lines)")
             newline = tok.encode("\n")
-            self.stop = list(engine.runner.config.eos_token_ids) + (newline if len(newline) == 1 else [])
+            self.stop = list(config.eos_token_ids) + (newline if len(newline) == 1 else [])
         self.start = [{"role": "system", "content": args.system}] if args.system else []
         self.messages = list(self.start)
 
@@ -354,12 +367,17 @@ class _Chat:
             raise
         return None
 
-    def check_system(self, params) -> None:
-        """--system alone (with an empty user line) must fit: else every line would be blamed for it."""
+    def opening(self) -> str:
+        """--system (if any) and an empty user line, rendered: run before the engine loads, so a chat
+        template that cannot render a conversation is refused without waiting for the compiler."""
+        empty = [*self.start, {"role": "user", "content": ""}]
+        return self.tok.apply_chat_template(empty) if self.templated else _transcript(empty)
+
+    def check_system(self, params, opening: str) -> None:
+        """--system alone (the `opening`) must fit: else every line would be blamed for it."""
         if not self.start:
             return
-        empty = [*self.start, {"role": "user", "content": ""}]
-        ids = self.tok.encode(self.tok.apply_chat_template(empty) if self.templated else _transcript(empty))
+        ids = self.tok.encode(opening)
         overflow = self._overflow(_request(ids, params, 0, self.args.max_tokens, self.stop))
         if overflow is not None:
             raise UsageError(f"--system: the system message alone does not fit ({overflow})")
@@ -389,9 +407,12 @@ def _read_line(interactive: bool) -> str | None:
 
 
 def _chat(args) -> int:
-    params, cfg = _checked(args)
-    chat = _Chat(_load_engine(args, cfg), args)
-    chat.check_system(params)
+    params, quant = _checked(args)
+    weights, tok = _open_model(args, quant)
+    chat = _Chat(tok, weights.config, args)
+    opening = chat.opening()
+    chat.engine = _engine(args, quant, weights, tok)
+    chat.check_system(params, opening)
     if chat.note:
         _err(chat.note)
     interactive = sys.stdin is not None and sys.stdin.isatty()

@@ -40,3 +40,45 @@ def as_float(v, name: str, *, finite: bool = True, error: type[Exception] = Valu
     if finite and not math.isfinite(f):
         raise error(f"{name} must be finite, got {f!r}")
     return f
+
+
+def rows_of(x, inp: int) -> np.ndarray:
+    """x as float32 (m, inp), or ValueError naming the shape (a product's input)."""
+    shape = np.shape(x)
+    if len(shape) != 2 or shape[1] != inp:
+        raise ValueError(f"x must be (m, {inp}), got shape {shape}")
+    return np.asarray(x).astype(np.float32, copy=False)
+
+
+def finite_matrix(w) -> np.ndarray:
+    """w as float32 (out, inp) of finite real numbers, or ValueError naming the first bad entry."""
+    W = np.asarray(w)
+    if W.ndim != 2:
+        raise ValueError(f"w must be 2D (out, inp), got shape {W.shape}")
+    if W.dtype.kind not in "fiu":
+        raise ValueError(f"w must hold real numbers, got dtype {W.dtype}")
+    with np.errstate(over="ignore"):
+        W = W.astype(np.float32, copy=False)
+    finite = np.isfinite(W)
+    if not finite.all():
+        r, c = np.argwhere(~finite)[0]
+        raise ValueError(f"w must be finite, got w[{r}, {c}] = {W[r, c]}")
+    return W
+
+
+def exact_array(name: str, a, dtype, shape: tuple) -> None:
+    """Refuse with ValueError unless `a` is a numpy array of exactly `dtype` and `shape`."""
+    if not isinstance(a, np.ndarray):
+        raise ValueError(f"{name} must be a numpy array, got {type(a).__name__}")
+    if a.dtype != dtype:
+        raise ValueError(f"{name} must be {np.dtype(dtype)}, got dtype {a.dtype}")
+    if a.shape != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {a.shape}")
+
+
+def f16_scales(scales: np.ndarray) -> None:
+    """Refuse with ValueError unless every f16 bit pattern of `scales` is finite and non-negative."""
+    bad = ((scales & 0x7C00) == 0x7C00) | ((scales & 0x8000) != 0)
+    if bad.any():
+        r, g = np.argwhere(bad)[0]
+        raise ValueError(f"scales must be finite non-negative f16, got 0x{int(scales[r, g]):04X} at scales[{r}, {g}]")

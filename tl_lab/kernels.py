@@ -20,7 +20,7 @@ the arithmetic (`lanes.prefetch`): without that, a kernel busy with arithmetic l
 idle, and a batch of 8 cost twice what it needs to. The int4 kernels (`matvec_q4` for a lone
 row, `matmul8_q4` for a batch of eight, `matmul_q4`'s tiles for the rest) turn the stored nibbles
 into W_hat = n s - 8 s, exactly, and add x W_hat into the same lanes: an int4 product is the f32
-product on W_hat, bit for bit. The int4 model's LM head is int8 (`quant.Q8Linear`): `matvec_q8` and
+product on W_hat, bit for bit. The int4 model's LM head is int8 (`q8.Q8Linear`): `matvec_q8` and
 `matmul8_q8` make W_hat = q s (exact) sixteen at a time as they read it, the same way. Every kernel
 takes C-contiguous arrays only.
 
@@ -422,7 +422,7 @@ SmolLM2's int8 head (49152 x 576), one row, 1 thread, processor B, best of 12 in
 
 @njit(parallel=True, cache=True)
 def matvec_q8(x, Q, S, f16, y):  # pragma: no cover (compiled)
-    """y = x W_hat^T straight from int8 weights, W_hat = q s per group of g columns (`quant.Q8Linear`,
+    """y = x W_hat^T straight from int8 weights, W_hat = q s per group of g columns (`q8.Q8Linear`,
     the int4 model's LM head): `matvec_f32`'s four features a pass, each step's sixteen W_hat made by
     `lanes.vq8` (exact) as they are read. So y has the bits of the float32 product on W_hat.
 

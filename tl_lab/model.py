@@ -28,11 +28,12 @@ from typing import Iterator, Union
 import numpy as np
 
 from tl_lab.errors import ConfigError, FormatError, clip
-from tl_lab.checks import as_float, as_int, is_int
-from tl_lab.kernels import product_f32
+from tl_lab.checks import as_float, as_int, is_int, rows_of
+from tl_lab.lazy_kernels import product_f32  # the compiler is imported at the first product, not to read a file
 from tl_lab.paths import open_regular, read_regular
 from tl_lab.schema import CONFIG_SCHEMA_PATH, config_schema, validate_config
-from tl_lab.quant import Q8Linear, QLinear, _rows, bf16_to_f32, f16_to_f32
+from tl_lab.q8 import Q8Linear
+from tl_lab.quant import QLinear, bf16_to_f32, f16_to_f32
 from tl_lab.widening import Arena, Widening, drop_pages, f32_out, widen_all
 
 __all__ = [
@@ -775,7 +776,7 @@ class Linear:
     def forward(self, x) -> np.ndarray:
         """y = x W^T. x: float32 (m, inp) -> y: float32 (m, out), by `kernels.matmul_f32`: equal to
         x @ w.T within float tolerance, and row-invariant (a row's bits do not depend on the others)."""
-        return product_f32(_rows(x, self.inp), self.w)
+        return product_f32(rows_of(x, self.inp), self.w)
 
 
 AnyLinear = Union[Linear, QLinear]
@@ -846,7 +847,7 @@ class LlamaWeights:
 
     `quant` is None when every linear is a float32 `Linear`, else the `Int4` scheme of the layer
     linears. An int4 model's LM head is int8 (`head_q8`, made here from the float32 head: see
-    `quant.Q8Linear`), as llama.cpp's Q4_1 file of SmolLM2 holds it; the embedding rows a lookup
+    `q8.Q8Linear`), as llama.cpp's Q4_1 file of SmolLM2 holds it; the embedding rows a lookup
     reads stay float32, exact.
     """
 

@@ -23,16 +23,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tl_lab.checks import as_float, is_int
-from tl_lab.kernels import product_q4, product_q8
+from tl_lab.checks import as_float, exact_array, f16_scales, finite_matrix, is_int, rows_of
+from tl_lab.lazy_kernels import product_q4  # the compiler is imported at the first product, not to read a file
 
 F16_MAX = 65504.0
 F16_INF = 0x7C00
 F16_QUIET = 0x0200  # the top mantissa bit: set, a NaN is quiet
 BF16_QUIET = 0x0040
 INT4_MIN, INT4_MAX = -8, 7
-INT8_MAX = 127  # symmetric int8: -127 .. 127, as llama.cpp's Q8_0
-Q8_ROWS = 2048  # rows Q8Linear.quantize takes at a time (4.5 MB of a 576-column f32 weight)
 
 __all__ = [
     "F16_MAX",
@@ -54,7 +52,6 @@ __all__ = [
     "pack_int4",
     "unpack_int4",
     "QLinear",
-    "Q8Linear",
     "to_planar",
     "from_planar",
 ]
@@ -410,9 +407,9 @@ class QLinear:
 
     def __init__(self, out: int, inp: int, group: int, qweight: np.ndarray, scales: np.ndarray) -> None:
         _check_dims(out, inp, group)
-        _check_array("qweight", qweight, np.uint8, (out, inp // 2))
-        _check_array("scales", scales, np.uint16, (out, inp // group))
-        _check_scales(scales)
+        exact_array("qweight", qweight, np.uint8, (out, inp // 2))
+        exact_array("scales", scales, np.uint16, (out, inp // group))
+        f16_scales(scales)
         self.out, self.inp, self.group = int(out), int(inp), int(group)
         self.planar = to_planar(qweight, group)
         self.scales = np.ascontiguousarray(scales)
@@ -439,7 +436,7 @@ class QLinear:
         (the stored-scale rule: rounding with the unrounded scale would put some weights one
         level off). np.rint rounds half to even. An all-zero group gets s = 0 and q = 0.
         """
-        W = _check_weights(w)
+        W = finite_matrix(w)
         out, inp = W.shape
         _check_dims(out, inp, group)
         Wg = W.reshape(out, inp // group, group)
@@ -459,7 +456,7 @@ class QLinear:
         if out is None:
             out = np.empty((self.out, self.inp), dtype=np.float32)
         else:
-            _check_array("out", out, np.float32, (self.out, self.inp))
+            exact_array("out", out, np.float32, (self.out, self.inp))
             if not out.flags.c_contiguous:
                 raise ValueError("out must be C-contiguous")
         pairs = out.reshape(self.out, self.inp // 2, 2)
@@ -495,84 +492,7 @@ class QLinear:
         Equal to x @ dequantize().T within float tolerance (another order of the same sum), and
         row-invariant: a row's bits do not depend on the other rows or the thread count.
         """
-        return product_q4(_rows(x, self.inp), self.planar, self.scales, _F16_TABLE)
-
-
-class Q8Linear:
-    """y = x W_hat^T with W_hat = q s: int8 weights in groups of `group` columns, one f16 scale each.
-
-    Not the chapter's scheme for the layers (section 2.5 is int4): the int4 model's LM head. A tied
-    head is the embedding, 49152 x 576 for SmolLM2, and kept float32 it was 113 of the 165 MB an int4
-    decode step reads. llama.cpp's own Q4_1 file of this model stores it as Q8_0 (int8 in blocks of
-    32, an f16 scale each); this is the same grid with section 2.5's rules (s = f16(max|w| / 127),
-    q = clamp(rint(w / s), -127, 127) with the stored s), 34/128 of the f32 bytes. Measured on
-    SmolLM2: the int4 model's teacher-forced agreement with f32 stays 0.705 (an int4 head: 0.622).
-    The embedding lookup still reads the float32 rows (`LlamaWeights.embed`): only the product
-    is int8.
-
-    q: int8 (out, inp); scales: uint16 (out, inp // group), f16 bits; group a multiple of 16
-    (`kernels.matvec_q8` reads sixteen columns a step, never across a group).
-    """
-
-    def __init__(self, q: np.ndarray, scales: np.ndarray, group: int) -> None:
-        if not isinstance(q, np.ndarray) or q.ndim != 2:
-            raise ValueError(f"q must be a 2-D int8 numpy array (out, inp), got {type(q).__name__} {np.shape(q)}")
-        out, inp = q.shape
-        _check_q8_group(inp, group)
-        _check_array("q", q, np.int8, (out, inp))
-        _check_array("scales", scales, np.uint16, (out, inp // group))
-        _check_scales(scales)
-        self.out, self.inp, self.group = int(out), int(inp), int(group)
-        self.q, self.scales = np.ascontiguousarray(q), np.ascontiguousarray(scales)
-
-    def __repr__(self) -> str:
-        return f"Q8Linear(out={self.out}, inp={self.inp}, group={self.group})"
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held resident: the int8 weights and the scales."""
-        return self.q.nbytes + self.scales.nbytes
-
-    @classmethod
-    def quantize(cls, w, group: int) -> Q8Linear:
-        """Quantize w: float32 (out, inp) in groups of `group` columns, s = f16(max|w| / 127) divided
-        in float32, q = clamp(rint(w / s), -127, 127) with w / s in float32 and the stored s."""
-        W = _check_weights(w)
-        out, inp = W.shape
-        _check_q8_group(inp, group)
-        q, s_bits = np.empty((out, inp), np.int8), np.empty((out, inp // group), np.uint16)
-        for r in range(0, out, Q8_ROWS):  # a block of rows at a time: the temporaries stay a few MB
-            Wg = W[r : r + Q8_ROWS].reshape(-1, inp // group, group)
-            s_bits[r : r + Q8_ROWS] = f32_to_f16(np.abs(Wg).max(axis=2) / np.float32(INT8_MAX))
-            if (s_bits[r : r + Q8_ROWS] == F16_INF).any():
-                raise ValueError(f"weights too large for an f16 scale: max|w| must stay below {F16_MAX * INT8_MAX}")
-            s = f16_to_f32(s_bits[r : r + Q8_ROWS])[:, :, None]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                qg = np.where(s == 0, 0, np.clip(np.rint(Wg / s), -INT8_MAX, INT8_MAX))  # 0/0 in an all-zero group
-            q[r : r + Q8_ROWS] = qg.reshape(-1, inp)
-        return cls(q, s_bits, group)
-
-    def dequantize(self) -> np.ndarray:
-        """W_hat = q s: float32 (out, inp), exact (an 8-bit q times an 11-bit s fits in f32)."""
-        groups = self.q.reshape(self.out, -1, self.group).astype(np.float32)
-        return (groups * f16_to_f32(self.scales)[:, :, None]).reshape(self.out, self.inp)
-
-    def forward(self, x) -> np.ndarray:
-        """y = x W_hat^T. x: float32 (m, inp) -> y: float32 (m, out), by `kernels.product_q8`: the bits of
-        `kernels.product_f32` on W_hat, whatever m."""
-        return product_q8(_rows(x, self.inp), self.q, self.scales, _F16_TABLE)
-
-
-def _check_scales(scales: np.ndarray) -> None:
-    bad = ((scales & 0x7C00) == 0x7C00) | ((scales & 0x8000) != 0)
-    if bad.any():
-        r, g = np.argwhere(bad)[0]
-        raise ValueError(f"scales must be finite non-negative f16, got 0x{int(scales[r, g]):04X} at scales[{r}, {g}]")
-
-
-def _check_q8_group(inp: int, group) -> None:
-    if not is_int(group) or group <= 0 or group % 16 or inp % group:
-        raise ValueError(f"group must be a positive multiple of 16 dividing inp={inp}, got {group!r}")
+        return product_q4(rows_of(x, self.inp), self.planar, self.scales, _F16_TABLE)
 
 
 def to_planar(qweight: np.ndarray, group: int) -> np.ndarray:
@@ -597,13 +517,6 @@ def from_planar(planar: np.ndarray, group: int) -> np.ndarray:
     return pack_int4(q, out, half_inp * 2)
 
 
-def _rows(x, inp: int) -> np.ndarray:
-    shape = np.shape(x)
-    if len(shape) != 2 or shape[1] != inp:
-        raise ValueError(f"x must be (m, {inp}), got shape {shape}")
-    return np.asarray(x).astype(np.float32, copy=False)
-
-
 def _group_scales(Wg: np.ndarray) -> np.ndarray:
     """Wg: float32 (out, G, g) -> uint16 (out, G): f16(max|w| / 7), divided in float32."""
     amax = np.abs(Wg).max(axis=2)
@@ -618,21 +531,6 @@ def _group_scales(Wg: np.ndarray) -> np.ndarray:
     return s_bits
 
 
-def _check_weights(w) -> np.ndarray:
-    W = np.asarray(w)
-    if W.ndim != 2:
-        raise ValueError(f"w must be 2D (out, inp), got shape {W.shape}")
-    if W.dtype.kind not in "fiu":
-        raise ValueError(f"w must hold real numbers, got dtype {W.dtype}")
-    with np.errstate(over="ignore"):
-        W = W.astype(np.float32, copy=False)
-    finite = np.isfinite(W)
-    if not finite.all():
-        r, c = np.argwhere(~finite)[0]
-        raise ValueError(f"w must be finite, got w[{r}, {c}] = {W[r, c]}")
-    return W
-
-
 def _check_dims(out: int, inp: int, group: int) -> None:
     for name, v in (("out", out), ("inp", inp), ("group", group)):
         if not is_int(v) or v <= 0:
@@ -641,12 +539,3 @@ def _check_dims(out: int, inp: int, group: int) -> None:
         raise ValueError(f"group must be even (two int4 values per byte), got group={group}")
     if inp % group:
         raise ValueError(f"inp={inp} is not divisible by group={group}")
-
-
-def _check_array(name: str, a, dtype, shape: tuple) -> None:
-    if not isinstance(a, np.ndarray):
-        raise ValueError(f"{name} must be a numpy array, got {type(a).__name__}")
-    if a.dtype != dtype:
-        raise ValueError(f"{name} must be {np.dtype(dtype)}, got dtype {a.dtype}")
-    if a.shape != shape:
-        raise ValueError(f"{name} must have shape {shape}, got {a.shape}")

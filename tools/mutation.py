@@ -46,6 +46,8 @@ MODULES = {
     "generate": ["tests/test_generate.py", "-m", "not hf and not smollm2"],
     "tokenizer": ["tests/test_tokenizer.py", "-m", "not hf and not smollm2"],
     "fetch": ["tests/test_fetch.py"],
+    # the runner's batches and checks; not the hf comparisons nor SmolLM2
+    "runner": ["tests/test_runner.py", "-m", "not hf and not smollm2"],
 }
 
 # (name, file, old text, new text): each a mistake a later refactor of a compiled loop could make.
@@ -102,6 +104,36 @@ EQUIVALENT = [
      "informational fields the engine never reads"),
     ("fetch", "tensor_plan: the sort key of a layer's tensors",
      "file order only: the reader sorts by offset and the loader finds tensors by name"),
+    ("blocks", "BlockManager.fill: `fill(b) < want` -> `<=`",
+     "set_fill(b, want) on a block already at want changes nothing"),
+    ("blocks", "BlockManager.fill: the loop from block 0, not from start // B",
+     "speed only: the blocks before start are full (a start past the written fill is refused), so "
+     "want = B and nothing changes; it visits every earlier block each step"),
+    ("fetch", "_install / _remove_stale_temps / extract_gguf: ignore_errors, missing_ok, exist_ok made falsy",
+     "they differ only when a removal fails or races with another process (a path no test makes): "
+     "left, an error path"),
+    ("fetch", "_mb: n / 1e6 -> n / 1000001.0",
+     "a progress figure at one decimal: the same text for every size but one in a million"),
+    ("fetch", "_obtain_wheel, _say: a progress line's text, its flush",
+     "progress lines on stdout, not the outcome; left untested on purpose"),
+    ("fetch", "_write_manifest: the gguf_sha256 key; build_config: rope_scaling's key, tl_source's license fallback",
+     "informational fields the engine never reads (rope_scaling absent is None, as written)"),
+    ("fetch", "build_tokenizer: post_processor = None",
+     "the ByteLevel post-processor only fixes offsets; ids and text are the same"),
+    ("fetch", "write_safetensors: the arithmetic of the size check's message",
+     "an internal consistency check of the writer's own two sums, which agree by construction"),
+    ("sample", "_exp_battery: another constant, or the specials None (the battery would raise)",
+     "the battery runs once per process and mutmut's forked runs inherit its cached answer; a fresh "
+     "process that samples (tests/test_cli.py) runs it; its inputs are the check's, not the sampler's"),
+    ("sample", "_nucleus: the candidate window grows 9x instead of 8x",
+     "speed only: the window grows until its mass reaches p, whatever the factor; the same ids"),
+    ("model", "_header_pieces: the default overlap 0 -> 1",
+     "the header's copy writes each piece at its own offset, so the one byte of overlap is written "
+     "twice with the same value"),
+    ("model", "_check_llama: head_dim checked against d / H instead of d // H",
+     "d % H is refused just before, so d / H is the integer d // H"),
+    ("model", "_check_tensor_count's arithmetic and its message; _check_llama's 'RoPE' in a message",
+     "left: killed by tests/test_hardening.py, outside model's fast selection (a full run kills them)"),
     ("kernels (hand-written)", "attention: the next block's keys not prefetched",
      "speed only: a prefetch is a hint; the same bits (kept in the list as the harness's own check)"),
 ]
@@ -114,7 +146,14 @@ METHOD = (
     "'before' is main at f1510b4 (the tests as they were), 'after' this branch's HEAD with the new tests; "
     "the mutants differ where the code changed, so each is its own sample. The kernels: the hand-written "
     "KERNEL_MUTANTS, each a text edit in a fresh copy with its own numba cache, run against "
-    "tests/test_kernels.py and tests/test_lanes.py."
+    "tests/test_kernels.py and tests/test_lanes.py. Widened (session 2 of issue 20): 'wide-before' is "
+    "a larger seeded sample (fetch 120, blocks all 105, runner 60, generate 60, model 80) at a976f14 or "
+    "e2b4c68, before that session's new tests; 'wide-after' runs only that sample's survivors again "
+    "at the commit with the new tests (--survivors-of: the module's code is the same, so a mutant the old "
+    "tests killed stays killed); 'after-rerun' does the same for the 40-mutant 'after' sample "
+    "(tokenizer). sample changed since its 'after' run, so 'after-2' is a new 40 at 35a1786 and "
+    "'after-2-rerun' its survivors at 076c00c. Mutants mutmut ended with SIGTERM (its timeout, on a host "
+    "at load 5 to 9) count in neither."
 )
 
 
@@ -144,8 +183,10 @@ def _meta(work: Path, module: str) -> dict[str, int | None]:
     return json.loads(path.read_text())["exit_code_by_key"] if path.exists() else {}
 
 
-def run_module(module: str, ref: str, sample: int | None, seed: int, budget: float) -> dict:
-    """Mutate tl_lab/<module>.py at `ref`: its score over all or a seeded sample of its mutants."""
+def run_module(module: str, ref: str, sample: int | None, seed: int, budget: float,
+               only: list[str] | None = None) -> dict:
+    """Mutate tl_lab/<module>.py at `ref`: its score over all or a seeded sample of its mutants
+    (`only`: run just these of them, the rest of the sample stays not run)."""
     work = _work(ref, module)
     _checkout(ref, work)
     (work / "setup.cfg").write_text(_setup_cfg(module, MODULES[module]))
@@ -154,10 +195,32 @@ def run_module(module: str, ref: str, sample: int | None, seed: int, budget: flo
         # A filter matching nothing: mutmut generates the mutants, maps tests to functions, then stops.
         _sh([*MUTMUT, "run", "--max-children", "1", "no-such-mutant"], work, timeout=budget)
         chosen = _chosen(work, module, sample, seed)
-        _sh([*MUTMUT, "run", "--max-children", "1", *chosen], work, timeout=max(60.0, budget - (time.time() - t0)))
+        if only is not None:
+            chosen = [n for n in chosen if n in only]
+        if chosen:
+            run = _sh([*MUTMUT, "run", "--max-children", "1", *chosen], work, timeout=max(60.0, budget - (time.time() - t0)))
     except subprocess.TimeoutExpired:
         timed_out = True
-    return {**score_module(module, ref, sample, seed), "seconds": round(time.time() - t0, 1), "budget_hit": timed_out}
+    r = {**score_module(module, ref, sample, seed), "seconds": round(time.time() - t0, 1), "budget_hit": timed_out}
+    if not r["tried"] and not timed_out and chosen:  # mutmut stopped before any mutant: say why
+        r["mutmut_said"] = (run.stdout + run.stderr)[-2000:]
+    return r
+
+
+def rerun_survivors(module: str, ref: str, sample: int | None, seed: int, budget: float, earlier: dict) -> dict:
+    """The score at `ref` of an earlier run's sample when only tests were added since: its survivors
+    run again (a mutant the old tests killed, they still kill: the code and those tests are the same),
+    the rest of the sample counted as the earlier run found it."""
+    r = run_module(module, ref, sample, seed, budget, only=list(earlier["survivors"]))
+    if r["mutants_in_module"] != earlier["mutants_in_module"]:
+        raise SystemExit(f"{module}: {r['mutants_in_module']} mutants at {ref}, {earlier['mutants_in_module']} "
+                         "before: the module changed, so its survivors are not the same mutants; run it whole")
+    killed = earlier["killed"] + r["killed"]
+    tried = earlier["killed"] + r["killed"] + r["survived"]
+    return {**r, "killed": killed, "tried": tried, "score": round(killed / tried, 3) if tried else None,
+            "not_run": r["not_run"] - earlier["killed"],  # those were run, in the earlier run
+            "rerun": f"the {len(earlier['survivors'])} survivors of the earlier run of this sample, again; "
+                     f"its {earlier['killed']} killed counted as killed"}
 
 
 MUTMUT = [sys.executable, "-m", "mutmut"]
@@ -236,6 +299,16 @@ def run_kernels(ref: str, budget: float, only: list[str] | None = None, out: dic
             "score": round(killed / tried, 3) if tried else None, "seconds": round(time.time() - t0, 1)}
 
 
+def summary(results: dict) -> dict:
+    """module -> {label: score, label_killed_of_tried: "k/t"} over every label's run of it."""
+    out: dict = {}
+    for label, modules in sorted(results.items()):
+        for module, r in modules.items():
+            out.setdefault(module, {})[label] = r.get("score")
+            out[module][f"{label}_killed_of_tried"] = f"{r.get('killed')}/{r.get('tried')}"
+    return out
+
+
 def _machine() -> dict:
     import platform
 
@@ -264,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kernels", action="store_true", help="also the hand-written kernel mutants")
     p.add_argument("--only-kernel", nargs="*", metavar="WORD", help="only the kernel mutants whose names hold a WORD")
     p.add_argument("--rescore", action="store_true", help="score the modules' last runs again, running nothing")
+    p.add_argument("--survivors-of", metavar="LABEL", help="run only the survivors of LABEL's run of the same "
+                   "sample (after adding tests: the rest stay killed)")
     p.add_argument("--out", type=Path, default=RESULTS, help=f"the results file (default {RESULTS.relative_to(REPO)})")
     args = p.parse_args(argv)
     unknown = [m for m in args.modules if m not in MODULES]
@@ -277,11 +352,15 @@ def main(argv: list[str] | None = None) -> int:
         commit = _sh(["git", "rev-parse", args.ref], REPO).stdout.strip()  # per module: HEAD may move meanwhile
         if args.rescore:
             r = {**bucket.get(module, {}), **score_module(module, args.ref, args.sample, args.seed)}
+        elif args.survivors_of:
+            r = rerun_survivors(module, args.ref, args.sample, args.seed, args.budget,
+                                doc["results"][args.survivors_of][module])
         else:
             r = run_module(module, args.ref, args.sample, args.seed, args.budget)
         bucket[module] = {"commit": commit, **r}
         print(f"{args.label} {module}: {r['killed']}/{r['tried']} killed (score {r['score']}), "
               f"{r['mutants_in_module']} mutants in the module, {r['seconds']} s", flush=True)
+        doc["summary"] = summary(doc["results"])
         args.out.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     if args.kernels:
         commit = _sh(["git", "rev-parse", args.ref], REPO).stdout.strip()

@@ -71,8 +71,37 @@ def _one_per_cell(w: widgets.Widget) -> None:
     if made_in != count:
         for widget in old:
             widget.close()
+        _forget_outputs(old)
         _MADE[key] = (count, old := [])
     old.append(w)
+
+
+def _forget_outputs(closed: list) -> None:
+    """Drop the `closed` widgets from IPython's output history (Out[n], _n, and _, __, ___ when they
+    are one): a closed widget shows nothing, and the history kept each run's widget, and what it holds,
+    alive for the session (07: a playground's 49,152 labels and its stage arrays, about 20 MB a Run All)."""
+    from IPython import get_ipython
+
+    ip = get_ipython()
+    if ip is None:  # a test driving _one_per_cell by hand
+        return
+    gone = {id(w) for w in closed}
+    out = ip.user_ns.get("Out", {})
+    numbers = [n for n, value in out.items() if id(value) in gone]
+    for n in numbers:
+        del out[n]
+    # the displayhook pushes _n, _, __, ___ into user_ns and, as not the learner's, into user_ns_hidden
+    for ns in (ip.user_ns, getattr(ip, "user_ns_hidden", {})):
+        for n in numbers:
+            if id(ns.get(f"_{n}")) in gone:
+                del ns[f"_{n}"]
+        for name in ("_", "__", "___"):
+            if id(ns.get(name)) in gone:
+                ns[name] = ""  # what IPython's displayhook.flush() leaves there
+    hook = getattr(ip, "displayhook", None)  # keeps its own _, __, ___ and pushes them again at the next output
+    for name in ("_", "__", "___"):
+        if id(getattr(hook, name, None)) in gone:
+            setattr(hook, name, "")
 
 
 def _running_cell() -> tuple[str, int] | None:

@@ -1,0 +1,30 @@
+"""tl_lab.lazy_kernels: reading a checkpoint imports no compiler; the products are the kernels' own."""
+
+import subprocess
+import sys
+
+import numpy as np
+
+from tl_lab import kernels, lazy_kernels
+from tl_lab.paths import REPO_ROOT
+from tl_lab.quant import _F16_TABLE, QLinear
+
+
+def test_reading_modules_import_no_compiler():
+    """`model` and `quant` (config.json, the safetensors reader, int4) load without numba or llvmlite:
+    importing them used to cost 0.4 s and 75 MB here before a file could be refused (issue 20)."""
+    code = ("import sys\nimport tl_lab.model, tl_lab.quant, tl_lab.tokenizer, tl_lab.sample\n"
+            "print(sorted(m for m in ('numba', 'llvmlite', 'tl_lab.kernels') if m in sys.modules))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "[]"
+
+
+def test_the_products_are_the_kernels_bit_for_bit():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((5, 64), dtype=np.float32)
+    W = rng.standard_normal((24, 64), dtype=np.float32)
+    assert np.array_equal(lazy_kernels.product_f32(x, W).view(np.uint32), kernels.product_f32(x, W).view(np.uint32))
+    q = QLinear.quantize(W, 32)
+    args = (q.planar, q.scales, _F16_TABLE)
+    assert np.array_equal(lazy_kernels.product_q4(x, *args).view(np.uint32), kernels.product_q4(x, *args).view(np.uint32))
