@@ -46,11 +46,15 @@ class Fault:
     error: str
     hint: str
 
+    @property
+    def at(self) -> str:
+        """file:line, or the file alone when no line is known."""
+        return f"{self.file}:{self.line}" if self.line else self.file
+
     def lines(self) -> list[str]:
         """The loud report a notebook's first cell prints."""
-        at = f"{self.file}:{self.line}" if self.line else self.file
         return [f"!! your {self.module}.py raises, so this notebook runs the reference's {self.module} in its place:",
-                f"   {at} in {self.function}: {self.error}",
+                f"   {self.at} in {self.function}: {self.error}",
                 f"   hint: {self.hint}",
                 f"   fix it (python -m tl_lab exercise check {self.module} says more), then restart the kernel"]
 

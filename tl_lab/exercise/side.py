@@ -74,8 +74,7 @@ def raised(exc: BaseException, yours_module, module: str) -> str:
     from tl_lab.exercise.guard import blame
 
     f = blame(exc, Path(yours_module.__file__).parent, module)
-    at = f"{f.file}:{f.line}" if f.line else f.file
-    return f"your {module}.py raised at {at} in {f.function}: {f.error}; hint: {f.hint}"
+    return f"your {module}.py raised at {f.at} in {f.function}: {f.error}; hint: {f.hint}"
 
 
 def reference_against_hf(block_tokens: int = 16) -> dict:
