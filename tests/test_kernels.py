@@ -4,6 +4,8 @@ Each kernel is held against the readable numpy reference within float tolerance,
 invariance on its own: a row alone and in any batch, at any place in it, at 1 and 2 threads.
 """
 
+import math
+
 import numpy as np
 import pytest
 
@@ -343,24 +345,51 @@ def test_threads_for_times_lone_rows_and_restores_the_count(restore_threads):
     assert numba.get_num_threads() == 2
 
 
-def test_lone_row_threads_pick_the_faster_count_and_leave_it_when_it_slows():
-    """Two threads twice as fast: after trying both, the split wins, with one probe of a single
-    thread every PROBE steps; then a core gets busy and the split takes four times as long: within a
-    few probes single-thread steps win."""
-    from tl_lab.kernels import LoneRowThreads
+def test_lone_row_threads_pick_the_faster_plan_and_leave_it_when_it_slows():
+    """Splitting everything twice as fast as one thread, the big products alone in between: after
+    trying each plan, ALL wins, with a probe of each other plan in turn every PROBE steps; then a
+    core gets busy and every split takes four times as long: within a few probes one thread wins."""
+    from tl_lab.kernels import ALL, ALONE, BIG, LoneRowThreads
 
-    chooser, cost = LoneRowThreads(), {1: 20.0, 2: 10.0}
+    chooser, cost = LoneRowThreads(), {ALONE: 20.0, BIG: 15.0, ALL: 10.0}
     picks = []
-    for step in range(6 * LoneRowThreads.PROBE):
-        if step == 3 * LoneRowThreads.PROBE:
-            cost[2] = 40.0  # the busy core
-        n = chooser.pick(2)
-        chooser.record(n, cost[n])
-        picks.append(n)
-    quiet, busy = picks[LoneRowThreads.PROBE : 3 * LoneRowThreads.PROBE], picks[5 * LoneRowThreads.PROBE :]
-    assert quiet.count(2) >= len(quiet) - 2 and quiet.count(1) >= 1
-    assert busy.count(1) >= len(busy) - 2
-    assert LoneRowThreads().pick(1) == 1
+    for step in range(8 * LoneRowThreads.PROBE):
+        if step == 4 * LoneRowThreads.PROBE:
+            cost[BIG], cost[ALL] = 60.0, 40.0  # the busy core
+        plan = chooser.pick(2)
+        chooser.record(plan, cost[plan])
+        picks.append(plan)
+    quiet, busy = picks[LoneRowThreads.PROBE : 4 * LoneRowThreads.PROBE], picks[6 * LoneRowThreads.PROBE :]
+    assert quiet.count(ALL) >= len(quiet) - 3 and quiet.count(ALONE) >= 1 and quiet.count(BIG) >= 1
+    assert busy.count(ALONE) >= len(busy) - 2
+    assert LoneRowThreads().pick(1) == ALONE
+
+
+def test_a_big_step_splits_only_the_products_that_read_more_than_l2(restore_threads):
+    """Under BIG a lone row's step runs on one thread and a product reading at least BIG bytes on
+    the count in force, then back to one; the bits are those of every other plan."""
+    import numba
+
+    import tl_lab.kernels as K
+
+    rng = np.random.default_rng(3)
+    small, big = (rng.standard_normal((n, 576)).astype(np.float32) for n in (64, K.BIG // (4 * 576) + 1))
+    x = rng.standard_normal((1, 576)).astype(np.float32)
+    assert _threads(2) == 2
+    ref = product_f32(x, small), product_f32(x, big)
+    seen = []
+    kernel = K.matvec_f32
+    try:
+        K.matvec_f32 = lambda *a: (seen.append(numba.get_num_threads()), kernel(*a))
+        numba.set_num_threads(1)
+        K._SPLIT.update(bytes=K.BIG, threads=2)
+        got = product_f32(x, small), product_f32(x, big)
+        assert numba.get_num_threads() == 1
+    finally:
+        K.matvec_f32 = kernel
+        K._SPLIT.update(bytes=math.inf, threads=1)
+    assert seen == [1, 2]
+    assert all(np.array_equal(a, b) for a, b in zip(ref, got))
 
 
 def test_paged_attention_is_exact_where_exp_of_a_score_overflows():

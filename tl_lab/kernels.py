@@ -28,10 +28,11 @@ What depends on the machine, and where it comes from (the same code must be fast
 processor it lands on; a constant tuned on one host was 40% of another's bandwidth). Read from the
 system or measured while running:
 
-- threads for a step: a one-row step (a batch-1 decode) runs on 1 thread or on the count in force,
-  whichever its own recent steps ran faster on, measured per runner as it decodes and probed again
-  every `LoneRowThreads.PROBE` steps (a busy core turns the split off); larger steps use the count
-  in force;
+- threads for a step: a one-row step (a batch-1 decode) runs on 1 thread, or on 1 thread but for
+  the products that read more than the L2 cache (`BIG`, read from the system), or wholly on the
+  count in force, whichever of these plans its own recent steps ran fastest under, measured per
+  runner as it decodes and probed again every `LoneRowThreads.PROBE` steps (a busy core turns the
+  splits off); larger steps use the count in force;
 - the kernel for a batch size: one row `matvec_*`, five to eight rows `matmul8_*` when eight rows of
   x fit `X_IN_L1`, else `matmul_*`; `X_IN_L1` is half the L1 data cache, read from the system
   (`machine.cache_bytes`, sysfs);
@@ -65,6 +66,7 @@ that compiled the kernel and another way in the processes that loaded it from th
 
 from __future__ import annotations
 
+import math
 import os
 import weakref
 from contextlib import contextmanager
@@ -88,7 +90,7 @@ from tl_lab.machine import cache_bytes  # noqa: E402
 
 __all__ = ["ROWS", "padded_rows", "lanes_ready", "matmul_f32", "matmul8_f32", "matmul_q4", "matmul8_q4",
            "matvec_f32", "attend_paged", "QUERY_TILE", "product_f32", "rows_f32", "head_f32",
-           "product_q4", "matvec_q4", "matvec_q8", "matmul8_q8", "product_q8", "set_threads", "threads_for", "SERIAL_ROWS", "LoneRowThreads"]
+           "product_q4", "matvec_q4", "matvec_q8", "matmul8_q8", "product_q8", "set_threads", "threads_for", "SERIAL_ROWS", "LoneRowThreads", "ALONE", "BIG", "ALL"]
 
 ROWS = 3
 """Batch rows per block of the product kernels (and the multiple every x is padded to)."""
@@ -733,6 +735,27 @@ def _weighted_values(w, a, b, c, n, values, o, t, ca, cb, cc, tail):  # pragma: 
                 vstore_part(o, t, col + d, min(LANES, D - d), acc)  # a head's row may end inside a step
 
 
+_SPLIT = {"bytes": math.inf, "threads": 1}
+"""Inside a lone-row step whose plan is BIG (`threads_for`): the step runs on one thread, and a
+product reading at least `bytes` of weight runs on `threads` instead. Elsewhere bytes is inf:
+every kernel runs on the count in force."""
+
+
+def _split(kernel, nbytes: int, *args) -> None:
+    """kernel(*args), on the step's `_SPLIT` threads when it reads at least its bytes (one
+    product of a BIG step: the count goes up for the call and back to 1 after), else as it is."""
+    if nbytes < _SPLIT["bytes"]:
+        kernel(*args)
+        return
+    import numba
+
+    numba.set_num_threads(_SPLIT["threads"])
+    try:
+        kernel(*args)
+    finally:
+        numba.set_num_threads(1)
+
+
 # ---------------------------------------------------------------------------------------------
 # Python entry points: pad, check the layout once, call the kernel
 # ---------------------------------------------------------------------------------------------
@@ -776,7 +799,7 @@ def rows_f32(x: np.ndarray, W: np.ndarray) -> np.ndarray:
     x: (M, K), W: (N, K) float32 -> (M, N) float32."""
     x, W = lanes_ready(x, W)
     y = np.empty((x.shape[0], W.shape[0]), dtype=np.float32)
-    matvec_f32(x, W, y)
+    _split(matvec_f32, W.nbytes, x, W, y)
     return y
 
 
@@ -796,7 +819,7 @@ def product_q4(x: np.ndarray, planar: np.ndarray, scales: np.ndarray, f16: np.nd
     N, G = scales.shape
     if M == 1 and (K // G) % (2 * LANES) == 0:
         y = np.empty((1, N), dtype=np.float32)
-        matvec_q4(x, _c(planar), _c(scales), f16, y)
+        _split(matvec_q4, planar.nbytes + scales.nbytes, x, _c(planar), _c(scales), f16, y)
         return y
     if _eight_rows(M, K) and (K // G) % (2 * LANES) == 0:
         xp = padded_rows(x, 8)
@@ -819,56 +842,74 @@ def product_q8(x: np.ndarray, Q: np.ndarray, scales: np.ndarray, f16: np.ndarray
     eight = _eight_rows(M, K)
     xp = padded_rows(x, 8) if eight else x
     y = np.empty((xp.shape[0], Q.shape[0]), dtype=np.float32)
-    (matmul8_q8 if eight else matvec_q8)(xp, _c(Q), _c(scales), f16, y)
+    if eight:
+        matmul8_q8(xp, _c(Q), _c(scales), f16, y)
+    else:
+        _split(matvec_q8, Q.nbytes + scales.nbytes, xp, _c(Q), _c(scales), f16, y)
     return y[:M]
 
 
 SERIAL_ROWS = 1
-"""Steps of at most this many rows get their thread count from `LoneRowThreads`; larger ones run on
-the count in force."""
+"""Steps of at most this many rows get their plan from `LoneRowThreads`; larger ones run every
+kernel on the count in force."""
+
+ALONE, ALL = math.inf, 0
+BIG = cache_bytes(2) or 2 << 20
+"""The plans of a lone-row step, each the least bytes a product reads to run on the count in force
+(`_SPLIT`): ALONE (the step on one thread), BIG (one thread but for the products reading at least
+this machine's L2 cache, from memory every step: the int4 model's LM head, and in float32 every
+product but W_o), ALL (every product and attention on the count in force)."""
 
 
 class LoneRowThreads:
-    """How many threads a one-row step (a batch-1 decode) runs on: 1 or the count in force, chosen
-    by timing the steps themselves.
+    """How a one-row step (a batch-1 decode) uses the threads in force: which of its products split
+    their output features over the threads and which run on the calling thread alone (the plans
+    ALONE, BIG, ALL), chosen by timing the steps themselves.
 
-    Why measured, and measured all along: a lone row is bound by reading the weights, and whether a
-    second thread helps depends on the machine and on the moment. On processor A one core read
-    memory as fast as two and each of a step's ~150 parallel loops paid to wake the sleeping thread
-    (SmolLM2 int4, 2 threads: 66 tokens/s against 80 on one); on processor B one thread reads 15-18
-    GB/s and two 31, so f32 batch 1 on one thread stopped at 40% of the machine's bandwidth. And with
-    a core busy (a learner's laptop always has one) the second thread waits for its core on every
-    loop. So the first steps try both counts, the faster wins, and every PROBE-th step runs the
-    other count once: a busy core that makes the split slower turns it off within a few probes, and
-    it comes back when the core frees. The bits do not depend on the count (tested)."""
+    Why measured, and measured all along: a lone row is bound by reading the weights, and a second
+    thread helps a product only where the half of its reading it takes over is worth more than
+    waking that thread, which sleeps between the ~150 parallel loops of a step (about 6 us a wake
+    with the other core in use, up to 40 measured on a quiet processor B, where its core had gone
+    idle). That depends on the machine and on the moment: on processor A one core read memory as
+    fast as two (SmolLM2 int4, 2 threads: 66 tokens/s against 80 on one); on processor B one thread
+    reads 13-18 GB/s and two 24-31, so f32 batch 1 on one thread stopped at 40% of the machine's
+    bandwidth. And with a core busy (a learner's laptop always has one) the second thread waits for
+    its core on every loop. So the first steps try each plan, the fastest wins, and every PROBE-th
+    step runs another plan once, in turn: a busy core that makes the splits slower turns them off
+    within a few probes, and they come back when the core frees. The bits do not depend on the plan
+    (every kernel and its serial twin add the same sums in the same order, tested)."""
 
     PROBE = 16
-    KEEP = 5  # recent times per count; their median is the count's speed
+    KEEP = 5  # recent times per plan; their median is the plan's speed
+    TRIES = 2  # times per plan before the medians decide
+    PLANS = (ALONE, BIG, ALL)
 
     def __init__(self) -> None:
-        self.times: dict[int, list[float]] = {}
+        self.times: dict[float, list[float]] = {}
         self.steps = 0
 
-    def pick(self, full: int) -> int:
-        """The count for the next one-row step, given the count in force (`full`)."""
+    def pick(self, full: int) -> float:
+        """The plan for the next one-row step, given the count in force (`full`): ALONE at 1 thread."""
         if full == 1:
-            return 1
+            return ALONE
         self.steps += 1
-        timed = {c: len(self.times.get(c, ())) for c in (1, full)}
-        if min(timed.values()) < 3:  # too few times yet: try the count with fewer
+        timed = {p: len(self.times.get(p, ())) for p in self.PLANS}
+        if min(timed.values()) < self.TRIES:  # too few times yet: try the plan with fewest
             return min(timed, key=timed.get)
-        best = min((1, full), key=self._median)
-        other = full if best == 1 else 1
-        return other if self.steps % self.PROBE == 0 else best
+        best = min(self.PLANS, key=self._median)
+        if self.steps % self.PROBE:
+            return best
+        others = [p for p in self.PLANS if p != best]
+        return others[(self.steps // self.PROBE) % len(others)]
 
-    def record(self, n: int, seconds: float) -> None:
-        """A one-row step took `seconds` on n threads."""
-        t = self.times.setdefault(n, [])
+    def record(self, plan: float, seconds: float) -> None:
+        """A one-row step took `seconds` under `plan`."""
+        t = self.times.setdefault(plan, [])
         t.append(seconds)
         del t[: -self.KEEP]
 
-    def _median(self, n: int) -> float:
-        return float(np.median(self.times[n]))
+    def _median(self, plan: float) -> float:
+        return float(np.median(self.times[plan]))
 
 
 _LONE_ROW = weakref.WeakKeyDictionary()  # owner (a runner) -> its LoneRowThreads: one model's steps, timed together
@@ -876,10 +917,12 @@ _LONE_ROW = weakref.WeakKeyDictionary()  # owner (a runner) -> its LoneRowThread
 
 @contextmanager
 def threads_for(rows: int, owner=None):
-    """Run the block (one step's forward) with the kernels on the thread count the step should use:
-    for a step of at most SERIAL_ROWS rows the count the owner's `LoneRowThreads` picks (the block
-    is timed for it; owner: what runs the steps, a runner, so that two models' times never mix),
-    otherwise the count in force. The count is restored after. The bits do not depend on it."""
+    """Run the block (one step's forward) with the kernels split as the step should: for a step of
+    at most SERIAL_ROWS rows the plan the owner's `LoneRowThreads` picks (the block is timed for it;
+    owner: what runs the steps, a runner, so that two models' times never mix: ALONE and BIG run
+    the step on 1 thread, BIG its big products on the count in force, ALL everything on it),
+    otherwise every kernel on the count in force. The count is restored after. The bits do not
+    depend on the plan."""
     import time
 
     import numba
@@ -889,13 +932,16 @@ def threads_for(rows: int, owner=None):
         yield
         return
     chooser = _LONE_ROW.setdefault(owner if owner is not None else threads_for, LoneRowThreads())
-    n = chooser.pick(before)
-    numba.set_num_threads(n)
+    plan = chooser.pick(before)
+    if plan != ALL:
+        numba.set_num_threads(1)
+        _SPLIT.update(bytes=plan, threads=before)
     t0 = time.perf_counter()
     try:
         yield
     finally:
-        chooser.record(n, time.perf_counter() - t0)
+        chooser.record(plan, time.perf_counter() - t0)
+        _SPLIT.update(bytes=math.inf, threads=1)
         numba.set_num_threads(before)
 
 
