@@ -31,7 +31,9 @@ last token's logits only on both sides: the runner computes no others, and trans
 logits_to_keep=1); decode tokens/s at batch 1 and the aggregate at batch 8, every sequence with a 128-token
 prompt prefilled first (not timed), then greedy steps (argmax fed back; transformers with its KV cache,
 DynamicCache); resident memory after load, the peak while loading and the peak of the whole run (VmHWM: /proc's
-high-water mark, which starts afresh in a new process, unlike getrusage's ru_maxrss, which survives exec). Times are the best of several
+high-water mark, which starts afresh in a new process, unlike getrusage's ru_maxrss, which survives exec); for
+tl_lab, decode_b1_plan, the plan its batch-1 steps settled on (`kernels.LoneRowThreads`: ALONE, BIG, MID, ALL;
+ALONE at 1 thread). Times are the best of several
 rounds, and of --repeat runs of every configuration, interleaved (the machine is shared; the best round is
 the least disturbed one). The ratio rows divide tl_lab's speed by transformers'.
 
@@ -105,6 +107,7 @@ def model_dir() -> Path:
 
 
 def measure_tl(weights: str, threads: int, quick: bool) -> dict:
+    from tl_lab.kernels import _LONE_ROW
     from tl_lab.runner import EngineConfig, ForwardBatch, ForwardSeq, Int4, KvConfig, ModelRunner
 
     d = model_dir()
@@ -149,10 +152,13 @@ def measure_tl(weights: str, threads: int, quick: bool) -> dict:
                 pool.release(b)
         return batch * steps / best
 
-    b1, b8 = decode(1), decode(BATCH)
+    b1 = decode(1)
+    chooser = _LONE_ROW.get(runner)  # the plan batch 1 settled on (kernels.LoneRowThreads), None at 1 thread
+    plan = chooser.best() if chooser is not None else "ALONE"
+    b8 = decode(BATCH)
     return {"load_s": load_s, "prefill_tok_s": PREFILL / prefill_s, "decode_b1_tok_s": b1, "decode_b8_tok_s": b8,
-            "weights_MB": weight_bytes / 2**20, "rss_loaded_MB": rss_loaded, "peak_load_MB": peak_load,
-            "peak_rss_MB": peak_rss_mb()}
+            "decode_b1_plan": plan, "weights_MB": weight_bytes / 2**20, "rss_loaded_MB": rss_loaded,
+            "peak_load_MB": peak_load, "peak_rss_MB": peak_rss_mb()}
 
 
 # ------------------------------------------------------------------ transformers
@@ -426,6 +432,8 @@ def best_run(results: list[dict]) -> dict:
             out[key] = max(r[key] for r in results)
     if "load_s" in out:
         out["load_s"] = min(r["load_s"] for r in results)
+    if "decode_b1_plan" in out:  # the plan of the fastest batch-1 run
+        out["decode_b1_plan"] = max(results, key=lambda r: r["decode_b1_tok_s"])["decode_b1_plan"]
     return out
 
 

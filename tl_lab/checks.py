@@ -44,6 +44,8 @@ def as_float(v, name: str, *, finite: bool = True, error: type[Exception] = Valu
 
 def rows_of(x, inp: int) -> np.ndarray:
     """x as float32 (m, inp), or ValueError naming the shape (a product's input)."""
+    if type(x) is np.ndarray and x.dtype == np.float32 and x.ndim == 2 and x.shape[1] == inp:
+        return x  # what every step of the forward passes: a microsecond less per product
     shape = np.shape(x)
     if len(shape) != 2 or shape[1] != inp:
         raise ValueError(f"x must be (m, {inp}), got shape {shape}")

@@ -861,6 +861,7 @@ MID = BIG // 8
 products reading at least this machine's L2 cache, from memory every step: the int4 model's LM head,
 and in float32 every product but W_o); MID (at least an eighth of L2: in int4 also W_qkv, the gate
 and up, and the down projection); ALL (every product and attention on the count in force)."""
+PLAN_NAMES = {ALONE: "ALONE", BIG: "BIG", MID: "MID", ALL: "ALL"}
 
 
 class LoneRowThreads:
@@ -912,6 +913,13 @@ class LoneRowThreads:
 
     def _median(self, plan: float) -> float:
         return float(np.median(self.times[plan]))
+
+    def best(self) -> str | None:
+        """The name of the plan the recent steps ran fastest under (None before every plan was timed),
+        for a benchmark to record: "ALONE", "BIG", "MID" or "ALL"."""
+        if any(len(self.times.get(p, ())) < self.TRIES for p in self.PLANS):
+            return None
+        return PLAN_NAMES[min(self.PLANS, key=self._median)]
 
 
 _LONE_ROW = weakref.WeakKeyDictionary()  # owner (a runner) -> its LoneRowThreads: one model's steps, timed together
