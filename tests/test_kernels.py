@@ -346,21 +346,21 @@ def test_threads_for_times_lone_rows_and_restores_the_count(restore_threads):
 
 
 def test_lone_row_threads_pick_the_faster_plan_and_leave_it_when_it_slows():
-    """Splitting everything twice as fast as one thread, the bigger products alone in between: after
+    """Splitting everything twice as fast as one thread, the big products alone in between: after
     trying each plan, ALL wins, with a probe of each other plan in turn every PROBE steps; then a
     core gets busy and every split takes four times as long: within a few probes one thread wins."""
-    from tl_lab.kernels import ALL, ALONE, BIG, MID, LoneRowThreads
+    from tl_lab.kernels import ALL, ALONE, BIG, LoneRowThreads
 
-    chooser, cost = LoneRowThreads(), {ALONE: 20.0, BIG: 16.0, MID: 13.0, ALL: 10.0}
+    chooser, cost = LoneRowThreads(), {ALONE: 20.0, BIG: 15.0, ALL: 10.0}
     picks = []
     for step in range(8 * LoneRowThreads.PROBE):
         if step == 4 * LoneRowThreads.PROBE:
-            cost[BIG], cost[MID], cost[ALL] = 60.0, 50.0, 40.0  # the busy core
+            cost[BIG], cost[ALL] = 60.0, 40.0  # the busy core
         plan = chooser.pick(2)
         chooser.record(plan, cost[plan])
         picks.append(plan)
     quiet, busy = picks[LoneRowThreads.PROBE : 4 * LoneRowThreads.PROBE], picks[6 * LoneRowThreads.PROBE :]
-    assert quiet.count(ALL) >= len(quiet) - 3 and all(quiet.count(p) >= 1 for p in (ALONE, BIG, MID))
+    assert quiet.count(ALL) >= len(quiet) - 3 and quiet.count(ALONE) >= 1 and quiet.count(BIG) >= 1
     assert busy.count(ALONE) >= len(busy) - 2
     assert LoneRowThreads().pick(1) == ALONE
 

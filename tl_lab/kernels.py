@@ -29,8 +29,8 @@ processor it lands on; a constant tuned on one host was 40% of another's bandwid
 system or measured while running:
 
 - threads for a step: a one-row step (a batch-1 decode) runs on 1 thread, or on 1 thread but for
-  the products that read more than the L2 cache or an eighth of it (`BIG`, `MID`, read from the
-  system), or wholly on the count in force, whichever of these plans its own recent steps ran fastest under, measured per
+  the products that read more than the L2 cache (`BIG`, read from the system), or wholly on the
+  count in force: whichever of these plans its own recent steps ran fastest under, measured per
   runner as it decodes and probed again every `LoneRowThreads.PROBE` steps (a busy core turns the
   splits off); larger steps use the count in force;
 - the kernel for a batch size: one row `matvec_*`, five to eight rows `matmul8_*` when eight rows of
@@ -90,7 +90,8 @@ from tl_lab.machine import cache_bytes  # noqa: E402
 
 __all__ = ["ROWS", "padded_rows", "lanes_ready", "matmul_f32", "matmul8_f32", "matmul_q4", "matmul8_q4",
            "matvec_f32", "attend_paged", "QUERY_TILE", "product_f32", "rows_f32", "head_f32",
-           "product_q4", "matvec_q4", "matvec_q8", "matmul8_q8", "product_q8", "set_threads", "threads_for", "SERIAL_ROWS", "LoneRowThreads", "ALONE", "BIG", "MID", "ALL"]
+           "product_q4", "matvec_q4", "matvec_q8", "matmul8_q8", "product_q8", "set_threads", "threads_for", "SERIAL_ROWS",
+           "LoneRowThreads", "ALONE", "BIG", "ALL"]
 
 ROWS = 3
 """Batch rows per block of the product kernels (and the multiple every x is padded to)."""
@@ -855,19 +856,17 @@ kernel on the count in force."""
 
 ALONE, ALL = math.inf, 0
 BIG = cache_bytes(2) or 2 << 20
-MID = BIG // 8
 """The plans of a lone-row step, each the least bytes a product reads to run on the count in force
 (`_SPLIT`), the others running on one thread: ALONE (the whole step on one thread); BIG (the
 products reading at least this machine's L2 cache, from memory every step: the int4 model's LM head,
-and in float32 every product but W_o); MID (at least an eighth of L2: in int4 also W_qkv, the gate
-and up, and the down projection); ALL (every product and attention on the count in force)."""
-PLAN_NAMES = {ALONE: "ALONE", BIG: "BIG", MID: "MID", ALL: "ALL"}
+and in float32 every product but W_o); ALL (every product and attention on the count in force)."""
+PLAN_NAMES = {ALONE: "ALONE", BIG: "BIG", ALL: "ALL"}
 
 
 class LoneRowThreads:
     """How a one-row step (a batch-1 decode) uses the threads in force: which of its products split
     their output features over the threads and which run on the calling thread alone (the plans
-    ALONE, BIG, MID, ALL), chosen by timing the steps themselves.
+    ALONE, BIG, ALL), chosen by timing the steps themselves.
 
     Why measured, and measured all along: a lone row is bound by reading the weights, and a second
     thread helps a product only where the half of its reading it takes over is worth more than
@@ -885,7 +884,7 @@ class LoneRowThreads:
     PROBE = 16
     KEEP = 5  # recent times per plan; their median is the plan's speed
     TRIES = 2  # times per plan before the medians decide
-    PLANS = (ALONE, BIG, MID, ALL)
+    PLANS = (ALONE, BIG, ALL)
 
     def __init__(self) -> None:
         self.times: dict[float, list[float]] = {}
@@ -916,7 +915,7 @@ class LoneRowThreads:
 
     def best(self) -> str | None:
         """The name of the plan the recent steps ran fastest under (None before every plan was timed),
-        for a benchmark to record: "ALONE", "BIG", "MID" or "ALL"."""
+        for a benchmark to record: "ALONE", "BIG" or "ALL"."""
         if any(len(self.times.get(p, ())) < self.TRIES for p in self.PLANS):
             return None
         return PLAN_NAMES[min(self.PLANS, key=self._median)]
@@ -929,9 +928,8 @@ _LONE_ROW = weakref.WeakKeyDictionary()  # owner (a runner) -> its LoneRowThread
 def threads_for(rows: int, owner=None):
     """Run the block (one step's forward) with the kernels split as the step should: for a step of
     at most SERIAL_ROWS rows the plan the owner's `LoneRowThreads` picks (the block is timed for it;
-    owner: what runs the steps, a runner, so that two models' times never mix: ALONE, BIG and MID
-    run the step on 1 thread, BIG and MID their big products on the count in force, ALL everything
-    on it),
+    owner: what runs the steps, a runner, so that two models' times never mix: ALONE and BIG run
+    the step on 1 thread, BIG its big products on the count in force, ALL everything on it),
     otherwise every kernel on the count in force. The count is restored after. The bits do not
     depend on the plan."""
     import time
