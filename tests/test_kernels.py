@@ -382,12 +382,12 @@ def test_a_big_step_splits_only_the_products_that_read_more_than_l2(restore_thre
     try:
         K.matvec_f32 = lambda *a: (seen.append(numba.get_num_threads()), kernel(*a))
         numba.set_num_threads(1)
-        K._SPLIT.update(bytes=K.BIG, threads=2)
+        K._SPLIT.set(K.BIG, 2)
         got = product_f32(x, small), product_f32(x, big)
         assert numba.get_num_threads() == 1
     finally:
         K.matvec_f32 = kernel
-        K._SPLIT.update(bytes=math.inf, threads=1)
+        K._SPLIT.set(math.inf, 1)
     assert seen == [1, 2]
     assert all(np.array_equal(a, b) for a, b in zip(ref, got))
 

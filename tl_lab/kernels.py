@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import weakref
 from contextlib import contextmanager
 
@@ -736,21 +737,30 @@ def _weighted_values(w, a, b, c, n, values, o, t, ca, cb, cc, tail):  # pragma: 
                 vstore_part(o, t, col + d, min(LANES, D - d), acc)  # a head's row may end inside a step
 
 
-_SPLIT = {"bytes": math.inf, "threads": 1}
-"""Inside a lone-row step whose plan is BIG (`threads_for`): the step runs on one thread, and a
-product reading at least `bytes` of weight runs on `threads` instead. Elsewhere bytes is inf:
-every kernel runs on the count in force."""
+class _Split(threading.local):
+    """Inside a lone-row step whose plan is BIG (`threads_for`): the step runs on one thread, and a
+    product reading at least `bytes` of weight runs on `threads` instead. Elsewhere bytes is inf:
+    every kernel runs on the count in force. Per Python thread, like numba's thread count."""
+
+    bytes = math.inf
+    threads = 1
+
+    def set(self, nbytes: float, threads: int) -> None:
+        self.bytes, self.threads = nbytes, threads
+
+
+_SPLIT = _Split()
 
 
 def _split(kernel, nbytes: int, *args) -> None:
     """kernel(*args), on the step's `_SPLIT` threads when it reads at least its bytes (one
     product of a BIG step: the count goes up for the call and back to 1 after), else as it is."""
-    if nbytes < _SPLIT["bytes"]:
+    if nbytes < _SPLIT.bytes:
         kernel(*args)
         return
     import numba
 
-    numba.set_num_threads(_SPLIT["threads"])
+    numba.set_num_threads(_SPLIT.threads)
     try:
         kernel(*args)
     finally:
@@ -944,13 +954,13 @@ def threads_for(rows: int, owner=None):
     plan = chooser.pick(before)
     if plan != ALL:
         numba.set_num_threads(1)
-        _SPLIT.update(bytes=plan, threads=before)
+        _SPLIT.set(plan, before)
     t0 = time.perf_counter()
     try:
         yield
     finally:
         chooser.record(plan, time.perf_counter() - t0)
-        _SPLIT.update(bytes=math.inf, threads=1)
+        _SPLIT.set(math.inf, 1)
         numba.set_num_threads(before)
 
 
