@@ -169,7 +169,8 @@ class Arch:
 
 def _run_llama(runner: ModelRunner, step: Step, hidden: bool = False):
     """The one call of the Llama forward (section 2.4): the step's K and V go into the pool. A step of
-    one row runs on the thread count its own timings pick (`kernels.threads_for`)."""
+    one row runs under the plan its own timings pick (`kernels.threads_for`: one thread, one thread but
+    for the products that read more than the L2 cache, or the count in force)."""
     with threads_for(len(step.tokens), runner):
         return llama_forward(runner.weights, step, runner.pool.data, product=runner.product,
                              scratch=runner._scratch, return_hidden=hidden)
