@@ -880,16 +880,16 @@ class LoneRowThreads:
 
     Why measured, and measured all along: a lone row is bound by reading the weights, and a second
     thread helps a product only where the half of its reading it takes over is worth more than
-    waking that thread, which sleeps between the ~150 parallel loops of a step (about 6 us a wake
-    with the other core in use, up to 40 measured on a quiet processor B, where its core had gone
-    idle). That depends on the machine and on the moment: on processor A one core read memory as
+    waking that thread, which sleeps between the ~150 parallel loops of a step (on processor B a
+    wake cost 6 us, median, with the other core running another process, and about 40 us as
+    measured on a quiet host, its core idle). That depends on the machine and on the moment: on processor A one core read memory as
     fast as two (SmolLM2 int4, 2 threads: 66 tokens/s against 80 on one); on processor B one thread
     reads 13-18 GB/s and two 24-31, so f32 batch 1 on one thread stopped at 40% of the machine's
     bandwidth. And with a core busy (a learner's laptop always has one) the second thread waits for
     its core on every loop. So the first steps try each plan, the fastest wins, and every PROBE-th
     step runs another plan once, in turn: a busy core that makes the splits slower turns them off
     within a few probes, and they come back when the core frees. The bits do not depend on the plan
-    (every kernel and its serial twin add the same sums in the same order, tested)."""
+    (every kernel adds the same sums in the same order at any thread count, tested)."""
 
     PROBE = 16
     KEEP = 5  # recent times per plan; their median is the plan's speed
