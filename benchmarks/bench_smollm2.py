@@ -33,7 +33,8 @@ prompt prefilled first (not timed), then greedy steps (argmax fed back; transfor
 DynamicCache); resident memory after load, the peak while loading and the peak of the whole run (VmHWM: /proc's
 high-water mark, which starts afresh in a new process, unlike getrusage's ru_maxrss, which survives exec); for
 tl_lab, decode_b1_plan, the plan its batch-1 steps settled on (`kernels.LoneRowThreads`: ALONE, BIG, ALL;
-ALONE at 1 thread). Times are the best of several
+ALONE at 1 thread), and decode_b1_plan_ms, each plan's median step time in ms as the chooser saw it (its
+last few steps under each plan, the probes included). Times are the best of several
 rounds, and of --repeat runs of every configuration, interleaved (the machine is shared; the best round is
 the least disturbed one). The ratio rows divide tl_lab's speed by transformers'.
 
@@ -155,9 +156,10 @@ def measure_tl(weights: str, threads: int, quick: bool) -> dict:
     b1 = decode(1)
     chooser = _LONE_ROW.get(runner)  # the plan batch 1 settled on (kernels.LoneRowThreads), None at 1 thread
     plan = chooser.best() if chooser is not None else "ALONE"
+    plan_ms = chooser.medians_ms() if chooser is not None else {}
     b8 = decode(BATCH)
     return {"load_s": load_s, "prefill_tok_s": PREFILL / prefill_s, "decode_b1_tok_s": b1, "decode_b8_tok_s": b8,
-            "decode_b1_plan": plan, "weights_MB": weight_bytes / 2**20, "rss_loaded_MB": rss_loaded,
+            "decode_b1_plan": plan, "decode_b1_plan_ms": plan_ms, "weights_MB": weight_bytes / 2**20, "rss_loaded_MB": rss_loaded,
             "peak_load_MB": peak_load, "peak_rss_MB": peak_rss_mb()}
 
 
@@ -432,8 +434,9 @@ def best_run(results: list[dict]) -> dict:
             out[key] = max(r[key] for r in results)
     if "load_s" in out:
         out["load_s"] = min(r["load_s"] for r in results)
-    if "decode_b1_plan" in out:  # the plan of the fastest batch-1 run
-        out["decode_b1_plan"] = max(results, key=lambda r: r["decode_b1_tok_s"])["decode_b1_plan"]
+    if "decode_b1_plan" in out:  # the plan of the fastest batch-1 run, and its plans' step times
+        fastest = max(results, key=lambda r: r["decode_b1_tok_s"])
+        out["decode_b1_plan"], out["decode_b1_plan_ms"] = fastest["decode_b1_plan"], fastest["decode_b1_plan_ms"]
     return out
 
 

@@ -362,7 +362,8 @@ def test_lone_row_threads_pick_the_faster_plan_and_leave_it_when_it_slows():
     quiet, busy = picks[LoneRowThreads.PROBE : 4 * LoneRowThreads.PROBE], picks[6 * LoneRowThreads.PROBE :]
     assert quiet.count(ALL) >= len(quiet) - 3 and quiet.count(ALONE) >= 1 and quiet.count(BIG) >= 1
     assert busy.count(ALONE) >= len(busy) - 2
-    assert LoneRowThreads().pick(1) == ALONE
+    assert chooser.best() == "ALONE" and chooser.medians_ms() == {"ALONE": 20e3, "BIG": 60e3, "ALL": 40e3}
+    assert LoneRowThreads().pick(1) == ALONE and LoneRowThreads().best() is None
 
 
 def test_a_big_step_splits_only_the_products_that_read_more_than_l2(restore_threads):

@@ -893,7 +893,8 @@ class LoneRowThreads:
 
     PROBE = 16
     KEEP = 5  # recent times per plan; their median is the plan's speed
-    TRIES = 2  # times per plan before the medians decide
+    TRIES = 3  # times per plan before the medians decide: the median of three drops one outlier, such as
+    # the first lone-row step of a runner, which loads its one-row kernels from numba's cache (about a second)
     PLANS = (ALONE, BIG, ALL)
 
     def __init__(self) -> None:
@@ -929,6 +930,10 @@ class LoneRowThreads:
         if any(len(self.times.get(p, ())) < self.TRIES for p in self.PLANS):
             return None
         return PLAN_NAMES[min(self.PLANS, key=self._median)]
+
+    def medians_ms(self) -> dict[str, float]:
+        """Each timed plan's name -> the median of its recent step times, in milliseconds."""
+        return {PLAN_NAMES[p]: 1e3 * self._median(p) for p in self.PLANS if self.times.get(p)}
 
 
 _LONE_ROW = weakref.WeakKeyDictionary()  # owner (a runner) -> its LoneRowThreads: one model's steps, timed together
