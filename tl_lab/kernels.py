@@ -879,17 +879,19 @@ class LoneRowThreads:
     ALONE, BIG, ALL), chosen by timing the steps themselves.
 
     Why measured, and measured all along: a lone row is bound by reading the weights, and a second
-    thread helps a product only where the half of its reading it takes over is worth more than
-    waking that thread, which sleeps between the ~150 parallel loops of a step (on processor B a
-    wake cost 6 us, median, with the other core running another process, and about 40 us as
-    measured on a quiet host, its core idle). That depends on the machine and on the moment: on processor A one core read memory as
-    fast as two (SmolLM2 int4, 2 threads: 66 tokens/s against 80 on one); on processor B one thread
-    reads 13-18 GB/s and two 24-31, so f32 batch 1 on one thread stopped at 40% of the machine's
-    bandwidth. And with a core busy (a learner's laptop always has one) the second thread waits for
-    its core on every loop. So the first steps try each plan, the fastest wins, and every PROBE-th
-    step runs another plan once, in turn: a busy core that makes the splits slower turns them off
-    within a few probes, and they come back when the core frees. The bits do not depend on the plan
-    (every kernel adds the same sums in the same order at any thread count, tested)."""
+    thread helps a product only where the half of the work it takes over is worth more than waking
+    it: it sleeps between the ~150 parallel loops of a step, and on processor B a 2-thread loop cost
+    6 to 10 us more than a 1-thread one after the second core had idled 0.1 ms, 39 us after 1 ms
+    (the virtual core halted; the medians of 400, measured at load 1.4). Whether a second thread
+    helps depends on the machine and on the moment. On processor A one core read memory as fast as
+    two (SmolLM2 int4, 2 threads: 66 tokens/s against 80 on one); on processor B one thread reads
+    15-18 GB/s and two 31, so f32 batch 1 on one thread stopped at 40% of the machine's bandwidth.
+    And with a core busy (a learner's laptop always has one) the second thread waits for its core on
+    every loop. So the first steps try each plan, the fastest wins, and every PROBE-th step runs
+    another plan once, in turn: a busy core that makes the splits slower turns them off within a few
+    probes, and they come back when the core frees. BIG is for a step whose small loops do not pay
+    for the wakes: only its big products (the int4 head: 30 MB) split. The bits do not depend on the
+    plan (every kernel adds the same sums in the same order at any thread count, tested)."""
 
     PROBE = 16
     KEEP = 5  # recent times per plan; their median is the plan's speed
