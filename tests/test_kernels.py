@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tl_lab.forward import PoolKv, Step, attend_reference, write_kv
-from tl_lab.kernels import ROWS, head_f32, lanes_ready, matmul8_f32, product_f32, rows_f32, set_threads
+from tl_lab.kernels import QUERY_TILE, ROWS, head_f32, lanes_ready, matmul8_f32, product_f32, rows_f32, set_threads
 from tl_lab.q8 import Q8Linear
 from tl_lab.quant import QLinear, f32_to_f16
 
@@ -208,6 +208,23 @@ def test_paged_attention_equals_the_gather_and_mask_reference(D, B, seqs):
         o = cache.attend(layer, q)
         assert o.shape == (len(step.tokens), H * D) and o.dtype == np.float32
         np.testing.assert_allclose(o, attend_reference(cache, layer, q), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("D", [64, 72])  # whole steps of 16, and a head dimension ending inside one
+def test_paged_attention_gives_a_query_the_same_bits_in_a_prefill_and_alone(D):
+    """A query of a prefill (a sequence of several tiles: its keys widened once for all of them) and
+    the same query alone in a decode step (one tile: widened inside its task) add the same sums in
+    the same order: each score is one chain over d, whatever the tile, so the bits are equal."""
+    rng = np.random.default_rng(12)
+    data = _pool(rng, n_blocks=8, B=16, D=D)
+    n = 3 * QUERY_TILE + 5  # four tiles
+    table = list(range(4))
+    prefill = Step.of([([1] * n, 0, table)])
+    q = rng.standard_normal((n, 6, D)).astype(np.float32)
+    o = PoolKv(data, prefill).attend(1, q)
+    for t in (0, QUERY_TILE + 3, n - 1):
+        alone = PoolKv(data, Step.of([([1], t, table)])).attend(1, q[t : t + 1])
+        assert np.array_equal(alone[0], o[t]), f"query {t}, D={D}"
 
 
 def test_paged_attention_visits_only_the_visible_keys():
