@@ -275,10 +275,12 @@ def test_kernels_give_the_same_bits_at_1_and_2_threads(restore_threads):
     step = _step(rng, data, SEQS)
     q = rng.standard_normal((len(step.tokens), 6, 8)).astype(np.float32)
     head = Q8Linear.quantize(W, group=32)
+    W_long, X_long = np.ascontiguousarray(W.T), rng.standard_normal((9, 1536)).astype(np.float32)  # K = 1536: 6 x 4 blocks
     outs = []
     for n in (1, 2, 1):
         assert _threads(n) == n
-        outs.append((product_f32(X, W), head_f32(X, W), layer.forward(X), PoolKv(data, step).attend(0, q),
+        outs.append((product_f32(X, W), product_f32(X_long, W_long), head_f32(X, W), layer.forward(X),
+                     PoolKv(data, step).attend(0, q),
                      product_f32(X[:8], W), layer.forward(X[:8]),  # batches of 9 and of 8 (`matmul8_*`)
                      head.forward(X[:1]), head.forward(X[:8])))
     for a, b in zip(outs[0], outs[1]):
@@ -298,6 +300,7 @@ from tl_lab.quant import QLinear, f32_to_f16
 rng = np.random.default_rng(11)
 W = rng.standard_normal((1536, 576)).astype(np.float32)
 X = rng.standard_normal((9, 576)).astype(np.float32)
+X_long = rng.standard_normal((9, 1536)).astype(np.float32)  # K = 1536: matmul_f32's 6 x 4 blocks
 q4, q8 = QLinear.quantize(W * 0.05, group=32), Q8Linear.quantize(W, group=32)
 B, D, H, H_kv, n = 16, 64, 9, 3, 512  # SmolLM2's heads; a 512-token prefill and a decode row
 data = f32_to_f16(rng.standard_normal((52, 1, 2, H_kv, B, D)).astype(np.float32))
@@ -306,7 +309,8 @@ q = rng.standard_normal((n + 1, H, D)).astype(np.float32)
 out = {}
 for t in (1, 2):
     set_threads(t)
-    for name, y in (("matmul_f32", product_f32(X, W)), ("matvec_f32", rows_f32(X, W)), ("head", head_f32(X, W)),
+    for name, y in (("matmul_f32", product_f32(X, W)), ("matmul_f32, 6 x 4", product_f32(X_long, W.T.copy())),
+                    ("matvec_f32", rows_f32(X, W)), ("head", head_f32(X, W)),
                     ("matmul8_f32", product_f32(X[:8], W)), ("matmul_q4", q4.forward(X)),
                     ("matmul8_q4", q4.forward(X[:8])), ("attend_paged", PoolKv(data, step).attend(0, q)),
                     ("matvec_q8", q8.forward(X)), ("matmul8_q8", q8.forward(X[:8]))):

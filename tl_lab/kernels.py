@@ -209,26 +209,60 @@ def _fma4(xv, w, a):  # pragma: no cover (compiled)
 
 @njit(parallel=True, cache=True)
 def matmul_f32(x, W, y):  # pragma: no cover (compiled)
-    """y = x W^T in blocks of 3 rows by 8 features. x: (M, K) float32 with M a multiple of 3
-    (`padded_rows`); W: (N, K) float32; y: (M, N) float32, written.
+    """y = x W^T in blocks of 3 rows by 8 features, or 6 rows by 4 where eight weight rows do not
+    fit `X_IN_L1`. x: (M, K) float32 with M a multiple of 3 (`padded_rows`); W: (N, K) float32; y:
+    (M, N) float32, written.
 
-    The kernel of a long batch (a prefill): 24 sums side by side (`_block38`), so each multiply-add
-    costs under half a load, and the eight weight rows of a block (18 KB for K = 576) stay in the
-    L1 cache while every block of rows passes over them (4 x 4 blocks, this kernel's first form,
-    ran 68 GFLOP/s on one thread against 96 for 3 x 8, SmolLM2's layer shapes at 512 rows, measured
-    on processor B; torch's sgemm 131). Each sum is added in `lanes` order, so every y[m, n] has the
-    same bits as `matvec_f32`'s: the engine picks either by the batch alone. The first block of
-    rows asks for the next block's weight rows as it goes; the others find the rows it read in the
-    cache."""
+    The kernel of a long batch (a prefill): 24 sums side by side (`_block38`, `_block64`), so each
+    multiply-add costs under half a load, and the weight rows of a block (eight: 18 KB for K = 576)
+    stay in the L1 cache while every block of rows passes over them (4 x 4 blocks, this kernel's
+    first form, ran 68 GFLOP/s on one thread against 96 for 3 x 8, SmolLM2's layer shapes at 512
+    rows, measured on processor B; torch's sgemm 131). Where eight rows do not fit (SmolLM2's down
+    projection, K = 1536: 49 KB against a 48 KB L1), every block of rows read them from L2 again;
+    four rows (24.6 KB) do, and six rows of x share them (512 x 1536 -> 576 at 1 thread, processor
+    B, best of 15 and of 40 interleaved rounds on a busy host: 74 -> 95 and 62 -> 78 GFLOP/s).
+    Each sum is added in `lanes` order, so every y[m, n] has the same bits as `matvec_f32`'s: the
+    engine picks either by the batch alone. The first block of rows asks for the next block's
+    weight rows as it goes; the others find the rows it read in the cache."""
     M, K = x.shape
     N = W.shape[0]
-    rows = _rows_in_l2(K)
-    for mc in range(0, M, rows):  # a chunk of x's rows stays in the L2 cache while every block reads it
-        for nb in prange((N + 7) // 8):
-            n0 = nb * 8
-            p = min(n0 + 8, N - 1)
-            for m0 in range(mc, min(mc + rows, M), ROWS):
-                _block38(x, m0, W, n0, y, n0, p, m0 == mc)
+    if 8 * 4 * K <= X_IN_L1:
+        rows = _rows_in_l2(K)
+        for mc in range(0, M, rows):  # a chunk of x's rows stays in the L2 cache while every block reads it
+            for nb in prange((N + 7) // 8):
+                n0 = nb * 8
+                p = min(n0 + 8, N - 1)
+                for m0 in range(mc, min(mc + rows, M), ROWS):
+                    _block38(x, m0, W, n0, y, n0, p, m0 == mc)
+        return
+    rows = max(6, _rows_in_l2(K) // 6 * 6)
+    for mc in range(0, M, rows):
+        for nb in prange((N + 3) // 4):
+            n0 = nb * 4
+            p = min(n0 + 4, N - 1)
+            for m0 in range(mc, min(mc + rows, M), 6):
+                _block64(x, m0, W, n0, y, n0, p, m0 == mc)
+
+
+@njit(inline="always", cache=True)
+def _block64(x, m0, W, w0, y, n0, p, ahead):  # pragma: no cover (compiled)
+    """y[m0 .. m0 + 5, n0 .. n0 + 3] = x[m0 .. m0 + 5] W[w0 .. w0 + 3]^T, the rows and features that
+    exist (a row past x's last reads the last again and is never stored, as a feature past W's):
+    `_block38`'s 24 sums in `lanes` order, each weight vector serving six rows and each x vector four
+    features. With `ahead`, the weight rows p .. p + 3 (the next block's) are asked for as it goes."""
+    M, N, K, last = x.shape[0], y.shape[1], x.shape[1], W.shape[0] - 1
+    r3, r4, r5 = min(m0 + 3, M - 1), min(m0 + 4, M - 1), min(m0 + 5, M - 1)  # M is a multiple of 3
+    a0, a1, a2 = _zeros4(), _zeros4(), _zeros4()  # a_i: row m0 + i, features n0 .. n0 + 3
+    a3, a4, a5 = _zeros4(), _zeros4(), _zeros4()
+    for k in range(0, K, LANES):
+        if ahead:
+            _prefetch_rows(W, p, 4, k)
+        w = _load4(W, w0, last, k)
+        a0, a1, a2 = _fma4(vload(x, m0, k), w, a0), _fma4(vload(x, m0 + 1, k), w, a1), _fma4(vload(x, m0 + 2, k), w, a2)
+        a3, a4, a5 = _fma4(vload(x, r3, k), w, a3), _fma4(vload(x, r4, k), w, a4), _fma4(vload(x, r5, k), w, a5)
+    for i, a in enumerate((a0, a1, a2, a3, a4, a5)):
+        if m0 + i < M:
+            _store_lanes(y, m0 + i, n0, N, a[0], a[1], a[2], a[3])
 
 
 X_IN_L2 = (cache_bytes(2) or 2 << 20) // 4
