@@ -12,7 +12,8 @@ Three f32 kernels, one order. `matvec_f32` takes one row at a time, four output 
 pass: a lone row does no wasted work, which is what a batch-1 decode step (bound by reading the
 weights) wants. `matmul_f32` works on blocks of 3 rows x 8 features (x padded with zero rows to a
 multiple of 3, `padded_rows`): each x vector loaded serves eight products and each weight vector
-three, which is what a long prefill (bound by arithmetic) wants. `matmul8_f32` works on blocks of 8 rows x 2
+three, which is what a long prefill (bound by arithmetic) wants; 6 rows x 4 features where eight
+weight rows are too long for the L1 cache. `matmul8_f32` works on blocks of 8 rows x 2
 features, in one pass over the weight, which is what a batch of eight decodes (bound by both)
 wants. All build every sum from the same `lanes` pieces, so they give the same bits (tested), and
 `product_f32` picks one by the batch's shape alone. They ask for the weight rows a little ahead of
@@ -37,13 +38,15 @@ system or measured while running:
   (`machine.cache_bytes`, sysfs);
 - how many rows of x `matmul_*` pass over a block of weight rows at a time: `X_IN_L2` bytes, a
   quarter of the L2 cache, read the same way;
+- `matmul_f32`'s block: 3 rows x 8 features when eight weight rows fit `X_IN_L1`, else 6 x 4 (four
+  rows: SmolLM2's down projection, K = 1536);
 - vector width: not a choice. The 16 lanes are part of the order of every sum (`lanes`), so they
   are the same on every machine: one AVX-512 register where there is one, two AVX2 halves where
   not; only `lanes.vhat` picks its instructions by the target's features (the same bits either way).
 
 Fixed, each measured on processor B (the 8 x 2 blocks also on A) with its figures next to it: the
-prefetch distances (`_prefetch_rows`, `Q4_AHEAD`, `Q8_AHEAD`), the 3 x 8 and 8 x 2 blocks, and the
-fractions of the caches above. They depend on the cache line (64 bytes) and the register count (32
+prefetch distances (`_prefetch_rows`, `Q4_AHEAD`, `Q8_AHEAD`), the 3 x 8, 6 x 4 and 8 x 2 blocks,
+attention's `QUERY_TILE` and its 3 heads x 64 keys of scores, and the fractions of the caches above. They depend on the cache line (64 bytes) and the register count (32
 with AVX-512), not on a cache size. How: microbenchmarks of the kernel at SmolLM2's shapes, the
 candidates interleaved round by round in one process and the best of several rounds kept (the
 machine is shared, the best round is the least disturbed one), every candidate checked for the same
