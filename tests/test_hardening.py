@@ -404,6 +404,46 @@ def test_a_tensor_name_of_megabytes_gives_a_short_message(tmp_path, capsys):
     assert len(err) < MAX_MESSAGE + 100
 
 
+def test_a_header_that_would_take_too_much_to_parse_is_refused_before_it_is_copied(tmp_path, capsys, monkeypatch):
+    """Was: a 95 MB tensor name (within the format's 100 MB) was parsed, holding the header's text
+    and the name built from it, 2 x 95 MB. The parse's cost is counted in the raw bytes first."""
+    from tl_lab import model
+
+    d = _header_file(tmp_path, b'{"%s":{"dtype":"F32","shape":[1],"data_offsets":[0,0]}}' % (b"w" * 95_000_000))
+    before = snapshot(d)
+    monkeypatch.setattr(model, "_header_text", lambda raw: pytest.fail("decoded before the cost was counted"))
+    code, out, err = run_main(capsys, "generate", "--model", str(d), "--prompt", "hi")
+    assert code == REFUSED and out == ""
+    one_error_line(err, "would hold up to 181 MB", "95,000,053 bytes", "1 byte a character", "over tl_lab's 128 MB")
+    assert snapshot(d) == before
+
+
+@pytest.mark.parametrize("name, width, escape", [
+    ("w", 1, False),           # ASCII
+    ("\u00e9", 1, False),      # Latin-1 (lead byte 0xC3): Python keeps it at 1 byte a character
+    ("\u0100", 2, False),      # the first character past Latin-1 (lead byte 0xC4)
+    ("\uffff", 2, False),      # the last of the BMP (lead byte 0xEF)
+    ("\U0001f600", 4, False),  # past the BMP (lead byte 0xF0)
+    ("\\u0100", 1, True),      # the escape of U+0100, in ASCII text: the string built from it is wider
+])
+def test_a_header_s_parse_cost_counts_characters_their_width_and_escapes(monkeypatch, name, width, escape):
+    """The bound is exact arithmetic on the bytes: characters x width for the text, beside the raw
+    bytes or the strings built (4 bytes a character once a \\u escape is in the header)."""
+    from tl_lab import model
+    from tl_lab.errors import FormatError
+
+    text = '{"%s":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}}' % (name * 1000)
+    raw = text.encode()
+    chars = len(raw.decode())
+    need = chars * width + max(len(raw), chars * (4 if escape else width))
+    buf = len(raw).to_bytes(8, "little") + raw
+    monkeypatch.setattr(model, "MAX_PARSE_BYTES", need)
+    assert len(model.parse_layout(buf).tensors) == 1  # exactly at the bound: parsed
+    monkeypatch.setattr(model, "MAX_PARSE_BYTES", need - 1)
+    with pytest.raises(FormatError, match=f"would hold up to .* at {width} byte"):
+        model.parse_layout(buf)
+
+
 def test_chat_says_a_failed_reply_as_what_it_is_and_keeps_the_conversation(capsys, monkeypatch):
     """Was: any ValueError in a reply (--frequency-penalty 1e308, an output encoding error) was
     reported as 'this message does not fit even on its own', after part of the reply was printed,
@@ -554,3 +594,22 @@ print(state() == before, GIVEN in p.preset.options)
     assert p.stdout.splitlines() == ["ConfigError", "logits must be real numbers, got an array of dtype <U1",
                                      "True False"], (p.stdout, p.stderr)
     assert "Exception ignored" not in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("exc, lib", [
+    (ImportError("/venv/site-packages/rpds/rpds.cpython-311-x86_64-linux-gnu.so: failed to map segment from "
+                 "shared object"), "rpds.cpython-311-x86_64-linux-gnu.so"),
+    (OSError("Could not find/load shared object file 'libllvmlite.so' from resource location: "
+             "'llvmlite.binding'. This could mean ..."), "libllvmlite.so"),
+])
+def test_a_library_that_cannot_be_mapped_is_memory_not_a_bug(exc, lib):
+    """Was: under a 150 MB address-space limit (ulimit -v), exit 4 'internal error, a bug in tl_lab'
+    with the loader's words; 200 MB gave llvmlite's 300-character paragraph. Now exit 1, one line
+    naming the library (benchmarks/bench_probes.py runs it for real under RLIMIT_AS)."""
+    from tl_lab.__main__ import EXIT_BUG, _classify
+
+    code, message = _classify(exc)
+    assert code == REFUSED
+    assert message == (f"the compiled library {lib} could not be loaded: not enough memory for it "
+                       "(a low ulimit -v?) or a broken install")
+    assert _classify(ImportError("No module named 'x'"))[0] == EXIT_BUG  # any other ImportError is still a bug

@@ -149,3 +149,4 @@ def test_int4_widget_shows_the_learners_bytes_beside_the_reference(tmp_path):
     (tmp_path / "quant.py").write_text(stub_source("quant"))
     w = Int4Widget(yours=load(tmp_path / "quant.py", "yours_quant_i4c"))
     assert w.yours_result is None and "not written yet" in w.compare.value and w.view is not None
+    assert re.search(r"your quant\.py raised at \S*quant\.py:\d+ in \S+: NotImplementedError: .*hint: .*exercise hint quant", w.compare.value)

@@ -78,3 +78,4 @@ def test_numbers_widget_shows_the_learners_bits_beside_the_reference(tmp_path):
     (tmp_path / "quant.py").write_text(stub_source("quant"))
     w = NumbersWidget("0.1", yours=load(tmp_path / "quant.py", "yours_quant_c"))
     assert w.yours_bits == {} and "not written yet" in w.compare.value and w.narrowings
+    assert re.search(r"your quant\.py raised at \S*quant\.py:\d+ in \S+: NotImplementedError: .*hint: .*exercise hint quant", w.compare.value)

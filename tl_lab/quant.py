@@ -25,6 +25,7 @@ import numpy as np
 
 from tl_lab.checks import as_float, exact_array, f16_scales, finite_matrix, is_int, rows_of
 from tl_lab.lazy_kernels import product_q4  # the compiler is imported at the first product, not to read a file
+from tl_lab.widening import F16_AS_F32
 
 F16_MAX = 65504.0
 F16_INF = 0x7C00
@@ -233,9 +234,7 @@ def _check_bits(h, name: str) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-# Every f16 widened once, by numpy's exact cast: a 256 KB table that stays in cache. Looking a bit
-# pattern up is about 3x faster than casting it again, and the KV read-back widens on every step.
-_F16_TABLE = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+_F16_TABLE = F16_AS_F32  # every f16's f32 value, by numpy's exact cast (tl_lab.widening)
 
 
 def f16_to_f32(h, out: np.ndarray | None = None):

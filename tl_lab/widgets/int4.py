@@ -267,11 +267,9 @@ class Int4Widget(CellWidget):
             lin = self.yours.QLinear.quantize(W.reshape(1, -1), group)
             self.yours_result = (np.asarray(lin.qweight)[0], np.asarray(lin.dequantize())[0])
         except Exception as exc:  # noqa: BLE001: the learner's code; its error is what to show
-            from tl_lab.exercise.grading import pitfall_hint
+            from tl_lab.exercise.side import raised
 
-            text = f"{type(exc).__name__}: {exc}"
-            return message(f"your quant: {pitfall_hint('quant', '', text)}" if isinstance(exc, NotImplementedError)
-                           else f"your QLinear.quantize raised {text}")
+            return message(raised(exc, self.yours, "quant"))
         got_b, got_w = self.yours_result
         same_b = np.array_equal(got_b, ref.qweight[0])
         same_w = np.array_equal(got_w.view(np.uint32), ref.dequantize()[0].view(np.uint32))

@@ -81,12 +81,10 @@ class NumbersWidget(CellWidget):
         try:
             self.yours_bits = {"f16": int(self.yours.f32_to_f16(self.x)), "bf16": int(self.yours.f32_to_bf16(self.x))}
         except Exception as exc:  # noqa: BLE001: the learner's code; its error is what to show
-            from tl_lab.exercise.grading import pitfall_hint
+            from tl_lab.exercise.side import raised
 
             self.yours_bits = {}
-            text = f"{type(exc).__name__}: {exc}"
-            return message(f"your quant: {pitfall_hint('quant', '', text)}" if isinstance(exc, NotImplementedError)
-                           else f"your quant raised {text}")
+            return message(raised(exc, self.yours, "quant"))
         parts = []
         for fmt, bits in self.yours_bits.items():
             want = self.narrowings[fmt].bits

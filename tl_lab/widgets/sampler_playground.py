@@ -225,12 +225,9 @@ class SamplerPlayground(CellWidget):
             got = mod.sample(logits, p, prompt, output, rng)
             self.yours_result = (int(got[0]), float(got[1]))
         except Exception as exc:  # noqa: BLE001: the learner's code; its error is what to show
-            from tl_lab.exercise.grading import pitfall_hint
+            from tl_lab.exercise.side import raised
 
-            text = f"{type(exc).__name__}: {exc}"
-            hint = pitfall_hint("sample", "", text)
-            return message(f"your sample: {hint}" if isinstance(exc, NotImplementedError) else
-                           f"your sample raised {text}; {hint}")
+            return message(raised(exc, mod, "sample"))
         tok, lp = self.yours_result
         same = tok == self.trace.token and lp.hex() == float(self.trace.logprob).hex()
         verdict = "the same bits as the reference" if same else (
