@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tl_lab.forward import PoolKv, Step, attend_reference, write_kv
-from tl_lab.kernels import ROWS, head_f32, lanes_ready, matmul8_f32, product_f32, rows_f32, set_threads
+from tl_lab.kernels import QUERY_TILE, ROWS, head_f32, lanes_ready, matmul8_f32, product_f32, rows_f32, set_threads
 from tl_lab.q8 import Q8Linear
 from tl_lab.quant import QLinear, f32_to_f16
 
@@ -212,6 +212,23 @@ def test_paged_attention_equals_the_gather_and_mask_reference(D, B, seqs):
         np.testing.assert_allclose(o, attend_reference(cache, layer, q), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("D", [64, 72])  # whole steps of 16, and a head dimension ending inside one
+def test_paged_attention_gives_a_query_the_same_bits_in_a_prefill_and_alone(D):
+    """A query of a prefill (a sequence of several tiles: its keys widened once for all of them) and
+    the same query alone in a decode step (one tile: widened inside its task) add the same sums in
+    the same order: each score is one chain over d, whatever the tile, so the bits are equal."""
+    rng = np.random.default_rng(12)
+    data = _pool(rng, n_blocks=8, B=16, D=D)
+    n = 3 * QUERY_TILE + 5  # four tiles
+    table = list(range(4))
+    prefill = Step.of([([1] * n, 0, table)])
+    q = rng.standard_normal((n, 6, D)).astype(np.float32)
+    o = PoolKv(data, prefill).attend(1, q)
+    for t in (0, QUERY_TILE + 3, n - 1):
+        alone = PoolKv(data, Step.of([([1], t, table)])).attend(1, q[t : t + 1])
+        assert np.array_equal(alone[0], o[t]), f"query {t}, D={D}"
+
+
 def test_paged_attention_visits_only_the_visible_keys():
     """NaN in every slot a query may not see (past pos(t) = p_s + i) changes nothing: the kernel
     never reads them. (The gather-and-mask reference would: NaN * 0 is NaN.)"""
@@ -260,10 +277,12 @@ def test_kernels_give_the_same_bits_at_1_and_2_threads(restore_threads):
     step = _step(rng, data, SEQS)
     q = rng.standard_normal((len(step.tokens), 6, 8)).astype(np.float32)
     head = Q8Linear.quantize(W, group=32)
+    W_long, X_long = np.ascontiguousarray(W.T), rng.standard_normal((9, 1536)).astype(np.float32)  # K = 1536: 6 x 4 blocks
     outs = []
     for n in (1, 2, 1):
         assert _threads(n) == n
-        outs.append((product_f32(X, W), head_f32(X, W), layer.forward(X), PoolKv(data, step).attend(0, q),
+        outs.append((product_f32(X, W), product_f32(X_long, W_long), head_f32(X, W), layer.forward(X),
+                     PoolKv(data, step).attend(0, q),
                      product_f32(X[:8], W), layer.forward(X[:8]),  # batches of 9 and of 8 (`matmul8_*`)
                      head.forward(X[:1]), head.forward(X[:8])))
     for a, b in zip(outs[0], outs[1]):
@@ -283,6 +302,7 @@ from tl_lab.quant import QLinear, f32_to_f16
 rng = np.random.default_rng(11)
 W = rng.standard_normal((1536, 576)).astype(np.float32)
 X = rng.standard_normal((9, 576)).astype(np.float32)
+X_long = rng.standard_normal((9, 1536)).astype(np.float32)  # K = 1536: matmul_f32's 6 x 4 blocks
 q4, q8 = QLinear.quantize(W * 0.05, group=32), Q8Linear.quantize(W, group=32)
 B, D, H, H_kv, n = 16, 64, 9, 3, 512  # SmolLM2's heads; a 512-token prefill and a decode row
 data = f32_to_f16(rng.standard_normal((52, 1, 2, H_kv, B, D)).astype(np.float32))
@@ -291,7 +311,8 @@ q = rng.standard_normal((n + 1, H, D)).astype(np.float32)
 out = {}
 for t in (1, 2):
     set_threads(t)
-    for name, y in (("matmul_f32", product_f32(X, W)), ("matvec_f32", rows_f32(X, W)), ("head", head_f32(X, W)),
+    for name, y in (("matmul_f32", product_f32(X, W)), ("matmul_f32, 6 x 4", product_f32(X_long, W.T.copy())),
+                    ("matvec_f32", rows_f32(X, W)), ("head", head_f32(X, W)),
                     ("matmul8_f32", product_f32(X[:8], W)), ("matmul_q4", q4.forward(X)),
                     ("matmul8_q4", q4.forward(X[:8])), ("attend_paged", PoolKv(data, step).attend(0, q)),
                     ("matvec_q8", q8.forward(X)), ("matmul8_q8", q8.forward(X[:8]))):

@@ -5,7 +5,7 @@ import pytest
 from numba import njit
 
 from tl_lab.lanes import (LANES, vexp, vfma, vload, vload_f16_part, vload_part, vmax, vhat, vq8, vsplat, vstore_part, vsum,
-                          vsum4, vtop, vzero)
+                          vsum4, vtop, vtranspose16, vzero)
 
 
 @njit(cache=True)
@@ -36,6 +36,20 @@ def test_vexp_is_within_one_ulp_of_exp_and_keeps_the_specials():
     _map_exp(specials, out)
     assert out[0, :4].tolist() == [1.0, 1.0, 0.0, np.inf] and np.isnan(out[0, 4])
     assert out[0, 5] == 0.0 and out[0, 6] == np.inf  # below float32's normals: 0; above its range: inf
+
+
+@njit(cache=True)
+def _transpose_at(src, i, k, dst, r, c):
+    vtranspose16(src, i, k, dst, r, c)
+
+
+def test_transpose16_moves_one_block_transposed_and_nothing_else():
+    src = np.arange(40 * 50, dtype=np.float32).reshape(40, 50)
+    dst = np.full((30, 60), -1.0, np.float32)
+    _transpose_at(src, 3, 7, dst, 5, 11)
+    want = np.full_like(dst, -1.0)
+    want[5:21, 11:27] = src[3:19, 7:23].T
+    assert np.array_equal(dst, want)
 
 
 def test_a_dot_product_adds_in_lanes_then_folds_in_halves():

@@ -12,7 +12,8 @@ Three f32 kernels, one order. `matvec_f32` takes one row at a time, four output 
 pass: a lone row does no wasted work, which is what a batch-1 decode step (bound by reading the
 weights) wants. `matmul_f32` works on blocks of 3 rows x 8 features (x padded with zero rows to a
 multiple of 3, `padded_rows`): each x vector loaded serves eight products and each weight vector
-three, which is what a long prefill (bound by arithmetic) wants. `matmul8_f32` works on blocks of 8 rows x 2
+three, which is what a long prefill (bound by arithmetic) wants; 6 rows x 4 features where eight
+weight rows are too long for the L1 cache. `matmul8_f32` works on blocks of 8 rows x 2
 features, in one pass over the weight, which is what a batch of eight decodes (bound by both)
 wants. All build every sum from the same `lanes` pieces, so they give the same bits (tested), and
 `product_f32` picks one by the batch's shape alone. They ask for the weight rows a little ahead of
@@ -38,13 +39,15 @@ system or measured while running:
   (`machine.cache_bytes`, sysfs);
 - how many rows of x `matmul_*` pass over a block of weight rows at a time: `X_IN_L2` bytes, a
   quarter of the L2 cache, read the same way;
+- `matmul_f32`'s block: 3 rows x 8 features when eight weight rows fit `X_IN_L1`, else 6 x 4 (four
+  rows: SmolLM2's down projection, K = 1536);
 - vector width: not a choice. The 16 lanes are part of the order of every sum (`lanes`), so they
   are the same on every machine: one AVX-512 register where there is one, two AVX2 halves where
   not; only `lanes.vhat` picks its instructions by the target's features (the same bits either way).
 
 Fixed, each measured on processor B (the 8 x 2 blocks also on A) with its figures next to it: the
-prefetch distances (`_prefetch_rows`, `Q4_AHEAD`, `Q8_AHEAD`), the 3 x 8 and 8 x 2 blocks, and the
-fractions of the caches above. They depend on the cache line (64 bytes) and the register count (32
+prefetch distances (`_prefetch_rows`, `Q4_AHEAD`, `Q8_AHEAD`), the 3 x 8, 6 x 4 and 8 x 2 blocks,
+attention's `QUERY_TILE` and its 3 heads x 64 keys of scores, and the fractions of the caches above. They depend on the cache line (64 bytes) and the register count (32
 with AVX-512), not on a cache size. How: microbenchmarks of the kernel at SmolLM2's shapes, the
 candidates interleaved round by round in one process and the best of several rounds kept (the
 machine is shared, the best round is the least disturbed one), every candidate checked for the same
@@ -53,11 +56,12 @@ bits first; `benchmarks/bench_targets.py` runs the kernels compiled for other pr
 
 Compiled with numba, ``cache=True``: the first process compiles (about 9 s for the tiny model's f32
 and int4 forwards), later ones load the machine code from ``__pycache__`` (0.2 s). No kernel uses a
-fast-math flag: `lanes` writes the vector code of the products and of attention (q . k_j is a
-`lanes` sum over the head dimension, four keys side by side; keys and values are widened from f16
-once per task, sixteen at a time; the softmax's sum is a `lanes` sum over the keys; and
-sum_j p_j v_j adds the values in key order, 64 of them for each of three heads held in registers
-across the keys). It was
+fast-math flag: `lanes` writes the vector code of the products and of attention (q . k_j is one
+chain of fused multiply-adds over the head dimension, d = 0, 1, ..., sixteen keys side by side in
+the lanes, so no score pays a fold; keys and values are widened from f16 once per sequence and KV
+head for a prefill's tiles, once per task for a decode's, the keys transposed sixteen by sixteen;
+the softmax's sum is a `lanes` sum over the keys; and sum_j p_j v_j adds the values in key order,
+64 of them for each of three heads held in registers across the keys). It was
 not always so: with `reassoc`, numba compiled a sum inside a parallel loop one way in the process
 that compiled the kernel and another way in the processes that loaded it from the cache (numba issue
 #10617), so the first run after a change gave other bits than every later one;
@@ -86,7 +90,7 @@ import numpy as np  # noqa: E402
 from numba import njit, prange  # noqa: E402
 
 from tl_lab.lanes import (LANES, prefetch, vexp, vfma, vhat, vload, vload_f16, vload_f16_part, vload_part,  # noqa: E402
-                          vmax, vmul, vq8, vsplat, vstore, vstore_part, vsum, vsum4, vtop, vzero)
+                          vmax, vmul, vq8, vsplat, vstore, vstore_part, vsum, vsum4, vtop, vtranspose16, vzero)
 from tl_lab.machine import cache_bytes  # noqa: E402
 
 __all__ = ["ROWS", "padded_rows", "lanes_ready", "matmul_f32", "matmul8_f32", "matmul_q4", "matmul8_q4",
@@ -212,26 +216,60 @@ def _fma4(xv, w, a):  # pragma: no cover (compiled)
 
 @njit(parallel=True, cache=True)
 def matmul_f32(x, W, y):  # pragma: no cover (compiled)
-    """y = x W^T in blocks of 3 rows by 8 features. x: (M, K) float32 with M a multiple of 3
-    (`padded_rows`); W: (N, K) float32; y: (M, N) float32, written.
+    """y = x W^T in blocks of 3 rows by 8 features, or 6 rows by 4 where eight weight rows do not
+    fit `X_IN_L1`. x: (M, K) float32 with M a multiple of 3 (`padded_rows`); W: (N, K) float32; y:
+    (M, N) float32, written.
 
-    The kernel of a long batch (a prefill): 24 sums side by side (`_block38`), so each multiply-add
-    costs under half a load, and the eight weight rows of a block (18 KB for K = 576) stay in the
-    L1 cache while every block of rows passes over them (4 x 4 blocks, this kernel's first form,
-    ran 68 GFLOP/s on one thread against 96 for 3 x 8, SmolLM2's layer shapes at 512 rows, measured
-    on processor B; torch's sgemm 131). Each sum is added in `lanes` order, so every y[m, n] has the
-    same bits as `matvec_f32`'s: the engine picks either by the batch alone. The first block of
-    rows asks for the next block's weight rows as it goes; the others find the rows it read in the
-    cache."""
+    The kernel of a long batch (a prefill): 24 sums side by side (`_block38`, `_block64`), so each
+    multiply-add costs under half a load, and the weight rows of a block (eight: 18 KB for K = 576)
+    stay in the L1 cache while every block of rows passes over them (4 x 4 blocks, this kernel's
+    first form, ran 68 GFLOP/s on one thread against 96 for 3 x 8, SmolLM2's layer shapes at 512
+    rows, measured on processor B; torch's sgemm 131). Where eight rows do not fit (SmolLM2's down
+    projection, K = 1536: 49 KB against a 48 KB L1), every block of rows read them from L2 again;
+    four rows (24.6 KB) do, and six rows of x share them (512 x 1536 -> 576 at 1 thread, processor
+    B, best of 15 and of 40 interleaved rounds on a busy host: 74 -> 95 and 62 -> 78 GFLOP/s).
+    Each sum is added in `lanes` order, so every y[m, n] has the same bits as `matvec_f32`'s: the
+    engine picks either by the batch alone. The first block of rows asks for the next block's
+    weight rows as it goes; the others find the rows it read in the cache."""
     M, K = x.shape
     N = W.shape[0]
-    rows = _rows_in_l2(K)
-    for mc in range(0, M, rows):  # a chunk of x's rows stays in the L2 cache while every block reads it
-        for nb in prange((N + 7) // 8):
-            n0 = nb * 8
-            p = min(n0 + 8, N - 1)
-            for m0 in range(mc, min(mc + rows, M), ROWS):
-                _block38(x, m0, W, n0, y, n0, p, m0 == mc)
+    if 8 * 4 * K <= X_IN_L1:
+        rows = _rows_in_l2(K)
+        for mc in range(0, M, rows):  # a chunk of x's rows stays in the L2 cache while every block reads it
+            for nb in prange((N + 7) // 8):
+                n0 = nb * 8
+                p = min(n0 + 8, N - 1)
+                for m0 in range(mc, min(mc + rows, M), ROWS):
+                    _block38(x, m0, W, n0, y, n0, p, m0 == mc)
+        return
+    rows = max(6, _rows_in_l2(K) // 6 * 6)
+    for mc in range(0, M, rows):
+        for nb in prange((N + 3) // 4):
+            n0 = nb * 4
+            p = min(n0 + 4, N - 1)
+            for m0 in range(mc, min(mc + rows, M), 6):
+                _block64(x, m0, W, n0, y, n0, p, m0 == mc)
+
+
+@njit(inline="always", cache=True)
+def _block64(x, m0, W, w0, y, n0, p, ahead):  # pragma: no cover (compiled)
+    """y[m0 .. m0 + 5, n0 .. n0 + 3] = x[m0 .. m0 + 5] W[w0 .. w0 + 3]^T, the rows and features that
+    exist (a row past x's last reads the last again and is never stored, as a feature past W's):
+    `_block38`'s 24 sums in `lanes` order, each weight vector serving six rows and each x vector four
+    features. With `ahead`, the weight rows p .. p + 3 (the next block's) are asked for as it goes."""
+    M, N, K, last = x.shape[0], y.shape[1], x.shape[1], W.shape[0] - 1
+    r3, r4, r5 = min(m0 + 3, M - 1), min(m0 + 4, M - 1), min(m0 + 5, M - 1)  # M is a multiple of 3
+    a0, a1, a2 = _zeros4(), _zeros4(), _zeros4()  # a_i: row m0 + i, features n0 .. n0 + 3
+    a3, a4, a5 = _zeros4(), _zeros4(), _zeros4()
+    for k in range(0, K, LANES):
+        if ahead:
+            _prefetch_rows(W, p, 4, k)
+        w = _load4(W, w0, last, k)
+        a0, a1, a2 = _fma4(vload(x, m0, k), w, a0), _fma4(vload(x, m0 + 1, k), w, a1), _fma4(vload(x, m0 + 2, k), w, a2)
+        a3, a4, a5 = _fma4(vload(x, r3, k), w, a3), _fma4(vload(x, r4, k), w, a4), _fma4(vload(x, r5, k), w, a5)
+    for i, a in enumerate((a0, a1, a2, a3, a4, a5)):
+        if m0 + i < M:
+            _store_lanes(y, m0 + i, n0, N, a[0], a[1], a[2], a[3])
 
 
 X_IN_L2 = (cache_bytes(2) or 2 << 20) // 4
@@ -531,7 +569,8 @@ def _softmax(w, a, n):  # pragma: no cover (compiled)
     """w[a, :n] (float32) -> its softmax in place, the maximum subtracted first: the maximum and
     the exponentials sixteen at a time (`lanes.vmax`, `lanes.vexp`), their sum in `lanes` order like
     every other sum here (one chain of n scalar additions had made the softmax a quarter of a
-    decode step's attention)."""
+    decode step's attention), and the division by it sixteen at a time too (the same bits as one
+    value at a time: one float32 multiply each)."""
     if n >= LANES:  # the last step overlaps the one before it: a maximum does not mind
         tv = vload(w, a, 0)
         for j in range(LANES, n, LANES):
@@ -542,13 +581,19 @@ def _softmax(w, a, n):  # pragma: no cover (compiled)
         for j in range(1, n):
             top = max(top, w[a, j])
     one, shift, total = vsplat(np.float32(1.0)), vsplat(-top), vzero()
+    whole = n - n % LANES
+    for j in range(0, whole, LANES):
+        e = vexp(vfma(vload(w, a, j), one, shift))  # exp(w - top)
+        vstore(w, a, j, e)
+        total = vfma(one, e, total)  # + exp(w - top), rounded once
+    if whole < n:  # the last, partial step: lanes past n read as 0, are never written, add 0
+        m = n - whole
+        vstore_part(w, a, whole, m, vexp(vfma(vload_part(w, a, whole, m), one, shift)))
+        total = vfma(one, vload_part(w, a, whole, m), total)
+    inv = vsplat(np.float32(1.0) / vsum(total))
     for j in range(0, n, LANES):
         m = min(LANES, n - j)
-        vstore_part(w, a, j, m, vexp(vfma(vload_part(w, a, j, m), one, shift)))  # exp(w - top)
-        total = vfma(one, vload_part(w, a, j, m), total)  # + exp(w - top), rounded once; lanes past n add 0
-    inv = np.float32(1.0) / vsum(total)
-    for j in range(n):
-        w[a, j] *= inv
+        vstore_part(w, a, j, m, vmul(vload_part(w, a, j, m), inv))
 
 
 QUERY_TILE = 16
@@ -583,12 +628,18 @@ def _load_f16(a, i, d, tail):  # pragma: no cover (compiled)
     return vload_f16_part(a, i, d, min(LANES, a.shape[1] - d))
 
 
+@njit(inline="always", cache=True)
+def _steps(n):  # pragma: no cover (compiled)
+    """n rounded up to whole steps of LANES."""
+    return (n + LANES - 1) // LANES * LANES
+
+
 @njit(parallel=True, cache=True)
 def attend_paged(q, data, layer, tables, seq_of, starts, firsts, tiles, o, tail):  # pragma: no cover
     """Grouped-query causal attention read from the pool's blocks in place (section 2.4, "going
     further": PagedAttention). Nothing is gathered: key j of sequence s is read where it lives,
     block tables[s, j // B], slot j % B, and widened from f16 sixteen values at a time as it is read,
-    once per task (`_widen_kv`).
+    once per KV head for all the sequence's tiles (`_widen_seq`).
 
     q: (N, H, D) float32, the step's queries after RoPE; data: the pool (n_blocks, n_layers, 2, H_kv,
     B, D) uint16; tables: (S, T) int64 block tables (padded); seq_of: (N,) the sequence of each row;
@@ -605,10 +656,27 @@ def attend_paged(q, data, layer, tables, seq_of, starts, firsts, tiles, o, tail)
     whatever its tile, so a query's bits depend only on its own sequence.
     """
     N, H, D = q.shape
-    H_kv, B = data.shape[3], data.shape[4]
+    H_kv = data.shape[3]
     rep = H // H_kv
     scale = np.float32(1.0) / np.sqrt(np.float32(D))
     n_tasks = (tiles.size - 1) * H_kv
+    # A sequence of more than one tile (a prefill) has its keys and values widened once, before
+    # the tiles, instead of once per tile: a 512-token prefill's 32 tiles had widened 16 times its
+    # keys. A one-tile sequence (a decode) widens its own inside its task, so the buffer below holds
+    # only what several tasks share.
+    S = starts.size
+    cols = np.zeros(S + 1, dtype=np.int64)  # sequence s's columns of keysT: cols[s] .. cols[s + 1] - 1
+    for s in range(S):
+        n_s = _end_of(firsts, s, N) - firsts[s]
+        cols[s + 1] = cols[s] + (_steps(starts[s] + n_s) if n_s > QUERY_TILE else 0)
+    width = cols[S]
+    keysT = np.empty((H_kv * D, width), dtype=np.float32)  # row g * D + d: dimension d of KV head g's keys
+    values = np.empty((H_kv * width, D), dtype=np.float32)  # row g * width + cols[s] + j: value j
+    for sg in prange(S * H_kv):
+        s, g = sg // H_kv, sg % H_kv
+        if cols[s + 1] > cols[s]:
+            _widen_seq(data, layer, tables[s], g, starts[s] + _end_of(firsts, s, N) - firsts[s],
+                       keysT, g * D, cols[s], values, g * width + cols[s], tail)
     # A prefill's last tile sees every key, its first tile a few, and numba hands each thread one
     # contiguous share of the range: taken in the order first, last, second, second to last, ...,
     # every share holds light and heavy tasks alike (a prefill of 512 tokens at 2 threads: 256 ms of
@@ -622,29 +690,40 @@ def attend_paged(q, data, layer, tables, seq_of, starts, firsts, tiles, o, tail)
         for i in range(nq):
             last[i] = starts[s] + (t0 + i - firsts[s])  # q_offset = p_s: the i-th new token sees keys 0 .. p_s + i
         L = last[nq - 1] + 1  # the tile's last query sees the most keys
-        keys, values = np.empty((L, D), dtype=np.float32), np.empty((L, D), dtype=np.float32)
-        _widen_kv(data, layer, tables[s], g, keys, values, tail)
-        w = np.empty((nq * rep, L), dtype=np.float32)  # row i * rep + r: scores, then weights
-        _scores(q, keys, g, t0, last, scale, w, B, tail)
+        if cols[s + 1] > cols[s]:  # widened above, for all of s's tiles
+            kT, k0, c0, vals, v0 = keysT, g * D, cols[s], values, g * width + cols[s]
+        else:
+            kT, k0, c0 = np.empty((D, _steps(L)), dtype=np.float32), 0, 0
+            vals, v0 = np.empty((L, D), dtype=np.float32), 0
+            _widen_seq(data, layer, tables[s], g, L, kT, 0, 0, vals, 0, tail)
+        w = np.empty((nq * rep, _steps(L)), dtype=np.float32)  # row i * rep + r: scores, then weights
+        _scores(q, kT, k0, c0, g, t0, last, scale, w)
         for i in range(nq):
             for r in range(rep):
                 _softmax(w, i * rep + r, last[i] + 1)
         for i in range(nq):
             for r in range(0, rep, 3):  # three heads of the group at a time (the last repeated where rep % 3)
                 r1, r2 = min(r + 1, rep - 1), min(r + 2, rep - 1)
-                _weighted_values(w, i * rep + r, i * rep + r1, i * rep + r2, last[i] + 1, values, o, t0 + i,
+                _weighted_values(w, i * rep + r, i * rep + r1, i * rep + r2, last[i] + 1, vals, v0, o, t0 + i,
                                  (g * rep + r) * D, (g * rep + r1) * D, (g * rep + r2) * D, tail)
 
 
 @njit(inline="always", cache=True)
-def _widen_kv(data, layer, table, g, keys, values, tail):  # pragma: no cover (compiled)
-    """keys[j], values[j] = key and value j of KV head g, widened from the pool's f16 (exact), for j <
-    L = len(keys): read once per task, block by block, the next block asked for while one is widened.
-    Every query of the task then reads float32 rows, widened once for all the task's queries (rep
-    of them at a decode, up to QUERY_TILE x rep in a prefill) instead of once per query (a 512-token
-    prefill's attention: about 4% faster; a decode's: within the noise, 0.01 ms a layer slower)."""
-    L, D = keys.shape
+def _end_of(firsts, s, N):  # pragma: no cover (compiled)
+    """The row after sequence s's last one (N rows in all)."""
+    return firsts[s + 1] if s + 1 < firsts.size else N
+
+
+@njit(inline="always", cache=True)
+def _widen_seq(data, layer, table, g, L, kT, k0, c0, vals, v0, tail):  # pragma: no cover (compiled)
+    """Keys and values 0 .. L - 1 of KV head g, widened from the pool's f16 (exact): value j into
+    vals[v0 + j] (a row, as the weighted sum reads it), key j into column c0 + j of kT's rows
+    k0 .. k0 + D - 1 (transposed, as `_scores` reads it: sixteen keys' dimension d in one vector).
+    Read block by block, the next block asked for while one is widened."""
+    D = vals.shape[1]
     B = data.shape[4]
+    krows = np.empty((_steps(L), D), dtype=np.float32)  # the keys as rows first
+    krows[L:] = 0.0  # the last step's rows past L: scored, never used (zeros keep them ordinary numbers)
     for blk in range((L + B - 1) // B):
         kb, vb = data[table[blk], layer, 0, g], data[table[blk], layer, 1, g]  # (B, D) f16 bits, in place
         if (blk + 1) * B < L:  # a block sits far from the next one: ask for the next now
@@ -653,55 +732,95 @@ def _widen_kv(data, layer, table, g, keys, values, tail):  # pragma: no cover (c
         for jj in range(min(B, L - blk * B)):
             for d in range(0, D, LANES):
                 m = min(LANES, D - d)
-                vstore_part(keys, blk * B + jj, d, m, _load_f16(kb, jj, d, tail))
-                vstore_part(values, blk * B + jj, d, m, _load_f16(vb, jj, d, tail))
+                vstore_part(vals, v0 + blk * B + jj, d, m, _load_f16(vb, jj, d, tail))
+                vstore_part(krows, blk * B + jj, d, m, _load_f16(kb, jj, d, tail))
+    _transpose(krows, kT, k0, c0, tail)
 
 
 @njit(inline="always", cache=True)
-def _scores(q, keys, g, t0, last, scale, w, B, tail):  # pragma: no cover (compiled)
+def _transpose(rows, kT, k0, c0, tail):  # pragma: no cover (compiled)
+    """kT[k0 + d, c0 + j] = rows[j, d] (rows: (J, D) float32, J whole steps): 16 x 16 blocks at a
+    time (`lanes.vtranspose16`) where D is whole steps too, else one value at a time. A decode
+    step widens every key of its sequence again: one value at a time, its attention took 1.8 times
+    as long as with the blocks."""
+    J, D = rows.shape
+    if len(tail) == 0:
+        for j in range(0, J, LANES):
+            for d in range(0, D, LANES):
+                vtranspose16(rows, j, d, kT, k0 + d, c0 + j)
+        return
+    for j in range(J):
+        for d in range(D):
+            kT[k0 + d, c0 + j] = rows[j, d]
+
+
+@njit(inline="always", cache=True)
+def _scores(q, kT, k0, c0, g, t0, last, scale, w):  # pragma: no cover (compiled)
     """w[i * rep + r, j] = scale * q[t0 + i, g * rep + r] . k_j for the keys j <= last[i] each query
-    sees (keys: (L, D) float32, `_widen_kv`), B keys at a time for every query (so a run of keys is
-    read from the L1 cache by all of them), four keys at a time where a query sees all four."""
-    nq, L = last.size, w.shape[1]
+    sees (kT: the keys transposed, dimension d of key j at kT[k0 + d, c0 + j], `_widen_seq`).
+
+    Each dot product is ONE chain of fused multiply-adds over d = 0, 1, ..., D - 1, with sixteen keys
+    side by side in the lanes: no fold at the end, so its bits do not depend on how many keys or
+    heads run together. The lanes-over-d sums of the products had spent as much on folding each
+    score's 16 lanes (four steps of 16 for D = 64) as on its multiply-adds. Three heads of the
+    group by 64 keys at a time (12 accumulators, each key vector serving three heads), 16 keys at a
+    time for a query's last keys; columns past last[i] of w are written and never read."""
+    nq = last.size
+    D = q.shape[2]
     rep = w.shape[0] // nq
-    s4 = vsplat(scale)
-    for j0 in range(0, L, B):
-        for i in range(nq):
-            q_i, seen = q[t0 + i], min(B, last[i] + 1 - j0)  # (H, D); keys of this run query i sees
-            for r in range(rep):
-                a, h = i * rep + r, g * rep + r
-                jj = 0
-                while jj + 4 <= seen:
-                    vstore_part(w, a, j0 + jj, 4, vmul(s4, _dot4(q_i, h, keys, j0 + jj, tail)))
-                    jj += 4
-                for jj in range(jj, seen):
-                    w[a, j0 + jj] = vsum(_dot(q_i, h, keys, j0 + jj, tail)) * scale
+    s16 = vsplat(scale)
+    for i in range(nq):
+        seen, t = last[i] + 1, t0 + i
+        for r in range(0, rep, 3):  # three heads at a time (the last repeated where rep % 3)
+            r1, r2 = min(r + 1, rep - 1), min(r + 2, rep - 1)
+            h0, h1, h2 = g * rep + r, g * rep + r1, g * rep + r2
+            a0, a1, a2 = i * rep + r, i * rep + r1, i * rep + r2
+            j = 0
+            while j + 4 * LANES <= seen:
+                _scores64(q, t, h0, h1, h2, kT, k0, c0 + j, D, w, a0, a1, a2, j, s16)
+                j += 4 * LANES
+            while j < seen:
+                _scores16(q, t, h0, h1, h2, kT, k0, c0 + j, D, w, a0, a1, a2, j, s16)
+                j += LANES
 
 
 @njit(inline="always", cache=True)
-def _dot(q_i, h, keys, j, tail):  # pragma: no cover (compiled)
-    """q_i[h] . keys[j] in lanes over d, not yet folded."""
-    acc = vzero()
-    for d in range(0, q_i.shape[1], LANES):
-        acc = vfma(_load(q_i, h, d, tail), _load(keys, j, d, tail), acc)
-    return acc
+def _scores64(q, t, h0, h1, h2, kT, k0, c, D, w, a0, a1, a2, j, s16):  # pragma: no cover (compiled)
+    """Scores of query t's heads h0, h1, h2 against the 64 keys at columns c .. c + 63 of kT, into
+    w[a0], w[a1], w[a2] at columns j .. j + 63: `_scores`'s chains, twelve side by side."""
+    x0, x1, x2, x3 = vzero(), vzero(), vzero(), vzero()
+    y0, y1, y2, y3 = vzero(), vzero(), vzero(), vzero()
+    z0, z1, z2, z3 = vzero(), vzero(), vzero(), vzero()
+    for d in range(D):
+        k_0, k_1 = vload(kT, k0 + d, c), vload(kT, k0 + d, c + LANES)
+        k_2, k_3 = vload(kT, k0 + d, c + 2 * LANES), vload(kT, k0 + d, c + 3 * LANES)
+        p = vsplat(q[t, h0, d])
+        x0, x1, x2, x3 = vfma(p, k_0, x0), vfma(p, k_1, x1), vfma(p, k_2, x2), vfma(p, k_3, x3)
+        p = vsplat(q[t, h1, d])
+        y0, y1, y2, y3 = vfma(p, k_0, y0), vfma(p, k_1, y1), vfma(p, k_2, y2), vfma(p, k_3, y3)
+        p = vsplat(q[t, h2, d])
+        z0, z1, z2, z3 = vfma(p, k_0, z0), vfma(p, k_1, z1), vfma(p, k_2, z2), vfma(p, k_3, z3)
+    for k, (u, v, x) in enumerate(((x0, y0, z0), (x1, y1, z1), (x2, y2, z2), (x3, y3, z3))):
+        vstore(w, a0, j + k * LANES, vmul(s16, u))
+        vstore(w, a1, j + k * LANES, vmul(s16, v))
+        vstore(w, a2, j + k * LANES, vmul(s16, x))
 
 
 @njit(inline="always", cache=True)
-def _dot4(q_i, h, keys, j, tail):  # pragma: no cover (compiled)
-    """q_i[h] . keys[j + c] for c = 0 .. 3 in lanes 0 .. 3: four `_dot`s side by side, each q vector
-    loaded once for the four, folded together (`lanes.vsum4`: the same bits as four `vsum`s)."""
-    a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
-    for d in range(0, q_i.shape[1], LANES):
-        qv = _load(q_i, h, d, tail)
-        a0, a1 = vfma(qv, _load(keys, j, d, tail), a0), vfma(qv, _load(keys, j + 1, d, tail), a1)
-        a2, a3 = vfma(qv, _load(keys, j + 2, d, tail), a2), vfma(qv, _load(keys, j + 3, d, tail), a3)
-    return vsum4(a0, a1, a2, a3)
+def _scores16(q, t, h0, h1, h2, kT, k0, c, D, w, a0, a1, a2, j, s16):  # pragma: no cover (compiled)
+    """`_scores64` for the 16 keys at columns c .. c + 15: the same chains, three side by side."""
+    x, y, z = vzero(), vzero(), vzero()
+    for d in range(D):
+        k_ = vload(kT, k0 + d, c)
+        x, y, z = vfma(vsplat(q[t, h0, d]), k_, x), vfma(vsplat(q[t, h1, d]), k_, y), vfma(vsplat(q[t, h2, d]), k_, z)
+    vstore(w, a0, j, vmul(s16, x))
+    vstore(w, a1, j, vmul(s16, y))
+    vstore(w, a2, j, vmul(s16, z))
 
 
 @njit(inline="always", cache=True)
-def _weighted_values(w, a, b, c, n, values, o, t, ca, cb, cc, tail):  # pragma: no cover (compiled)
-    """o[t, ca : ca + D] = sum_j w[a, j] v_j over j = 0 .. n - 1 (values: (L, D) float32, `_widen_kv`),
+def _weighted_values(w, a, b, c, n, values, v0, o, t, ca, cb, cc, tail):  # pragma: no cover (compiled)
+    """o[t, ca : ca + D] = sum_j w[a, j] v_j over j = 0 .. n - 1 (v_j = values[v0 + j], `_widen_seq`),
     and the same for rows b, c of w into columns cb, cc (three heads that share the KV head), added
     in key order: each output value is one chain of fused multiply-adds, so its bits do not depend
     on how many are computed side by side. Sixty-four values (four steps) of each of the three rows
@@ -716,14 +835,15 @@ def _weighted_values(w, a, b, c, n, values, o, t, ca, cb, cc, tail):  # pragma: 
             b0, b1, b2, b3 = vzero(), vzero(), vzero(), vzero()
             c0, c1, c2, c3 = vzero(), vzero(), vzero(), vzero()
             for j in range(n):
-                v0, v1 = vload(values, j, d0), vload(values, j, d0 + LANES)
-                v2, v3 = vload(values, j, d0 + 2 * LANES), vload(values, j, d0 + 3 * LANES)
+                r = v0 + j
+                v_0, v_1 = vload(values, r, d0), vload(values, r, d0 + LANES)
+                v_2, v_3 = vload(values, r, d0 + 2 * LANES), vload(values, r, d0 + 3 * LANES)
                 p = vsplat(w[a, j])
-                a0, a1, a2, a3 = vfma(p, v0, a0), vfma(p, v1, a1), vfma(p, v2, a2), vfma(p, v3, a3)
+                a0, a1, a2, a3 = vfma(p, v_0, a0), vfma(p, v_1, a1), vfma(p, v_2, a2), vfma(p, v_3, a3)
                 p = vsplat(w[b, j])
-                b0, b1, b2, b3 = vfma(p, v0, b0), vfma(p, v1, b1), vfma(p, v2, b2), vfma(p, v3, b3)
+                b0, b1, b2, b3 = vfma(p, v_0, b0), vfma(p, v_1, b1), vfma(p, v_2, b2), vfma(p, v_3, b3)
                 p = vsplat(w[c, j])
-                c0, c1, c2, c3 = vfma(p, v0, c0), vfma(p, v1, c1), vfma(p, v2, c2), vfma(p, v3, c3)
+                c0, c1, c2, c3 = vfma(p, v_0, c0), vfma(p, v_1, c1), vfma(p, v_2, c2), vfma(p, v_3, c3)
             for k, (va, vb, vc) in enumerate(((a0, b0, c0), (a1, b1, c1), (a2, b2, c2), (a3, b3, c3))):
                 vstore(o, t, ca + d0 + k * LANES, va)
                 vstore(o, t, cb + d0 + k * LANES, vb)
@@ -733,7 +853,7 @@ def _weighted_values(w, a, b, c, n, values, o, t, ca, cb, cc, tail):  # pragma: 
             for d in range(d0, min(d0 + 4 * LANES, D), LANES):
                 acc = vzero()
                 for j in range(n):
-                    acc = vfma(vsplat(w[row, j]), _load(values, j, d, tail), acc)
+                    acc = vfma(vsplat(w[row, j]), _load(values, v0 + j, d, tail), acc)
                 vstore_part(o, t, col + d, min(LANES, D - d), acc)  # a head's row may end inside a step
 
 

@@ -52,7 +52,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic, models, register_model
 
 __all__ = ["LANES", "F32x16", "vzero", "vload", "vfma", "vsum", "prefetch", "vload_part", "vload_f16", "vload_f16_part",
-           "vstore", "vstore_part", "vsplat", "vhat", "vq8", "vexp", "vmax", "vtop", "vsum4", "vmul"]
+           "vstore", "vstore_part", "vsplat", "vtranspose16", "vhat", "vq8", "vexp", "vmax", "vtop", "vsum4", "vmul"]
 
 LANES = 16
 _VEC = ir.VectorType(ir.FloatType(), LANES)
@@ -207,6 +207,39 @@ def prefetch(typingctx, arr, i, k):
         return context.get_dummy_value()
 
     return types.void(arr, i, k), codegen
+
+
+@intrinsic
+def vtranspose16(typingctx, src, i, k, dst, r, c):
+    """dst[r + a, c + b] = src[i + b, k + a] for a, b = 0 .. 15: a 16 x 16 block of float32 moved
+    transposed (both C-contiguous 2-D float32, unchecked like `vload`). Sixteen loads, four rounds of
+    sixteen two-vector shuffles (each round swaps the off-diagonal blocks of size 8, 4, 2, 1), and
+    sixteen stores: a quarter of an instruction per value, where one value at a time took two."""
+    _check_2d(src)
+    _check_2d(dst)
+
+    def codegen(context, builder, sig, args):
+        rows = []
+        for b in range(LANES):
+            ptr, _ = _item_pointer(context, builder, sig.args[0], args[0], builder.add(args[1], ir.Constant(args[1].type, b)), args[2])
+            rows.append(builder.load(builder.bitcast(ptr, _VEC.as_pointer()), align=4))
+        size = LANES // 2
+        while size >= 1:  # rows x = rows[a], y = rows[a + size] with a's bit `size` clear
+            for a in range(LANES):
+                if a & size:
+                    continue
+                x, y = rows[a], rows[a + size]
+                lo = [col if not col & size else LANES + col - size for col in range(LANES)]
+                hi = [col + size if not col & size else LANES + col for col in range(LANES)]
+                rows[a] = builder.shuffle_vector(x, y, ir.Constant(ir.VectorType(_I32, LANES), lo))
+                rows[a + size] = builder.shuffle_vector(x, y, ir.Constant(ir.VectorType(_I32, LANES), hi))
+            size //= 2
+        for a in range(LANES):
+            ptr, _ = _item_pointer(context, builder, sig.args[3], args[3], builder.add(args[4], ir.Constant(args[4].type, a)), args[5])
+            builder.store(rows[a], builder.bitcast(ptr, _VEC.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return types.void(src, i, k, dst, r, c), codegen
 
 
 # ---------------------------------------------------------------------------------------------
@@ -416,8 +449,11 @@ def vexp(typingctx, v):
         p = _splat(_TAYLOR[-1])
         for c in reversed(_TAYLOR[:-1]):  # Horner: ((c7 r + c6) r + ...) r + 1
             p = builder.call(fn("llvm.fma.v16f32", 3), [p, r, _splat(c)])
-        sat = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i32x16, [_VEC]), "llvm.fptosi.sat.v16i32.v16f32")
-        bits = builder.shl(builder.add(builder.call(sat, [n]), ir.Constant(i32x16, [127] * LANES)), ir.Constant(i32x16, [23] * LANES))
+        # n is a whole number of -126 .. 128 (x was clamped first), or NaN, taken as 0: so the plain
+        # conversion is exact and gives what the saturating one (llvm.fptosi.sat) gave, which this
+        # machine's LLVM turned into sixteen scalar conversions (half of a 512-token prefill's attention)
+        n_int = builder.fptosi(builder.select(builder.fcmp_unordered("uno", n, n), _splat(0.0), n), i32x16)
+        bits = builder.shl(builder.add(n_int, ir.Constant(i32x16, [127] * LANES)), ir.Constant(i32x16, [23] * LANES))
         y = builder.fmul(p, builder.bitcast(bits, _VEC))
         y = builder.select(low, _splat(0.0), y)
         return builder.select(high, _splat(float("inf")), y)
