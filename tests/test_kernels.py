@@ -427,3 +427,33 @@ def test_paged_attention_is_exact_where_exp_of_a_score_overflows():
     assert np.isfinite(o).all()  # without the maximum: inf / inf, NaN
     # scores of hundreds carry absolute rounding errors of 1e-5, which exp turns into relative ones
     np.testing.assert_allclose(o, attend_reference(cache, 0, q), rtol=1e-3, atol=1e-3)
+
+
+def test_a_cache_built_from_another_lanes_is_dropped(tmp_path):
+    """numba keys a cached kernel on kernels.py's timestamp only, not on lanes.py's, which the kernels
+    compile into themselves: the cache remembers the lanes.py it was built from, and its kernels'
+    files go when lanes.py changes (others' files stay)."""
+    from tl_lab.kernels import drop_cache_of_other_lanes
+
+    def files():
+        return sorted(p.name for p in tmp_path.iterdir())
+
+    kept = ["kernels.lanes.sha256", "machine.f-1.py311.nbi"]
+    (tmp_path / "machine.f-1.py311.nbi").write_bytes(b"m")
+    assert drop_cache_of_other_lanes(tmp_path, b"lanes v1")  # no stamp yet: whatever is there is unknown
+    for name in ("kernels.matvec_f32-147.py311.nbi", "kernels.matvec_f32-147.py311.1.nbc"):
+        (tmp_path / name).write_bytes(b"k")
+    assert not drop_cache_of_other_lanes(tmp_path, b"lanes v1") and len(files()) == 4
+    assert drop_cache_of_other_lanes(tmp_path, b"lanes v2") and files() == kept
+    assert not drop_cache_of_other_lanes(tmp_path, b"lanes v2")
+
+
+def test_the_kernels_cache_knows_its_lanes():
+    """The cache this process's kernels load from holds the sha256 of today's lanes.py."""
+    import hashlib
+    from pathlib import Path
+
+    from tl_lab import kernels, lanes
+
+    stamp = Path(kernels.matvec_f32._cache._cache_path) / "kernels.lanes.sha256"
+    assert stamp.read_text() == hashlib.sha256(Path(lanes.__file__).read_bytes()).hexdigest()

@@ -70,11 +70,13 @@ that compiled the kernel and another way in the processes that loaded it from th
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import threading
 import weakref
 from contextlib import contextmanager
+from pathlib import Path
 
 # numba runs prange loops on an OpenMP pool whose idle threads spin by default. On a machine where
 # another process holds a core (a learner's laptop always has one), a spinning thread and a
@@ -89,6 +91,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import numpy as np  # noqa: E402
 from numba import njit, prange  # noqa: E402
 
+from tl_lab import lanes  # noqa: E402
 from tl_lab.lanes import (LANES, prefetch, vexp, vfma, vhat, vload, vload_f16, vload_f16_part, vload_part,  # noqa: E402
                           vmax, vmul, vq8, vsplat, vstore, vstore_part, vsum, vsum4, vtop, vtranspose16, vzero)
 from tl_lab.machine import cache_bytes  # noqa: E402
@@ -1104,3 +1107,36 @@ def _c(a: np.ndarray) -> np.ndarray:
     if not a.flags.c_contiguous:
         raise ValueError(f"the kernels take C-contiguous arrays only, got strides {a.strides} for shape {a.shape}")
     return a
+
+
+def drop_cache_of_other_lanes(cache_dir: Path, lanes_source: bytes) -> bool:
+    """Drop the kernels' cached machine code if it was built from another lanes.py; -> True if dropped.
+
+    numba keys a cached kernel on kernels.py's own timestamp, but every kernel compiles lanes.py's
+    functions into itself: after an edit of lanes.py alone, numba would load the old lanes' code
+    (same source, other bits). So the cache directory keeps the sha256 of the lanes.py its kernels
+    were built from, and files of kernels built from another are removed (numba compiles them again).
+    A cache numba cannot write is left as it is."""
+    stamp = cache_dir / "kernels.lanes.sha256"
+    digest = hashlib.sha256(lanes_source).hexdigest()
+    try:
+        if stamp.is_file() and stamp.read_text() == digest:
+            return False
+        for f in [*cache_dir.glob("kernels.*.nbi"), *cache_dir.glob("kernels.*.nbc")]:
+            f.unlink(missing_ok=True)
+        tmp = cache_dir / f"kernels.lanes.{os.getpid()}.tmp"
+        tmp.write_text(digest)
+        os.replace(tmp, stamp)
+    except OSError:
+        return False
+    return True
+
+
+def _check_cache() -> None:
+    cache = getattr(matvec_f32, "_cache", None)  # numba's FunctionCache: where this process's kernels are cached
+    path = getattr(cache, "_cache_path", None)
+    if path is not None and Path(path).is_dir():
+        drop_cache_of_other_lanes(Path(path), Path(lanes.__file__).read_bytes())
+
+
+_check_cache()
