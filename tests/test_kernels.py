@@ -212,6 +212,19 @@ def test_paged_attention_equals_the_gather_and_mask_reference(D, B, seqs):
         np.testing.assert_allclose(o, attend_reference(cache, layer, q), rtol=1e-5, atol=1e-6)
 
 
+def test_paged_attention_over_more_than_64_keys_equals_the_reference():
+    """The scores' blocks of 64 keys (`_scores64`) and the 16-key rest, in a prefill of 150 tokens
+    (ten query tiles, its keys widened once for all) and a decode step at position 140, against the
+    gather-and-mask reference: the cases above see at most 21 keys."""
+    rng = np.random.default_rng(5)
+    data = _pool(rng, n_blocks=20, B=16, D=64)
+    step = _step(rng, data, [(0, 150, list(range(10))), (140, 1, list(range(10, 19)))])
+    cache = PoolKv(data, step)
+    q = rng.standard_normal((len(step.tokens), 6, 64)).astype(np.float32)
+    for layer in (0, 1):
+        np.testing.assert_allclose(cache.attend(layer, q), attend_reference(cache, layer, q), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("D", [64, 72])  # whole steps of 16, and a head dimension ending inside one
 def test_paged_attention_gives_a_query_the_same_bits_in_a_prefill_and_alone(D):
     """A query of a prefill (a sequence of several tiles: its keys widened once for all of them) and
