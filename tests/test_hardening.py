@@ -412,9 +412,17 @@ def test_a_header_that_would_take_too_much_to_parse_is_refused_before_it_is_copi
     d = _header_file(tmp_path, b'{"%s":{"dtype":"F32","shape":[1],"data_offsets":[0,0]}}' % (b"w" * 95_000_000))
     before = snapshot(d)
     monkeypatch.setattr(model, "_header_text", lambda raw: pytest.fail("decoded before the cost was counted"))
+    passes, pieces = [], model._header_pieces
+
+    def counted(buf, N, overlap=0, **kw):
+        passes.append(overlap)
+        return pieces(buf, N, overlap, **kw)
+
+    monkeypatch.setattr(model, "_header_pieces", counted)
     code, out, err = run_main(capsys, "generate", "--model", str(d), "--prompt", "hi")
     assert code == REFUSED and out == ""
     one_error_line(err, "would hold up to 181 MB", "95,000,053 bytes", "1 byte a character", "over tl_lab's 128 MB")
+    assert 1 in passes and 0 not in passes, passes  # the cost's pass over the bytes ran, the copy's (overlap 0) never
     assert snapshot(d) == before
 
 

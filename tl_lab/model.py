@@ -68,9 +68,10 @@ MAX_TENSORS = 100_000
 # MAX_TENSORS of them; 7.5 million metadata entries or a shape of 40 million dimensions are not.
 MAX_HEADER_VALUES = 16 * MAX_TENSORS
 # What parsing a header may hold at once: its text as Python keeps it (1, 2 or 4 bytes a character)
-# beside the bytes it was decoded from, then beside the names and values built from it. Checked
-# while the header is copied, before it is decoded: a 95 MB name held 2 x 95 MB, and a few non-ASCII
-# characters make Python keep all the text at 2 or 4 bytes a character. A real header is under 1 MB.
+# beside the bytes it was decoded from, then beside the names and values built from it. Counted in
+# the raw bytes before the header is copied (`_check_parse_cost`): a 95 MB name held 2 x 95 MB, and
+# a few non-ASCII characters make Python keep all the text at 2 or 4 bytes a character. A real
+# header is under 1 MB.
 MAX_PARSE_BYTES = 128 * 2**20
 MAX_CONFIG_BYTES = 10_000_000  # config.json: SmolLM2's, chat template included, is 4 KB
 
@@ -453,45 +454,34 @@ def _header_pieces(buf, N: int, overlap: int = 0, step: int = 1 << 22) -> Iterat
 
 
 def _header_bytes(buf, N: int) -> bytearray:
-    """The header, copied once (see `_header_pieces`), after checking that parsing it would hold at
-    most MAX_PARSE_BYTES (`_ParseCost`, a pass over the bytes before the copy)."""
-    cost = _ParseCost()
-    for piece in _header_pieces(buf, N, overlap=1):
-        cost.add(piece, min(len(piece), 1 << 22))
-    cost.check(N)
+    """The header, copied once (see `_header_pieces`), after `_check_parse_cost`."""
+    _check_parse_cost(buf, N)
     raw = bytearray(N)
     for k, piece in enumerate(_header_pieces(buf, N)):
         raw[k << 22 : (k << 22) + len(piece)] = piece
     return raw
 
 
-class _ParseCost:
-    """What parsing a header will hold, counted in its UTF-8 bytes, a piece at a time: the characters
-    (bytes that are not continuation bytes 0b10xxxxxx), the widest one (Python keeps a whole str at
-    the width of its widest character), and whether a \\u escape can make a built string wider than
-    the text. An upper bound: the text beside the raw bytes, or beside the strings built from it."""
-
-    def __init__(self) -> None:
-        self.chars, self.top, self.escapes = 0, 0, False
-
-    def add(self, piece: bytes, own: int) -> None:
-        """piece: the next bytes of the header, the first `own` of them its own (the rest overlap)."""
-        a = np.frombuffer(piece, np.uint8, own)
-        self.chars += own - int(np.count_nonzero((a & 0xC0) == 0x80))
-        self.top = max(self.top, int(a.max(initial=0)))
-        self.escapes = self.escapes or b"\\u" in piece
-
-    def check(self, N: int) -> None:
-        width = 4 if self.top >= 0xF0 else 2 if self.top >= 0xC4 else 1  # lead bytes of U+10000, U+0100
-        text = self.chars * width
-        built = self.chars * (4 if self.escapes else width)
-        need = text + max(N, built)
-        if need > MAX_PARSE_BYTES:
-            raise FormatError(
-                f"parsing this header would hold up to {need / 2**20:,.0f} MB (its {N:,} bytes as Python text at "
-                f"{width} byte{'s' * (width > 1)} a character, beside the names and values built from it), over "
-                f"tl_lab's {MAX_PARSE_BYTES >> 20} MB for a header (a real one is under 1 MB); refused before parsing it"
-            )
+def _check_parse_cost(buf, N: int) -> None:
+    """Refuse a header whose parse would hold more than MAX_PARSE_BYTES, counted in its UTF-8 bytes a
+    piece at a time: the characters (bytes that are not continuation bytes 0b10xxxxxx), the widest
+    one (Python keeps a whole str at the width of its widest character), and whether a \\u escape
+    can make a built string wider than the text. An upper bound: the text beside the raw bytes, or
+    beside the strings built from it."""
+    chars, top, escapes = 0, 0, False
+    for piece in _header_pieces(buf, N, overlap=1):  # the overlap: a \u split between two pieces
+        a = np.frombuffer(piece, np.uint8, min(len(piece), 1 << 22))
+        chars += a.size - int(np.count_nonzero((a & 0xC0) == 0x80))
+        top = max(top, int(a.max(initial=0)))
+        escapes = escapes or b"\\u" in piece
+    width = 4 if top >= 0xF0 else 2 if top >= 0xC4 else 1  # lead bytes of U+10000, U+0100
+    need = chars * width + max(N, chars * (4 if escapes else width))
+    if need > MAX_PARSE_BYTES:
+        raise FormatError(
+            f"parsing this header would hold up to {need / 2**20:,.0f} MB (its {N:,} bytes as Python text at "
+            f"{width} byte{'s' * (width > 1)} a character, beside the names and values built from it), over "
+            f"tl_lab's {MAX_PARSE_BYTES >> 20} MB for a header (a real one is under 1 MB); refused before parsing it"
+        )
 
 
 def _check_entry_count(buf, N: int) -> None:
