@@ -45,10 +45,12 @@ system or measured while running:
   are the same on every machine: one AVX-512 register where there is one, two AVX2 halves where
   not; only `lanes.vhat` picks its instructions by the target's features (the same bits either way).
 
-Fixed, each measured on processor B (the 8 x 2 blocks also on A) with its figures next to it: the
+Fixed, each measured on processor B (the 8 x 2 blocks also on A) with its figures next to it: how
+long the threads spin before they sleep (GOMP_SPINCOUNT, the gap between a step's parallel loops), the
 prefetch distances (`_prefetch_rows`, `Q4_AHEAD`, `Q8_AHEAD`), the 3 x 8, 6 x 4 and 8 x 2 blocks,
-attention's `QUERY_TILE` and its 3 heads x 64 keys of scores, and the fractions of the caches above. They depend on the cache line (64 bytes) and the register count (32
-with AVX-512), not on a cache size. How: microbenchmarks of the kernel at SmolLM2's shapes, the
+attention's `QUERY_TILE` and its 3 heads x 64 keys of scores, and the fractions of the caches above. The blocks and distances depend on the cache line (64 bytes)
+and the register count (32 with AVX-512), not on a cache size; the spin on how long our own Python
+runs between two parallel loops. How: microbenchmarks of the kernel at SmolLM2's shapes, the
 candidates interleaved round by round in one process and the best of several rounds kept (the
 machine is shared, the best round is the least disturbed one), every candidate checked for the same
 bits first; `benchmarks/bench_targets.py` runs the kernels compiled for other processors' tuning
@@ -78,15 +80,24 @@ import weakref
 from contextlib import contextmanager
 from pathlib import Path
 
-# numba runs prange loops on an OpenMP pool whose idle threads spin by default. On a machine where
-# another process holds a core (a learner's laptop always has one), a spinning thread and a
-# descheduled one turn every one of a step's ~240 parallel loops into a wait: batch-1 decode at 2
-# threads fell from 30 to under 2 tokens/s, measured. Sleeping idle threads cost a wake-up per loop
-# instead (about 40 us here). A short spin before sleeping was tried twice: GOMP_SPINCOUNT=10000
-# took batch-8 decode at 2 threads from 280 to 399 tokens/s on a quiet machine, but from 245 to 95
-# with one core busy, so the threads sleep at once. A lone row splits only where its own steps say
-# it pays (`threads_for`). Read once, when numba first starts the pool; a value set by the user wins.
+# numba runs prange loops on an OpenMP pool (GNU libgomp on Linux) whose idle threads spin for
+# 300 000 rounds by default. On a machine where another process holds a core (a learner's laptop
+# always has one), a spinning thread and a descheduled one turn every one of a step's ~240 parallel
+# loops into a wait: batch-1 decode at 2 threads fell from 30 to under 2 tokens/s, measured. So the
+# threads wait passively, and spin only GOMP_SPINCOUNT rounds first: 3 000 rounds, about 30 us on
+# processor B. A loop after a gap of up to 20 us then costs 3.5 us more than on one thread, 9 us after
+# 50-200 us, against 17 us with no spin (1 000 rounds: 3 and 10; 10 000: 2.5 up to 100 us). The gaps
+# are where Python runs the norms, RoPE and the KV write between a step's parallel loops; a thread
+# asleep through each made a second thread pay for itself only in the products over the L2 cache.
+# SmolLM2 at 2 threads on processor B, medians of 2 to 6 interleaved runs on a noisy host, no spin ->
+# 3 000: int4 batch 1 77 -> 88 tokens/s, batch 8 195 -> 238; with a busy loop holding one core, int4
+# batch 1 52 -> 68 and batch 8 160 -> 113 (the spin takes the busy core's time: the one case it
+# costs). 10 000 rounds cost batch 8 half its speed with the busy core and gained nothing more quiet.
+# A lone row still splits only where its own steps say it pays (`threads_for`). How long a round
+# takes is the processor's (a pause instruction); read once, when numba first starts the pool (GNU
+# OpenMP only; other threading layers ignore it); a value set by the user wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("GOMP_SPINCOUNT", "3000")
 
 import numpy as np  # noqa: E402
 from numba import njit, prange  # noqa: E402
@@ -675,11 +686,12 @@ def attend_paged(q, data, layer, tables, seq_of, starts, firsts, tiles, o, tail)
     width = cols[S]
     keysT = np.empty((H_kv * D, width), dtype=np.float32)  # row g * D + d: dimension d of KV head g's keys
     values = np.empty((H_kv * width, D), dtype=np.float32)  # row g * width + cols[s] + j: value j
-    for sg in prange(S * H_kv):
-        s, g = sg // H_kv, sg % H_kv
-        if cols[s + 1] > cols[s]:
-            _widen_seq(data, layer, tables[s], g, starts[s] + _end_of(firsts, s, N) - firsts[s],
-                       keysT, g * D, cols[s], values, g * width + cols[s], tail)
+    if width > 0:  # a step of decodes only has nothing shared to widen: no parallel loop to wake the threads for
+        for sg in prange(S * H_kv):
+            s, g = sg // H_kv, sg % H_kv
+            if cols[s + 1] > cols[s]:
+                _widen_seq(data, layer, tables[s], g, starts[s] + _end_of(firsts, s, N) - firsts[s],
+                           keysT, g * D, cols[s], values, g * width + cols[s], tail)
     # A prefill's last tile sees every key, its first tile a few, and numba hands each thread one
     # contiguous share of the range: taken in the order first, last, second, second to last, ...,
     # every share holds light and heavy tasks alike (a prefill of 512 tokens at 2 threads: 256 ms of
@@ -1003,9 +1015,10 @@ class LoneRowThreads:
 
     Why measured, and measured all along: a lone row is bound by reading the weights, and a second
     thread helps a product only where the half of the work it takes over is worth more than waking
-    it: it sleeps between the ~150 parallel loops of a step, and on processor B a 2-thread loop cost
-    6 to 10 us more than a 1-thread one after the second core had idled 0.1 ms, 39 us after 1 ms
-    (the virtual core halted; the medians of 400, measured at load 1.4). Whether a second thread
+    it: it sleeps between the ~150 parallel loops of a step once its spin (GOMP_SPINCOUNT, the top of
+    this module) runs out, and on processor B a 2-thread loop cost 6 to 10 us more than a 1-thread
+    one after the second core had idled 0.1 ms, 39 us after 1 ms, before the spin (the virtual core
+    halted; the medians of 400, measured at load 1.4), 3.5 to 9 us within the spin. Whether a second thread
     helps depends on the machine and on the moment. On processor A one core read memory as fast as
     two (SmolLM2 int4, 2 threads: 66 tokens/s against 80 on one); on processor B one thread reads
     15-18 GB/s and two 31, so f32 batch 1 on one thread stopped at 40% of the machine's bandwidth.

@@ -98,7 +98,7 @@ def describe() -> dict:
                    for c in caches()},
         "numba": numba.__version__, "numpy": np.__version__, "python": platform.python_version(),
         "env": {k: os.environ[k] for k in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "OPENBLAS_CORETYPE",
-                                           "OMP_WAIT_POLICY") if k in os.environ},
+                                           "OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if k in os.environ},
     }
 
 
