@@ -85,8 +85,9 @@ from pathlib import Path
 # always has one), a spinning thread and a descheduled one turn every one of a step's ~240 parallel
 # loops into a wait: batch-1 decode at 2 threads fell from 30 to under 2 tokens/s, measured. So the
 # threads wait passively, and spin only GOMP_SPINCOUNT rounds first: 3 000 rounds, about 30 us on
-# processor B. A loop after a gap of up to 20 us then costs 3.5 us more than on one thread, 9 us after
-# 50-200 us, against 17 us with no spin (1 000 rounds: 3 and 10; 10 000: 2.5 up to 100 us). The gaps
+# processor B. An empty parallel loop at 2 threads after a gap of up to 20 us then takes 3.5 us (1.9 to
+# 2.8 on one thread), 9 us after 50-200 us and 28 after 1 ms, against 17, 17 to 28 and 45 with no spin
+# (1 000 rounds: 3 up to 5 us, 8 to 10 after; 10 000: 2.5 up to 50 us). The gaps
 # are where Python runs the norms, RoPE and the KV write between a step's parallel loops; a thread
 # asleep through each made a second thread pay for itself only in the products over the L2 cache.
 # SmolLM2 at 2 threads on processor B, medians of 2 to 6 interleaved runs on a noisy host, no spin ->
@@ -1015,10 +1016,9 @@ class LoneRowThreads:
 
     Why measured, and measured all along: a lone row is bound by reading the weights, and a second
     thread helps a product only where the half of the work it takes over is worth more than waking
-    it: it sleeps between the ~150 parallel loops of a step once its spin (GOMP_SPINCOUNT, the top of
-    this module) runs out, and on processor B a 2-thread loop cost 6 to 10 us more than a 1-thread
-    one after the second core had idled 0.1 ms, 39 us after 1 ms, before the spin (the virtual core
-    halted; the medians of 400, measured at load 1.4), 3.5 to 9 us within the spin. Whether a second thread
+    it: it sleeps between the ~150 parallel loops of a step once its spin runs out, and a loop that
+    finds it asleep costs several times one that finds it spinning (GOMP_SPINCOUNT, the top of this
+    module, gives both, measured on processor B). Whether a second thread
     helps depends on the machine and on the moment. On processor A one core read memory as fast as
     two (SmolLM2 int4, 2 threads: 66 tokens/s against 80 on one); on processor B one thread reads
     15-18 GB/s and two 31, so f32 batch 1 on one thread stopped at 40% of the machine's bandwidth.
