@@ -78,9 +78,12 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 
     Hugging Face's order: the reciprocal square root multiplies x, then the weight. The mean is a
     numpy reduction along the last axis of a C-contiguous array, which sums each row by itself
-    (tests check a row alone and in a stack agree bit for bit).
+    (tests check a row alone and in a stack agree bit for bit). It is written as a sum over d
+    rather than np.mean: the same sum and the same bits (mean divides in float64 and rounds once
+    to float32, which is the float32 division exactly), without mean's Python layer, which cost a
+    decode step about 0.2 ms over SmolLM2's 60 norms.
     """
-    ms = np.mean(x * x, axis=-1, keepdims=True)
+    ms = (x * x).sum(axis=-1, keepdims=True) / np.float32(x.shape[-1])
     return (x * (np.float32(1.0) / np.sqrt(ms + np.float32(eps)))) * w
 
 
@@ -141,10 +144,11 @@ def write_kv(data: np.ndarray, layer: int, blk: np.ndarray, slot: np.ndarray,
     """Write the step's keys and values as f16 into the pool, one vectorized write each.
 
     data: the pool buffer (n_blocks, n_layers, 2, H_kv, B, D) uint16 (axis 2: 0 = K, 1 = V);
-    blk, slot: (N,) pool block and slot of each row; k, v: (N, H_kv, D) float32.
+    blk, slot: (N,) pool block and slot of each row; k, v: (N, H_kv, D) float32. K and V side by
+    side, (N, 2, H_kv, D), are rounded and written in one go: two of each had cost a decode step's
+    30 layers about 0.4 ms more.
     """
-    data[blk, layer, 0, :, slot, :] = f32_to_f16(k)
-    data[blk, layer, 1, :, slot, :] = f32_to_f16(v)
+    data[blk, layer, :, :, slot, :] = f32_to_f16(np.stack([k, v], axis=1))  # axis 1: 0 = K, 1 = V
 
 
 def gather_kv(data: np.ndarray, layer: int, table: np.ndarray, L: int) -> tuple[np.ndarray, np.ndarray]:
@@ -385,11 +389,11 @@ def llama_layer(layer, l: int, x: np.ndarray, cos: np.ndarray, sin: np.ndarray, 
                 c, rec: Recorder | None = None) -> np.ndarray:
     """One decoder layer (section 2.4) on the step's rows x: (N, d) float32 -> (N, d) float32."""
     N, H, H_kv, D, eps = x.shape[0], c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps
-    I, a, b = c.intermediate_size, H * D, (H + H_kv) * D  # where q, k, v end in the stacked outputs
+    I, b = c.intermediate_size, (H + H_kv) * D  # q and k are the stacked outputs' first b columns, v the rest
     h = rms_norm(x, layer.input_layernorm, eps)                          # (N, d)
     qkv = linear(h, layer.qkv)                                           # (N, (H + 2 H_kv) D): W_q, W_k, W_v stacked
-    q = rope(qkv[:, :a].reshape(N, H, D), cos, sin)                      # (N, H, D)
-    k = rope(qkv[:, a:b].reshape(N, H_kv, D), cos, sin)                  # (N, H_kv, D)
+    qk = rope(qkv[:, :b].reshape(N, H + H_kv, D), cos, sin)              # (N, H + H_kv, D): q's heads, then k's
+    q, k = qk[:, :H], qk[:, H:]                                          # (N, H, D), (N, H_kv, D)
     v = qkv[:, b:].reshape(N, H_kv, D)                                   # (N, H_kv, D)
     cache.write(l, k, v)                                                 # f16 into the blocks
     o = cache.attend(l, q)                                               # (N, H * D), keys j <= pos(t)
