@@ -20,6 +20,21 @@ def test_describe_names_the_processor_its_llvm_name_its_features_cores_and_cache
         assert "L1d" in d["caches"] and d["caches"]["L1d"].endswith("KB")
 
 
+def test_describe_says_how_the_kernels_threads_wait_set_or_not(monkeypatch):
+    for name in machine.POOL_DEFAULTS:
+        monkeypatch.delenv(name, raising=False)
+    assert machine.describe()["kernel_pool"] == machine.POOL_DEFAULTS  # a process started from here uses these
+    monkeypatch.setenv("GOMP_SPINCOUNT", "0")
+    assert machine.describe()["kernel_pool"] == {**machine.POOL_DEFAULTS, "GOMP_SPINCOUNT": "0"}  # the user's wins
+
+
+def test_the_kernels_apply_the_pool_defaults():
+    from tl_lab import kernels  # noqa: F401 (importing it sets them where the user did not)
+
+    for name, value in machine.POOL_DEFAULTS.items():
+        assert os.environ.get(name), f"{name} unset after importing the kernels"
+
+
 def test_cache_sizes_are_the_systems():
     sysfs = Path("/sys/devices/system/cpu/cpu0/cache")
     if not sysfs.is_dir():

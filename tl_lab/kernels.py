@@ -96,9 +96,12 @@ from pathlib import Path
 # costs). 10 000 rounds cost batch 8 half its speed with the busy core and gained nothing more quiet.
 # A lone row still splits only where its own steps say it pays (`threads_for`). How long a round
 # takes is the processor's (a pause instruction); read once, when numba first starts the pool (GNU
-# OpenMP only; other threading layers ignore it); a value set by the user wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-os.environ.setdefault("GOMP_SPINCOUNT", "3000")
+# OpenMP only; other threading layers ignore it); a value set by the user wins. The two values live in
+# `machine.POOL_DEFAULTS`, so a results file can record them without importing this module.
+from tl_lab.machine import POOL_DEFAULTS, cache_bytes  # noqa: E402 (numpy only: numba's pool has not started)
+
+for _name, _value in POOL_DEFAULTS.items():
+    os.environ.setdefault(_name, _value)
 
 import numpy as np  # noqa: E402
 from numba import njit, prange  # noqa: E402
@@ -106,7 +109,6 @@ from numba import njit, prange  # noqa: E402
 from tl_lab import lanes  # noqa: E402
 from tl_lab.lanes import (LANES, prefetch, vexp, vfma, vhat, vload, vload_f16, vload_f16_part, vload_part,  # noqa: E402
                           vmax, vmul, vq8, vsplat, vstore, vstore_part, vsum, vsum4, vtop, vtranspose16, vzero)
-from tl_lab.machine import cache_bytes  # noqa: E402
 
 __all__ = ["ROWS", "padded_rows", "lanes_ready", "matmul_f32", "matmul8_f32", "matmul_q4", "matmul8_q4",
            "matvec_f32", "attend_paged", "QUERY_TILE", "product_f32", "rows_f32", "head_f32",

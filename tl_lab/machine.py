@@ -10,7 +10,8 @@ kernels size what depends on the cache from `cache_bytes` (`kernels.X_IN_L1`).
 
 - ``describe()`` -> the processor's model name, the name numba's LLVM gives it and the name numba
   compiles for (``NUMBA_CPU_NAME`` may set another), the vector ISA features that matter here, the
-  cores this process may use, and the cache sizes per level;
+  cores this process may use, the cache sizes per level, and how the kernels' threads wait
+  (`pool_settings`: what a process started from this one runs with, default or set);
 - ``cache_bytes(level, kind)`` -> one cache's size in bytes (None when the system does not say);
 - ``read_gbps(threads)`` -> GB/s of a compiled kernel reading a buffer larger than the last cache
   level, split over `threads` threads as the kernels split a weight.
@@ -25,7 +26,19 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["describe", "cache_bytes", "read_gbps", "FEATURES"]
+__all__ = ["describe", "cache_bytes", "read_gbps", "FEATURES", "POOL_DEFAULTS", "pool_settings"]
+
+POOL_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "3000"}
+"""How the kernels' OpenMP threads wait between parallel loops, unless the user's environment says
+otherwise: `tl_lab.kernels` sets these (why, and the figures behind 3 000 rounds, are at its top).
+Kept here, where the kernels' import does not have to happen, so `describe` can say what a
+process running the kernels uses without starting numba's pool."""
+
+
+def pool_settings() -> dict[str, str]:
+    """The wait settings the kernels' pool runs with in a process started from this one's
+    environment: the user's value of each where set, else the kernels' default."""
+    return {k: os.environ.get(k, v) for k, v in POOL_DEFAULTS.items()}
 
 FEATURES = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
             "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve")
@@ -99,6 +112,7 @@ def describe() -> dict:
         "numba": numba.__version__, "numpy": np.__version__, "python": platform.python_version(),
         "env": {k: os.environ[k] for k in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "OPENBLAS_CORETYPE",
                                            "OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if k in os.environ},
+        "kernel_pool": pool_settings(),
     }
 
 
