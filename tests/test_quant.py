@@ -10,6 +10,7 @@ from tl_lab.quant import (
     QLinear,
     bf16_to_f32,
     bf16_to_f32_scalar,
+    explain_f32_to_bf16,
     explain_f32_to_f16,
     f16_to_f32,
     f16_to_f32_scalar,
@@ -221,6 +222,18 @@ def test_rounding_decision_explains_the_ties():
     step = explain_f32_to_f16(1 + 3 * 2**-11)
     assert step.bits == 0x3C02 and step.rounding.verdict == "tie" and step.rounding.round_up
     assert explain_f32_to_f16(70000.0).overflow and explain_f32_to_f16(1e-6).subnormal
+
+
+def test_narrowing_says_subnormal_exactly_in_the_targets_subnormal_range():
+    """The explanation's flags (what the numbers widget shows): subnormal is the target's exponent
+    field 0 and a nonzero result, so the smallest normal of each format is not one, and inf is
+    named by its format like every other result."""
+    f16 = {x: explain_f32_to_f16(x).subnormal for x in (2.0**-15, 2.0**-14, 1.0, 0.0)}
+    assert f16 == {2.0**-15: True, 2.0**-14: False, 1.0: False, 0.0: False}
+    bf16 = {x: explain_f32_to_bf16(x).subnormal for x in (2.0**-127, 2.0**-126, 1.0, 0.0)}
+    assert bf16 == {2.0**-127: True, 2.0**-126: False, 1.0: False, 0.0: False}
+    assert explain_f32_to_bf16(2.0**-126).bits == 0x0080  # the smallest normal bf16, exponent field 1
+    assert [explain_f32_to_f16(float("inf")).fmt, explain_f32_to_bf16(float("-inf")).fmt] == ["f16", "bf16"]
 
 
 def test_conversions_refuse_bad_input():
