@@ -31,7 +31,7 @@ def test_describe_says_how_the_kernels_threads_wait_set_or_not(monkeypatch):
 def test_the_kernels_apply_the_pool_defaults():
     from tl_lab import kernels  # noqa: F401 (importing it sets them where the user did not)
 
-    for name, value in machine.POOL_DEFAULTS.items():
+    for name in machine.POOL_DEFAULTS:
         assert os.environ.get(name), f"{name} unset after importing the kernels"
 
 

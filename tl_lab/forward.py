@@ -141,7 +141,7 @@ def kv_location(table: np.ndarray, pos: np.ndarray, B: int) -> tuple[np.ndarray,
 
 def write_kv(data: np.ndarray, layer: int, blk: np.ndarray, slot: np.ndarray,
              k: np.ndarray, v: np.ndarray) -> None:
-    """Write the step's keys and values as f16 into the pool, one vectorized write each.
+    """Write the step's keys and values as f16 into the pool, both in one vectorized write.
 
     data: the pool buffer (n_blocks, n_layers, 2, H_kv, B, D) uint16 (axis 2: 0 = K, 1 = V);
     blk, slot: (N,) pool block and slot of each row; k, v: (N, H_kv, D) float32. K and V side by

@@ -321,7 +321,8 @@ def _bits16(h: np.ndarray, name: str) -> np.ndarray:
 
 
 def _floats32(x: np.ndarray) -> np.ndarray:
-    if type(x) is np.ndarray and x.dtype == np.float32:  # every array the engine rounds: no errstate to enter (a microsecond or two)
+    # every array the engine rounds is one already: no errstate to enter (a microsecond or two a call)
+    if type(x) is np.ndarray and x.dtype == np.float32:
         return x
     if x.dtype.kind != "f":
         raise ValueError(
