@@ -305,21 +305,31 @@ def _learner_pitfalls():
     return [p for p in PITFALLS.values() if all(e.module.split(".")[1] in MODULES for e in p.edits)]
 
 
-def _pitfall_run(tmp_path, p):
+def _two_at_a_time(runs):
+    """Run prepared `(workspace, module, graded_run_kwargs)` runs, two pytest subprocesses at a time;
+    returns each run's data. Every workspace is written beforehand in the calling thread: CPython
+    3.11's ast is not safe from two threads at once ("SystemError: AST constructor recursion depth
+    mismatch"), and writing a workspace parses the reference."""
+    with ThreadPoolExecutor(2) as pool:
+        return list(pool.map(lambda r: _run(r[0], r[1], [r[1]], timeout=300, **r[2])[0], runs))
+
+
+def _pitfall_workspace(tmp_path, p):
+    """A workspace of reference copies whose module of pitfall `p` has the pitfall written in."""
     m = p.module.split(".")[1]
     ws = workspace(tmp_path / p.id, "ref", [m])
     src = reference_source(m)
     for e in p.edits:
         src = apply_edit(src, e, p.id)
     (ws / f"{m}.py").write_text(src)
-    data, _, _ = _run(ws, m, [m], timeout=300, tests=[p.test])
-    return m, data
+    return ws, m, {"tests": [p.test]}
 
 
 @pytest.mark.parametrize("pid", ["s04", "s08", "s18"])
 def test_a_pitfall_in_the_workspace_copy_fails_its_test(tmp_path, pid):
     p = PITFALLS[pid]
-    m, data = _pitfall_run(tmp_path, p)
+    ws, m, run = _pitfall_workspace(tmp_path, p)
+    data, _, _ = _run(ws, m, [m], timeout=300, **run)
     assert outcomes(data) and all(v == "failed" for v in outcomes(data).values()), data
     assert data["origins"][m]["loaded"].startswith(str(tmp_path))
     failing = data["results"][0]
@@ -330,18 +340,17 @@ def test_a_pitfall_in_the_workspace_copy_fails_its_test(tmp_path, pid):
 def test_every_learner_pitfall_in_the_workspace_copy_fails_its_test(tmp_path):
     ps = _learner_pitfalls()
     assert len(ps) == 20
-    with ThreadPoolExecutor(2) as pool:
-        runs = list(pool.map(lambda p: (p, _pitfall_run(tmp_path, p)), ps))
-    missed = [p.id for p, (_, data) in runs if not outcomes(data) or "failed" not in outcomes(data).values()]
+    runs = _two_at_a_time([_pitfall_workspace(tmp_path, p) for p in ps])
+    missed = [p.id for p, data in zip(ps, runs) if not outcomes(data) or "failed" not in outcomes(data).values()]
     assert not missed
 
 
-def _blank_run(tmp_path, m, qualname):
+def _blanked_workspace(tmp_path, m, qualname):
+    """A workspace whose `m`.py is the reference with only `qualname`'s body blanked."""
     ws = tmp_path / f"{m}-{qualname}"
     ws.mkdir()
     (ws / f"{m}.py").write_text(blank(reference_source(m), m, {qualname}))
-    data, log, seconds = _run(ws, m, [m], timeout=300, first_failure=True)
-    return qualname, data, seconds
+    return ws, m, {"first_failure": True}
 
 
 @pytest.mark.exercise_slow
@@ -351,10 +360,10 @@ def test_every_piece_blanked_alone_fails_a_graded_test(tmp_path, module, record_
     least one of the module's graded tests (two pytest runs at a time, each stopping at its first
     failure)."""
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(2) as pool:
-        runs = list(pool.map(lambda q: _blank_run(tmp_path, module, q), [p.qualname for p in PIECES[module]]))
+    names = [p.qualname for p in PIECES[module]]
+    runs = _two_at_a_time([_blanked_workspace(tmp_path, module, q) for q in names])
     record_property("seconds", round(time.perf_counter() - t0, 1))
-    ungraded = [q for q, data, _ in runs if data is None or "failed" not in outcomes(data).values()]
+    ungraded = [q for q, data in zip(names, runs) if data is None or "failed" not in outcomes(data).values()]
     assert not ungraded, f"{module}: blanked alone, these fail no graded test: {ungraded}"
 
 
