@@ -193,13 +193,19 @@ SEQS = [(5, 1, [3, 7]), (0, 6, [0, 1]), (9, 3, [4, 2, 8]), (0, 1, [5]), (2, 5, [
 
 LONG_SEQS = [(20, 1, [3, 7, 11]), (0, 19, [0, 1, 2]), (13, 6, [4, 9, 8]), (0, 1, [5]), (2, 9, [6, 10])]
 
+DECODES = [(5, 1, [3, 7]), (0, 1, [5]), (9, 1, [4, 2, 8])]  # a step of decodes only: `_attend_decode`
+
+LONG_DECODES = [(20, 1, [3, 7, 11]), (0, 1, [5]), (47, 1, [0, 1, 2, 4])]
+
 
 @pytest.mark.parametrize("D, B, seqs", [(8, 4, SEQS), (32, 8, LONG_SEQS), (64, 16, LONG_SEQS), (80, 8, LONG_SEQS),
-                                        (128, 16, LONG_SEQS), (72, 4, SEQS)])
+                                        (128, 16, LONG_SEQS), (72, 4, SEQS),
+                                        (8, 4, DECODES), (72, 4, DECODES), (64, 16, LONG_DECODES)])
 def test_paged_attention_equals_the_gather_and_mask_reference(D, B, seqs):
     """Every path of the kernel: head dimensions short of a step (8), short of the 64 values the
     weighted sum keeps in registers (32), one or two whole runs of 64 (64, 128), a run and a rest
-    (80), a rest ending inside a step (72); keys four at a time and one at a time."""
+    (80), a rest ending inside a step (72); keys four at a time and one at a time; steps of decodes
+    only (`_attend_decode`) and steps with longer sequences in them (`_attend_tiles`)."""
     rng = np.random.default_rng(4)
     data = _pool(rng, B=B, D=D)
     step = _step(rng, data, seqs)
@@ -240,6 +246,23 @@ def test_paged_attention_gives_a_query_the_same_bits_in_a_prefill_and_alone(D):
     for t in (0, QUERY_TILE + 3, n - 1):
         alone = PoolKv(data, Step.of([([1], t, table)])).attend(1, q[t : t + 1])
         assert np.array_equal(alone[0], o[t]), f"query {t}, D={D}"
+
+
+@pytest.mark.parametrize("D", [64, 72])
+def test_a_step_of_decodes_gives_the_bits_of_the_tiles_kernel(D):
+    """`attend_paged` sends a step of decodes only to `_attend_decode`; every query of it gets the
+    bits `_attend_tiles` gives the same step (the same `_attend_tile` on the same widened keys)."""
+    from tl_lab import kernels
+
+    rng = np.random.default_rng(13)
+    data = _pool(rng, n_blocks=12, B=16, D=D)
+    step = _step(rng, data, LONG_DECODES[:2] + [(9, 1, [4, 6, 8])])
+    cache = PoolKv(data, step)
+    q = rng.standard_normal((len(step.tokens), 6, D)).astype(np.float32)
+    tiles = np.empty_like(cache.attend(1, q))
+    kernels._attend_tiles(q, data, 1, cache.tables, cache.seq_of, step.starts, cache.firsts, cache.tiles, tiles,
+                          () if D % 16 == 0 else (0,))
+    assert np.array_equal(cache.attend(1, q), tiles)
 
 
 def test_paged_attention_visits_only_the_visible_keys():
@@ -320,6 +343,7 @@ q4, q8 = QLinear.quantize(W * 0.05, group=32), Q8Linear.quantize(W, group=32)
 B, D, H, H_kv, n = 16, 64, 9, 3, 512  # SmolLM2's heads; a 512-token prefill and a decode row
 data = f32_to_f16(rng.standard_normal((52, 1, 2, H_kv, B, D)).astype(np.float32))
 step = Step.of([([1] * n, 0, list(range(32))), ([1], 300, list(range(32, 51)))])
+decodes = Step.of([([1], 300, list(range(32, 51))), ([1], 40, list(range(3)))])  # `_attend_decode`
 q = rng.standard_normal((n + 1, H, D)).astype(np.float32)
 out = {}
 for t in (1, 2):
@@ -328,6 +352,7 @@ for t in (1, 2):
                     ("matvec_f32", rows_f32(X, W)), ("head", head_f32(X, W)),
                     ("matmul8_f32", product_f32(X[:8], W)), ("matmul_q4", q4.forward(X)),
                     ("matmul8_q4", q4.forward(X[:8])), ("attend_paged", PoolKv(data, step).attend(0, q)),
+                    ("attend_paged, decodes", PoolKv(data, decodes).attend(0, q[:2])),
                     ("matvec_q8", q8.forward(X)), ("matmul8_q8", q8.forward(X[:8]))):
         out[f"{name}, {t} thread(s)"] = y
 np.savez(sys.argv[1], **out)
