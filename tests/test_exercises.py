@@ -305,13 +305,18 @@ def _learner_pitfalls():
     return [p for p in PITFALLS.values() if all(e.module.split(".")[1] in MODULES for e in p.edits)]
 
 
+def _graded(ws, m, kwargs):
+    """The graded tests of module m run on workspace ws (`_run` with `kwargs`) -> the run's data."""
+    return _run(ws, m, [m], timeout=300, **kwargs)[0]
+
+
 def _two_at_a_time(runs):
-    """Run prepared `(workspace, module, graded_run_kwargs)` runs, two pytest subprocesses at a time;
+    """`_graded` on prepared `(workspace, module, kwargs)` runs, two pytest subprocesses at a time;
     returns each run's data. Every workspace is written beforehand in the calling thread: CPython
     3.11's ast is not safe from two threads at once ("SystemError: AST constructor recursion depth
     mismatch"), and writing a workspace parses the reference."""
     with ThreadPoolExecutor(2) as pool:
-        return list(pool.map(lambda r: _run(r[0], r[1], [r[1]], timeout=300, **r[2])[0], runs))
+        return list(pool.map(lambda r: _graded(*r), runs))
 
 
 def _pitfall_workspace(tmp_path, p):
@@ -329,7 +334,7 @@ def _pitfall_workspace(tmp_path, p):
 def test_a_pitfall_in_the_workspace_copy_fails_its_test(tmp_path, pid):
     p = PITFALLS[pid]
     ws, m, run = _pitfall_workspace(tmp_path, p)
-    data, _, _ = _run(ws, m, [m], timeout=300, **run)
+    data = _graded(ws, m, run)
     assert outcomes(data) and all(v == "failed" for v in outcomes(data).values()), data
     assert data["origins"][m]["loaded"].startswith(str(tmp_path))
     failing = data["results"][0]

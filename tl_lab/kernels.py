@@ -691,9 +691,7 @@ def _attend_decode(q, data, layer, tables, starts, o, tail):  # pragma: no cover
         s, g = task // H_kv, task % H_kv
         last = np.empty(1, dtype=np.int64)
         last[0] = starts[s]  # q_offset = p_s: the new token sees keys 0 .. p_s
-        L = last[0] + 1
-        kT, vals = np.empty((D, _steps(L)), dtype=np.float32), np.empty((L, D), dtype=np.float32)
-        _widen_seq(data, layer, tables[s], g, L, kT, 0, 0, vals, 0, tail)
+        kT, vals = _widened(data, layer, tables[s], g, last[0] + 1, tail)
         _attend_tile(q, kT, 0, 0, vals, 0, g, H // H_kv, s, last, scale, o, tail)
 
 
@@ -754,9 +752,8 @@ def _attend_tiles(q, data, layer, tables, seq_of, starts, firsts, tiles, o, tail
         if cols[s + 1] > cols[s]:  # widened above, for all of s's tiles
             kT, k0, c0, vals, v0 = keysT, g * D, cols[s], values, g * width + cols[s]
         else:
-            kT, k0, c0 = np.empty((D, _steps(L)), dtype=np.float32), 0, 0
-            vals, v0 = np.empty((L, D), dtype=np.float32), 0
-            _widen_seq(data, layer, tables[s], g, L, kT, 0, 0, vals, 0, tail)
+            kT, vals = _widened(data, layer, tables[s], g, L, tail)
+            k0, c0, v0 = 0, 0, 0
         _attend_tile(q, kT, k0, c0, vals, v0, g, H // H_kv, t0, last, scale, o, tail)
 
 
@@ -782,6 +779,16 @@ def _attend_tile(q, kT, k0, c0, vals, v0, g, rep, t0, last, scale, o, tail):  # 
 def _end_of(firsts, s, N):  # pragma: no cover (compiled)
     """The row after sequence s's last one (N rows in all)."""
     return firsts[s + 1] if s + 1 < firsts.size else N
+
+
+@njit(inline="always", cache=True)
+def _widened(data, layer, table, g, L, tail):  # pragma: no cover (compiled)
+    """Keys and values 0 .. L - 1 of KV head g widened into a task's own buffers (`_widen_seq`)
+    -> kT: (D, L rounded up to whole steps), the keys transposed; vals: (L, D)."""
+    D = data.shape[5]
+    kT, vals = np.empty((D, _steps(L)), dtype=np.float32), np.empty((L, D), dtype=np.float32)
+    _widen_seq(data, layer, table, g, L, kT, 0, 0, vals, 0, tail)
+    return kT, vals
 
 
 @njit(inline="always", cache=True)
