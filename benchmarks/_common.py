@@ -63,39 +63,77 @@ large square one; the larger rate of the two is the machine's arithmetic limit."
 
 
 def sgemm_gflops(threads: int, rounds: int = 3) -> dict:
-    """GFLOP/s of the best of `rounds` float32 matrix products per shape of SGEMM_SHAPES, by torch
-    (set_num_threads) when installed, else numpy (OpenBLAS at `threads`), -> {"MxKxN": rate, "by": ...}."""
-    rng = np.random.default_rng(0)
+    """GFLOP/s of the fastest float32 matrix product this machine has, per shape of SGEMM_SHAPES (best
+    of `rounds`), at `threads`: the larger of torch's (when installed), numpy's OpenBLAS as this
+    process has it, and, where OPENBLAS_CORETYPE is set, OpenBLAS choosing its kernels itself (a fresh
+    process without the variable: OpenBLAS reads it once, at load). -> {"MxKxN": rate, "by": the
+    fastest library's name, "by_library": {name: {"MxKxN": rate} or {"error": ...}}}.
+
+    Why every library: the limit is the machine's, not one library's. On processor C (AMD EPYC, LLVM
+    znver5) torch's sgemm ran 90 GFLOP/s on one thread where OpenBLAS's AVX-512 kernels ran 205, and
+    the host sets OPENBLAS_CORETYPE=Haswell (AVX2 kernels: 107)."""
+    import subprocess
+    import sys
+
+    libs = {}
     try:
         import torch
     except ImportError:
         torch = None
-    out = {"by": f"torch {torch.__version__}" if torch else f"numpy {np.__version__}"}
     if torch:
         before = torch.get_num_threads()
         torch.set_num_threads(threads)
-    else:
-        from tl_lab.runner import set_blas_threads
-
-        set_blas_threads(threads)
-    try:
-        for M, K, N in SGEMM_SHAPES:
-            a = rng.standard_normal((M, K), dtype=np.float32)
-            b = rng.standard_normal((K, N), dtype=np.float32)
-            if torch:
-                a, b = torch.from_numpy(a), torch.from_numpy(b)
-            seconds = timeit(lambda: a @ b, repeat=rounds, min_time=0.1)
-            out[f"{M}x{K}x{N}"] = 2 * M * K * N / seconds / 1e9
-    finally:
-        if torch:
+        try:
+            libs[f"torch {torch.__version__}"] = _sgemm_rates(rounds, torch.from_numpy)
+        finally:
             torch.set_num_threads(before)
+    from tl_lab.tuning import blas_threads, set_blas_threads
+
+    before = blas_threads()
+    set_blas_threads(threads)
+    try:
+        core = os.environ.get("OPENBLAS_CORETYPE")
+        libs[f"numpy {np.__version__} OpenBLAS" + (f" (OPENBLAS_CORETYPE={core})" if core else "")] = \
+            _sgemm_rates(rounds)
+    finally:
+        if before is not None:
+            set_blas_threads(before)
+    if "OPENBLAS_CORETYPE" in os.environ:
+        env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+        env["OPENBLAS_NUM_THREADS"] = str(threads)
+        code = f"import json, _common; print(json.dumps(_common._sgemm_rates({rounds})))"
+        run = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent, env=env,
+                             capture_output=True, text=True, timeout=600)
+        name = f"numpy {np.__version__} OpenBLAS (its own kernels)"
+        libs[name] = json.loads(run.stdout) if run.returncode == 0 else {"error": run.stderr.strip()[-300:]}
+    rated = {n: r for n, r in libs.items() if "error" not in r}
+    fastest = max(rated, key=lambda n: max(rated[n].values()))
+    return {**{shape: max(r[shape] for r in rated.values()) for shape in rated[fastest]}, "by": fastest,
+            "by_library": libs}
+
+
+def _sgemm_rates(rounds: int, wrap=None) -> dict:
+    """{"MxKxN": GFLOP/s} of a @ b on random float32 operands (numpy's, or those of the library
+    whose tensors `wrap` makes of numpy arrays), best of `rounds`."""
+    rng = np.random.default_rng(0)
+    out = {}
+    for M, K, N in SGEMM_SHAPES:
+        a = rng.standard_normal((M, K), dtype=np.float32)
+        b = rng.standard_normal((K, N), dtype=np.float32)
+        if wrap is not None:
+            a, b = wrap(a), wrap(b)
+        seconds = timeit(lambda: a @ b, repeat=rounds, min_time=0.1)
+        out[f"{M}x{K}x{N}"] = 2 * M * K * N / seconds / 1e9
     return out
+
+
+SHAPE_KEYS = tuple(f"{M}x{K}x{N}" for M, K, N in SGEMM_SHAPES)
 
 
 def roofline(threads: list[int] | None = None, rounds: int = 3) -> dict:
     """The machine's limits measured now, at each thread count (default: 1 and every core): read
-    bandwidth (`tl_lab.machine.read_gbps`, GB/s) and the sgemm rate (`sgemm_gflops`, GFLOP/s; "best":
-    the larger of its shapes)."""
+    bandwidth (`tl_lab.machine.read_gbps`, GB/s) and the sgemm rate (`sgemm_gflops`, GFLOP/s, the
+    fastest library's; "best": the larger of its shapes)."""
     from tl_lab.machine import describe, read_gbps
 
     threads = threads or sorted({1, describe()["cores"]})
@@ -103,7 +141,7 @@ def roofline(threads: list[int] | None = None, rounds: int = 3) -> dict:
     for t in threads:
         out["read_GBps"][str(t)] = read_gbps(t, rounds)
         rates = sgemm_gflops(t, rounds)
-        rates["best"] = max(v for k, v in rates.items() if k != "by")
+        rates["best"] = max(rates[k] for k in SHAPE_KEYS)
         out["sgemm_GFLOPs"][str(t)] = rates
     return out
 
@@ -118,23 +156,27 @@ def best_roofline(runs: list[dict]) -> dict:
             out["read_GBps"][t] = max(out["read_GBps"].get(t, 0.0), v)
         for t, rates in r["sgemm_GFLOPs"].items():
             have = out["sgemm_GFLOPs"].setdefault(t, dict(rates))
-            for k, v in rates.items():
-                if k != "by":
-                    have[k] = max(have[k], v)
+            for k in (*SHAPE_KEYS, "best"):
+                if rates[k] > have[k]:  # this run's fastest library is the one that gave the rate
+                    have.update({k: rates[k], "by": rates["by"]})
     counts = sorted(out["read_GBps"], key=int)
     for fewer, t in zip(counts, counts[1:]):
         out["read_GBps"][t] = max(out["read_GBps"][t], out["read_GBps"][fewer])
-        for k, v in out["sgemm_GFLOPs"][fewer].items():
-            if k != "by":
-                out["sgemm_GFLOPs"][t][k] = max(out["sgemm_GFLOPs"][t][k], v)
+        have, less = out["sgemm_GFLOPs"][t], out["sgemm_GFLOPs"][fewer]
+        if less["best"] > have["best"]:
+            have["by"] = f"{less['by']} on {fewer} thread{'s' * (fewer != '1')}"
+        for k in (*SHAPE_KEYS, "best"):
+            have[k] = max(have[k], less[k])
     return out
 
 
 def report(name: str, rows: list[dict], notes: str = "", limits: dict | None = None, *,
-           measure_limits: bool = True, table: list[dict] | None = None) -> Path:
+           measure_limits: bool = True, table: list[dict] | None = None, extra: dict | None = None) -> Path:
     """Print `rows` (or the shorter `table` of them) and write benchmarks/results/<name>.json with the
-    machine and its roofline (`limits`, measured by the caller in the same run, else measured here,
-    now; none with measure_limits=False, for a benchmark no roofline bounds, such as the probes')."""
+    machine, its roofline (`limits`, measured by the caller in the same run, else measured here, now;
+    none with measure_limits=False, for a benchmark no roofline bounds, such as the probes') and
+    `extra`'s sections after the rows; the same file also as results/machines/<name>.<LLVM's CPU
+    name>.json, so the last run on each processor stays beside the latest run."""
     print_table(name, table or rows)
     if notes:
         print(notes)
@@ -142,10 +184,13 @@ def report(name: str, rows: list[dict], notes: str = "", limits: dict | None = N
         limits = limits or roofline()
         print(f"roofline: read GB/s {_rounded(limits['read_GBps'])}, sgemm GFLOP/s "
               f"{ {t: round(r['best']) for t, r in limits['sgemm_GFLOPs'].items()} }")
-    RESULTS.mkdir(exist_ok=True)
+    here = machine()
+    text = json.dumps({"name": name, "machine": here, "roofline": limits, "rows": rows, "notes": notes,
+                       **(extra or {})}, indent=2)
     out = RESULTS / f"{name}.json"
-    out.write_text(json.dumps({"name": name, "machine": machine(), "roofline": limits, "rows": rows, "notes": notes},
-                              indent=2))
+    for path in (out, RESULTS / "machines" / f"{name}.{here['llvm_host_cpu']}.json"):
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
     return out
 
 

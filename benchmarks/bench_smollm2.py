@@ -21,7 +21,8 @@ Three configurations, each in a subprocess of its own so its peak resident memor
                 (`_llamacpp.py`: prefill and batch-1 decode; its int4 peer is tl_lab's int4 g32 row).
 
 The machine's limits are measured in the same run, once per repeat, interleaved with the rest
-(`_common.roofline`: read bandwidth and sgemm rate at each thread count), and every speed is also
+(`_common.roofline`: read bandwidth and sgemm rate at each thread count; the sgemm rate is the
+fastest library's, torch's or numpy's OpenBLAS, each recorded), and every speed is also
 given as a fraction of its limit: decode as the bytes it reads per token (the weights) times tokens/s
 over the read bandwidth, prefill as its floating-point operations per token (the layers' products
 and attention) times tokens/s over the sgemm rate.
@@ -520,11 +521,7 @@ def main(argv: list[str] | None = None) -> None:
     notes += (" Fractions: decode tokens/s x bytes of the weights (read once per step) over the read bandwidth at "
               "the row's thread count; prefill tokens/s x its floating-point operations per token over the sgemm "
               "rate (the larger of its shapes), both limits measured in this run ('roofline', best of the repeats).")
-    out = report("smollm2", rows, notes, limits)
-    data = json.loads(out.read_text())
-    data["agreement"] = agreement
-    data["decode_profile"] = profile
-    out.write_text(json.dumps(data, indent=2))
+    report("smollm2", rows, notes, limits, extra={"agreement": agreement, "decode_profile": profile})
     cols = ["prompt", "prompt_tokens", "f32_tokens", "parts_at", "agree_before", "teacher_forced", "max_abs_err",
             "rel_err", "shift", "spread", "kl_f32_int4"]
     print_table("smollm2: int4 g32 against f32", agreement["rows"] + [agreement["summary"]], cols)

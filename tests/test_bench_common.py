@@ -1,0 +1,93 @@
+"""benchmarks/_common.py: the machine's limits a benchmark divides by. The sgemm limit is the fastest
+library's, each library's rates kept beside it; the best of several runs keeps, limit by limit,
+the largest reading and the library that gave it; a results file lands beside the last run on the
+same processor. Rates are the benchmark's to measure: these tests hand them in."""
+
+import importlib.util
+import json
+import sys
+import types
+
+from tl_lab.paths import REPO_ROOT
+
+
+def _common():
+    path = REPO_ROOT / "benchmarks" / "_common.py"
+    spec = importlib.util.spec_from_file_location("_common", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["_common"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+common = _common()
+SMALL, LARGE = common.SHAPE_KEYS
+
+
+def _rates(by: str, small: float, large: float) -> dict:
+    return {SMALL: small, LARGE: large, "best": max(small, large), "by": by}
+
+
+def _fake_torch(threads: list) -> types.ModuleType:
+    """A stand-in for torch: its thread count (recorded) and a version; no products."""
+    torch = types.ModuleType("torch")
+    torch.__version__, torch.from_numpy = "9.9", lambda a: a
+    torch.get_num_threads, torch.set_num_threads = lambda: 4, threads.append
+    return torch
+
+
+def test_sgemm_limit_is_the_fastest_library_per_shape(monkeypatch):
+    readings = iter([{SMALL: 90.0, LARGE: 120.0}, {SMALL: 200.0, LARGE: 110.0}])
+    monkeypatch.setattr(common, "_sgemm_rates", lambda rounds, wrap=None: next(readings))
+    monkeypatch.delenv("OPENBLAS_CORETYPE", raising=False)
+    threads = []
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch(threads))
+    out = common.sgemm_gflops(2, rounds=1)
+    assert threads == [2, 4]  # torch measured at the count asked, its own count given back
+    torch_name, numpy_name = list(out["by_library"])
+    assert torch_name.startswith("torch ") and numpy_name.startswith("numpy ")
+    assert (out[SMALL], out[LARGE]) == (200.0, 120.0)  # each shape its fastest library's rate
+    assert out["by"] == numpy_name  # the library with the single fastest rate
+
+
+def test_sgemm_limit_without_torch_is_numpys(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
+    monkeypatch.delenv("OPENBLAS_CORETYPE", raising=False)
+    monkeypatch.setattr(common, "_sgemm_rates", lambda rounds, wrap=None: {SMALL: 50.0, LARGE: 70.0})
+    out = common.sgemm_gflops(1, rounds=1)
+    assert list(out["by_library"]) == [out["by"]] and out["by"].startswith("numpy ")
+    assert (out[SMALL], out[LARGE]) == (50.0, 70.0)
+
+
+def test_best_roofline_keeps_each_largest_reading_and_who_gave_it():
+    runs = [{"read_GBps": {"1": 20.0, "2": 18.0}, "sgemm_GFLOPs": {"1": _rates("torch", 90, 100), "2": _rates("torch", 150, 140)}},
+            {"read_GBps": {"1": 25.0, "2": 30.0}, "sgemm_GFLOPs": {"1": _rates("numpy", 200, 80), "2": _rates("numpy", 120, 130)}}]
+    best = common.best_roofline(runs)
+    assert best["read_GBps"] == {"1": 25.0, "2": 30.0}
+    one, two = best["sgemm_GFLOPs"]["1"], best["sgemm_GFLOPs"]["2"]
+    assert (one[SMALL], one[LARGE], one["best"], one["by"]) == (200, 100, 200, "numpy")
+    # two threads: at least one thread's limit (a thread can idle), the second run never better here
+    assert (two[SMALL], two[LARGE], two["best"]) == (200, 140, 200) and two["by"] == "numpy on 1 thread"
+
+
+def test_report_writes_the_latest_and_the_processors_own_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    monkeypatch.setattr(common, "machine", lambda: {"llvm_host_cpu": "somecpu"})
+    out = common.report("demo", [{"x": 1}], "n", {"read_GBps": {"1": 1.0}, "sgemm_GFLOPs": {"1": {"best": 2.0}}},
+                        extra={"profile": [3]})
+    data = json.loads(out.read_text())
+    assert out == tmp_path / "demo.json" and data["profile"] == [3] and data["rows"] == [{"x": 1}]
+    assert json.loads((tmp_path / "machines" / "demo.somecpu.json").read_text()) == data
+
+
+def test_sgemm_limit_also_asks_openblas_without_a_core_type_the_host_set(monkeypatch):
+    # OpenBLAS reads OPENBLAS_CORETYPE once, at load: its own choice of kernels needs a fresh process
+    monkeypatch.setitem(sys.modules, "torch", None)
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
+    monkeypatch.setattr(common, "_sgemm_rates", lambda rounds, wrap=None: {SMALL: 1.0, LARGE: 1.0})
+    out = common.sgemm_gflops(1, rounds=1)
+    as_set, own = list(out["by_library"])
+    assert as_set.endswith("(OPENBLAS_CORETYPE=Haswell)") and own.endswith("(its own kernels)")
+    measured = out["by_library"][own]  # the fresh process measured for real
+    assert set(measured) == {SMALL, LARGE} and min(measured.values()) > 1.0
+    assert out["by"] == own and out[SMALL] == measured[SMALL]
