@@ -45,7 +45,7 @@ system or measured while running:
   are the same on every machine: one AVX-512 register where there is one, two AVX2 halves where
   not; only `lanes.vhat` picks its instructions by the target's features (the same bits either way).
 
-Fixed, each measured on processor B (the 8 x 2 blocks also on A) with its figures next to it: how
+Fixed, each measured on processor B (the 8 x 2 blocks also on A, the spin also on C) with its figures next to it: how
 long the threads spin before they sleep (GOMP_SPINCOUNT, the gap between a step's parallel loops), the
 prefetch distances (`_prefetch_rows`, `Q4_AHEAD`, `Q8_AHEAD`), the 3 x 8, 6 x 4 and 8 x 2 blocks,
 attention's `QUERY_TILE` and its 3 heads x 64 keys of scores, and the fractions of the caches above. The blocks and distances depend on the cache line (64 bytes)
@@ -94,6 +94,8 @@ from pathlib import Path
 # 3 000: int4 batch 1 77 -> 88 tokens/s, batch 8 195 -> 238; with a busy loop holding one core, int4
 # batch 1 52 -> 68 and batch 8 160 -> 113 (the spin takes the busy core's time: the one case it
 # costs). 10 000 rounds cost batch 8 half its speed with the busy core and gained nothing more quiet.
+# On processor C (AMD EPYC, znver5) 3 000, 30 000 and 300 000 rounds gave the same int4 batch-1 step at
+# 2 threads within the host's noise (5.8-7.0 ms, two alternations of the three), so 3 000 stays.
 # A lone row still splits only where its own steps say it pays (`threads_for`). How long a round
 # takes is the processor's (a pause instruction); read once, when numba first starts the pool (GNU
 # OpenMP only; other threading layers ignore it); a value set by the user wins. The two values live in
