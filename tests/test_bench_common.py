@@ -3,24 +3,13 @@ library's, each library's rates kept beside it; the best of several runs keeps, 
 the largest reading and the library that gave it; a results file lands beside the last run on the
 same processor. Rates are the benchmark's to measure: these tests hand them in."""
 
-import importlib.util
 import json
 import sys
 import types
 
-from tl_lab.paths import REPO_ROOT
+from bench_module import load
 
-
-def _common():
-    path = REPO_ROOT / "benchmarks" / "_common.py"
-    spec = importlib.util.spec_from_file_location("_common", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["_common"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-common = _common()
+common = load("_common")
 SMALL, LARGE = common.SHAPE_KEYS
 
 

@@ -2,24 +2,10 @@
 `python -c`) process, give the right exit code and stderr lines and change nothing. Times and
 memory are the benchmark's to measure (benchmarks/results/probes.json), never asserted here."""
 
-import importlib.util
-import sys
-
 import pytest
+from bench_module import load
 
-from tl_lab.paths import REPO_ROOT
-
-
-def _bench():
-    path = REPO_ROOT / "benchmarks" / "bench_probes.py"
-    spec = importlib.util.spec_from_file_location("bench_probes", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_probes"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _bench()
+bench = load("bench_probes")
 
 
 def _marks(probe):
