@@ -11,6 +11,8 @@ import json
 import os
 import platform
 import resource
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -60,6 +62,7 @@ def machine() -> dict:
 SGEMM_SHAPES = ((512, 576, 1536), (2048, 2048, 2048))
 """(M, K, N) of the sgemm limit: a 512-token prefill's product with SmolLM2's gate projection, and a
 large square one; the larger rate of the two is the machine's arithmetic limit."""
+SHAPE_KEYS = tuple(f"{M}x{K}x{N}" for M, K, N in SGEMM_SHAPES)
 
 
 def sgemm_gflops(threads: int, rounds: int = 3) -> dict:
@@ -72,9 +75,6 @@ def sgemm_gflops(threads: int, rounds: int = 3) -> dict:
     Why every library: the limit is the machine's, not one library's. On processor C (AMD EPYC, LLVM
     znver5) torch's sgemm ran 90 GFLOP/s on one thread where OpenBLAS's AVX-512 kernels ran 205, and
     the host sets OPENBLAS_CORETYPE=Haswell (AVX2 kernels: 107)."""
-    import subprocess
-    import sys
-
     libs = {}
     try:
         import torch
@@ -127,9 +127,6 @@ def _sgemm_rates(rounds: int, wrap=None) -> dict:
     return out
 
 
-SHAPE_KEYS = tuple(f"{M}x{K}x{N}" for M, K, N in SGEMM_SHAPES)
-
-
 def roofline(threads: list[int] | None = None, rounds: int = 3) -> dict:
     """The machine's limits measured now, at each thread count (default: 1 and every core): read
     bandwidth (`tl_lab.machine.read_gbps`, GB/s) and the sgemm rate (`sgemm_gflops`, GFLOP/s, the
@@ -155,10 +152,18 @@ def best_roofline(runs: list[dict]) -> dict:
         for t, v in r["read_GBps"].items():
             out["read_GBps"][t] = max(out["read_GBps"].get(t, 0.0), v)
         for t, rates in r["sgemm_GFLOPs"].items():
-            have = out["sgemm_GFLOPs"].setdefault(t, dict(rates))
+            have = out["sgemm_GFLOPs"].setdefault(t, {**rates, "by_library": {}})
+            if rates["best"] > have["best"]:  # "by" names the library of the best rate kept
+                have["by"] = rates["by"]
             for k in (*SHAPE_KEYS, "best"):
-                if rates[k] > have[k]:  # this run's fastest library is the one that gave the rate
-                    have.update({k: rates[k], "by": rates["by"]})
+                have[k] = max(have[k], rates[k])
+            for lib, got in rates.get("by_library", {}).items():  # each library's best of the runs too
+                kept = have["by_library"].get(lib)
+                if kept is None or "error" in kept:
+                    have["by_library"][lib] = dict(got)
+                elif "error" not in got:
+                    for k, v in got.items():
+                        kept[k] = max(kept[k], v)
     counts = sorted(out["read_GBps"], key=int)
     for fewer, t in zip(counts, counts[1:]):
         out["read_GBps"][t] = max(out["read_GBps"][t], out["read_GBps"][fewer])

@@ -59,6 +59,23 @@ def test_best_roofline_keeps_each_largest_reading_and_who_gave_it():
     assert (two[SMALL], two[LARGE], two["best"]) == (200, 140, 200) and two["by"] == "numpy on 1 thread"
 
 
+def test_best_roofline_names_the_library_of_the_best_rate_not_of_a_better_shape():
+    runs = [{"read_GBps": {"1": 20.0}, "sgemm_GFLOPs": {"1": _rates("torch", 100, 150)}},
+            {"read_GBps": {"1": 20.0}, "sgemm_GFLOPs": {"1": _rates("numpy", 120, 90)}}]
+    one = common.best_roofline(runs)["sgemm_GFLOPs"]["1"]
+    assert (one[SMALL], one[LARGE], one["best"], one["by"]) == (120, 150, 150, "torch")
+
+
+def test_best_roofline_keeps_each_librarys_best_of_the_runs():
+    runs = [{"read_GBps": {"1": 1.0}, "sgemm_GFLOPs": {"1": {**_rates("torch", 90, 100), "by_library": {
+                "torch": {SMALL: 90, LARGE: 100}, "numpy": {"error": "it died"}}}}},
+            {"read_GBps": {"1": 1.0}, "sgemm_GFLOPs": {"1": {**_rates("numpy", 95, 200), "by_library": {
+                "torch": {SMALL: 95, LARGE: 80}, "numpy": {SMALL: 50, LARGE: 200}}}}}]
+    libs = common.best_roofline(runs)["sgemm_GFLOPs"]["1"]["by_library"]
+    assert libs == {"torch": {SMALL: 95, LARGE: 100}, "numpy": {SMALL: 50, LARGE: 200}}
+    assert runs[0]["sgemm_GFLOPs"]["1"]["by_library"]["torch"] == {SMALL: 90, LARGE: 100}  # the runs unchanged
+
+
 def test_report_writes_the_latest_and_the_processors_own_file(tmp_path, monkeypatch):
     monkeypatch.setattr(common, "RESULTS", tmp_path)
     monkeypatch.setattr(common, "machine", lambda: {"llvm_host_cpu": "somecpu"})
