@@ -380,6 +380,30 @@ def test_kernels_give_the_same_bits_compiled_or_cached(tmp_path):
     assert not differ, f"compiled and cached kernels give different bits: {differ}"
 
 
+def test_kernels_give_the_same_bits_in_halves_and_in_whole_lanes(tmp_path):
+    """Where registers hold 16 floats (AVX-512) the products add 24 sums of whole 16-lane vectors
+    side by side; where they hold eight (AVX2) the same sums in halves (`kernels.WIDE`,
+    `_block34`) and attention 32 keys or values at a time: the same bits. This host's target
+    against one forced to AVX2 through NUMBA_CPU_NAME / NUMBA_CPU_FEATURES, each in a process and
+    cache of its own (on a host without AVX-512 both run in halves, and the test says which ran)."""
+    import os
+    import subprocess
+    import sys
+
+    from tl_lab.kernels import WIDE
+
+    runs = []
+    for name, features in ((None, None), ("haswell", "+64bit,+avx,+avx2,+fma,+f16c,+sse4.2,+popcnt,+bmi,+bmi2")):
+        env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / f"numba-{name}")}
+        if name:
+            env.update(NUMBA_CPU_NAME=name, NUMBA_CPU_FEATURES=features)
+        out = tmp_path / f"{name}.npz"
+        subprocess.run([sys.executable, "-c", _BITS_SCRIPT, str(out)], env=env, check=True, timeout=600)
+        runs.append(np.load(out))
+    differ = [k for k in runs[0].files if not np.array_equal(runs[0][k], runs[1][k])]
+    assert not differ, f"{'whole lanes' if WIDE else 'halves on this host'} and halves give other bits: {differ}"
+
+
 def test_threads_for_times_lone_rows_and_restores_the_count(restore_threads):
     """A step of one row runs on 1 thread or on the count in force (its owner's `LoneRowThreads`
     picks, and is told the step's time), a larger step on the count in force, and the count comes

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from numba import njit
 
-from tl_lab.lanes import (LANES, vexp, vfma, vload, vload_f16_part, vload_part, vmax, vhat, vq8, vsplat, vstore_part, vsum,
-                          vsum4, vtop, vtranspose16, vzero)
+from tl_lab.lanes import (HALF, LANES, vexp, vfma, vfma8, vjoin, vload, vload8, vload_f16_part, vload_part, vmax, vhat,
+                          vq8, vsplat, vstore_part, vsum, vsum4, vtop, vtranspose16, vzero, vzero8)
 
 
 @njit(cache=True)
@@ -68,6 +68,28 @@ def test_a_dot_product_adds_in_lanes_then_folds_in_halves():
             n //= 2
             lanes = (lanes[:n] + lanes[n:2 * n]).astype(np.float32)
         assert _dot(x, w) == lanes[0], f"K={K}"
+
+
+@njit(cache=True)
+def _dot_in_halves(x, w):
+    """`_dot` with lanes 0 .. 7 added over every step first, then lanes 8 .. 15 (`lanes.vload8`)."""
+    lo, hi = vzero8(), vzero8()
+    for k in range(0, x.shape[1], LANES):
+        lo = vfma8(vload8(x, 0, k), vload8(w, 0, k), lo)
+    for k in range(HALF, x.shape[1], LANES):
+        hi = vfma8(vload8(x, 0, k), vload8(w, 0, k), hi)
+    return vsum(vjoin(lo, hi))
+
+
+def test_a_dot_product_added_in_halves_has_the_bits_of_the_whole_lanes():
+    """Each lane's chain is the same whichever half runs first, so the sums have the same bits
+    (values spread over seven decades, so that another order of any lane's terms would show)."""
+    rng = np.random.default_rng(1)
+    for K in (16, 48, 576, 1536):
+        for _ in range(20):
+            x = (rng.standard_normal((1, K)) * 10.0 ** rng.integers(-3, 4, (1, K))).astype(np.float32)
+            w = rng.standard_normal((1, K)).astype(np.float32)
+            assert _dot_in_halves(x, w) == _dot(x, w), f"K={K}"
 
 
 @njit(cache=True)

@@ -41,6 +41,16 @@ system or measured while running:
   quarter of the L2 cache, read the same way;
 - `matmul_f32`'s block: 3 rows x 8 features when eight weight rows fit `X_IN_L1`, else 6 x 4 (four
   rows: SmolLM2's down projection, K = 1536);
+- how many sums a kernel keeps side by side: `WIDE`, read from the target numba compiles for
+  (`lanes.wide_registers`). AVX-512's 32 registers of 16 floats hold the blocks of 24 sums (3 x 8,
+  6 x 4) and of 16 (8 x 2). Where a register holds eight floats (AVX2's 16 registers; NEON) those
+  blocks need twice the registers there are and spill on every step, so there the products add
+  each block's sums in halves (lanes 0 .. 7 over every step, then lanes 8 .. 15: `lanes.vload8`;
+  each lane's chain is unchanged, so are the bits) in blocks of 3 x 4 (`_block34`), a batch of five
+  to eight rows goes through `matmul_f32` / `matmul_q4` (whose 3-row blocks reuse the weight rows
+  in L1, one pass over memory), the one-row int4 pass takes two features (`_q4_pair`), the int8
+  head's batch of eight one feature in halves (`_q8_rows8`), and attention 32 keys or values at a
+  time instead of 64;
 - vector width: not a choice. The 16 lanes are part of the order of every sum (`lanes`), so they
   are the same on every machine: one AVX-512 register where there is one, two AVX2 halves where
   not; only `lanes.vhat` picks its instructions by the target's features (the same bits either way).
@@ -109,8 +119,9 @@ import numpy as np  # noqa: E402
 from numba import njit, prange  # noqa: E402
 
 from tl_lab import lanes  # noqa: E402
-from tl_lab.lanes import (LANES, prefetch, vexp, vfma, vhat, vload, vload_f16, vload_f16_part, vload_part,  # noqa: E402
-                          vmax, vmul, vq8, vsplat, vstore, vstore_part, vsum, vsum4, vtop, vtranspose16, vzero)
+from tl_lab.lanes import (HALF, LANES, prefetch, vexp, vfma, vfma8, vhat, vjoin, vload, vload8, vload_f16,  # noqa: E402
+                          vload_f16_part, vload_part, vmax, vmul, vq8, vsplat, vstore, vstore_part, vsum, vsum4, vtop,
+                          vtranspose16, vq8h, vsplat8, vzero, vzero8, wide_registers)
 
 __all__ = ["ROWS", "padded_rows", "lanes_ready", "matmul_f32", "matmul8_f32", "matmul_q4", "matmul8_q4",
            "matvec_f32", "attend_paged", "QUERY_TILE", "product_f32", "rows_f32", "head_f32",
@@ -233,6 +244,51 @@ def _fma4(xv, w, a):  # pragma: no cover (compiled)
     return vfma(xv, w[0], a[0]), vfma(xv, w[1], a[1]), vfma(xv, w[2], a[2]), vfma(xv, w[3], a[3])
 
 
+WIDE = wide_registers()
+"""Whether this process's kernels may use AVX-512's 32 registers of 16 floats (`lanes.wide_registers`,
+read from the target numba compiles for): the blocks of 24 sums (`_block38`, `_block64`) and of 16
+(`_block82`, `matmul8_*`) fit there. Where a register holds eight floats (AVX2, NEON) the same
+blocks need twice the registers there are and spill on every step, so the products add their sums
+in halves instead (`_block34`): on processor D (AMD EPYC, Zen 3, AVX2 only) SmolLM2's layer
+products at 512 rows ran 22-29 GFLOP/s at 1 thread in the wide blocks."""
+
+
+@njit(inline="always", cache=True)
+def _half34(x, m0, W, r0, r1, r2, r3, h):  # pragma: no cover (compiled)
+    """Lanes h .. h + 7 (h = 0 or HALF) of every step of the 12 sums x[m0 + i] . W[r_j] (i < 3, j < 4):
+    ((a_00, .., a_03), (a_10, ..), (a_20, ..)), eight lanes each. Twelve accumulators, three x
+    halves and one weight half: 16 registers of eight floats, AVX2's number."""
+    K = x.shape[1]
+    a0, a1, a2, a3 = vzero8(), vzero8(), vzero8(), vzero8()
+    b0, b1, b2, b3 = vzero8(), vzero8(), vzero8(), vzero8()
+    c0, c1, c2, c3 = vzero8(), vzero8(), vzero8(), vzero8()
+    for k in range(h, K, LANES):
+        x0, x1, x2 = vload8(x, m0, k), vload8(x, m0 + 1, k), vload8(x, m0 + 2, k)
+        w = vload8(W, r0, k)
+        a0, b0, c0 = vfma8(x0, w, a0), vfma8(x1, w, b0), vfma8(x2, w, c0)
+        w = vload8(W, r1, k)
+        a1, b1, c1 = vfma8(x0, w, a1), vfma8(x1, w, b1), vfma8(x2, w, c1)
+        w = vload8(W, r2, k)
+        a2, b2, c2 = vfma8(x0, w, a2), vfma8(x1, w, b2), vfma8(x2, w, c2)
+        w = vload8(W, r3, k)
+        a3, b3, c3 = vfma8(x0, w, a3), vfma8(x1, w, b3), vfma8(x2, w, c3)
+    return (a0, a1, a2, a3), (b0, b1, b2, b3), (c0, c1, c2, c3)
+
+
+@njit(inline="always", cache=True)
+def _block34(x, m0, W, w0, y, n0):  # pragma: no cover (compiled)
+    """y[m0 .. m0 + 2, n0 .. n0 + 3] = x[m0 .. m0 + 2] W[w0 .. w0 + 3]^T, the features that exist (a row
+    past W's last reads the last again): the low halves of the 12 sums over every step, then the
+    high halves (`_half34`), joined and folded as `lanes` folds (the same bits as `_block38`'s)."""
+    N, last = y.shape[1], W.shape[0] - 1
+    r0, r1, r2, r3 = w0, min(w0 + 1, last), min(w0 + 2, last), min(w0 + 3, last)
+    lo = _half34(x, m0, W, r0, r1, r2, r3, 0)
+    hi = _half34(x, m0, W, r0, r1, r2, r3, HALF)
+    for i in range(3):
+        a, b = lo[i], hi[i]
+        _store_lanes(y, m0 + i, n0, N, vjoin(a[0], b[0]), vjoin(a[1], b[1]), vjoin(a[2], b[2]), vjoin(a[3], b[3]))
+
+
 @njit(parallel=True, cache=True)
 def matmul_f32(x, W, y):  # pragma: no cover (compiled)
     """y = x W^T in blocks of 3 rows by 8 features, or 6 rows by 4 where eight weight rows do not
@@ -252,6 +308,13 @@ def matmul_f32(x, W, y):  # pragma: no cover (compiled)
     weight rows as it goes; the others find the rows it read in the cache."""
     M, K = x.shape
     N = W.shape[0]
+    if not WIDE:  # halves: 3 rows x 4 features (`_block34`)
+        rows = _rows_in_l2(K)
+        for mc in range(0, M, rows):
+            for nb in prange((N + 3) // 4):
+                for m0 in range(mc, min(mc + rows, M), ROWS):
+                    _block34(x, m0, W, nb * 4, y, nb * 4)
+        return
     if 8 * 4 * K <= X_IN_L1:
         rows = _rows_in_l2(K)
         for mc in range(0, M, rows):  # a chunk of x's rows stays in the L2 cache while every block reads it
@@ -419,6 +482,13 @@ def matvec_q4(x, P, S, f16, y):  # pragma: no cover (compiled)
     N, G = S.shape
     g = K // G
     half = g // 2
+    if not WIDE:  # registers of eight floats: two features a pass (`_q4_pair`)
+        for nb in prange((N + 1) // 2):
+            n0 = nb * 2
+            for m in range(M):
+                a0, a1 = _q4_pair(x, m, P, S, f16, n0, min(n0 + 1, N - 1))
+                vstore_part(y, m, n0, min(2, N - n0), vsum4(a0, a1, a0, a1))
+        return
     for nb in prange((N + 3) // 4):
         n0, r0, r1, r2, r3 = _four_features(nb, N)
         for m in range(M):
@@ -441,6 +511,36 @@ def matvec_q4(x, P, S, f16, y):  # pragma: no cover (compiled)
                     a0, a1, a2, a3 = _q4_step(x, m, grp * g + c, P, b, shift, r0, r1, r2, r3,
                                               s0, s1, s2, s3, a0, a1, a2, a3)
             _store_lanes(y, m, n0, N, a0, a1, a2, a3)
+
+
+@njit(inline="always", cache=True)
+def _q4_pair(x, m, P, S, f16, r0, r1):  # pragma: no cover (compiled)
+    """Row m of x against the int4 rows r0, r1 (groups of a multiple of 32): their two sums in lanes,
+    not yet folded, as `matvec_q4`'s four-feature pass adds them. Four features hold 8 sums, 8
+    scales and 8 unpacked nibble vectors of eight floats, twice AVX2's 16 registers: on processor D
+    (Zen 3) that pass spilled on every step; two do not. The rows Q4_AHEAD past r0 asked for."""
+    G = S.shape[1]
+    half = x.shape[1] // G // 2
+    a0, a1 = vzero(), vzero()
+    for grp in range(G):
+        _prefetch_rows(P, r0 + Q4_AHEAD, 2, grp * half)
+        s0, s1 = _scale(f16, S, r0, grp), _scale(f16, S, r1, grp)
+        if half == LANES:  # groups of 32: one run of 16 bytes, low nibbles then high (its bytes loaded once)
+            b, k = grp * half, grp * 2 * half
+            xv = vload(x, m, k)
+            a0, a1 = vfma(xv, vhat(P, r0, b, 0, s0), a0), vfma(xv, vhat(P, r1, b, 0, s1), a1)
+            xv = vload(x, m, k + LANES)
+            a0, a1 = vfma(xv, vhat(P, r0, b, 4, s0), a0), vfma(xv, vhat(P, r1, b, 4, s1), a1)
+            continue
+        for c in range(0, half, LANES):  # the group's columns in order: the low nibbles, then the high
+            b, k = grp * half + c, grp * 2 * half + c
+            xv = vload(x, m, k)
+            a0, a1 = vfma(xv, vhat(P, r0, b, 0, s0), a0), vfma(xv, vhat(P, r1, b, 0, s1), a1)
+        for c in range(0, half, LANES):
+            b, k = grp * half + c, grp * 2 * half + half + c
+            xv = vload(x, m, k)
+            a0, a1 = vfma(xv, vhat(P, r0, b, 4, s0), a0), vfma(xv, vhat(P, r1, b, 4, s1), a1)
+    return a0, a1
 
 
 @njit(parallel=True, cache=True)
@@ -524,6 +624,24 @@ def _q8_four(x, m, Q, S, f16, n0, r0, r1, r2, r3):  # pragma: no cover (compiled
     return a0, a1, a2, a3
 
 
+@njit(inline="always", cache=True)
+def _q8_rows8(x, Q, S, f16, r, h):  # pragma: no cover (compiled)
+    """Lanes h .. h + 7 (h = 0 or HALF) of every step of x's eight rows against int8 row r: eight
+    halves, each W_hat half (`lanes.vq8h`) made once for the eight rows."""
+    G = S.shape[1]
+    g = x.shape[1] // G
+    a0, a1, a2, a3, a4, a5, a6, a7 = vzero8(), vzero8(), vzero8(), vzero8(), vzero8(), vzero8(), vzero8(), vzero8()
+    for grp in range(G):
+        s = vsplat8(f16[S[r, grp]])
+        for k in range(grp * g + h, grp * g + g, LANES):
+            w = vq8h(Q, r, k, s)
+            a0, a1 = vfma8(vload8(x, 0, k), w, a0), vfma8(vload8(x, 1, k), w, a1)
+            a2, a3 = vfma8(vload8(x, 2, k), w, a2), vfma8(vload8(x, 3, k), w, a3)
+            a4, a5 = vfma8(vload8(x, 4, k), w, a4), vfma8(vload8(x, 5, k), w, a5)
+            a6, a7 = vfma8(vload8(x, 6, k), w, a6), vfma8(vload8(x, 7, k), w, a7)
+    return a0, a1, a2, a3, a4, a5, a6, a7
+
+
 @njit(parallel=True, cache=True)
 def matmul8_q8(x, Q, S, f16, y):  # pragma: no cover (compiled)
     """y = x W_hat^T for a batch of eight rows from int8 weights: `matmul8_f32`'s blocks of 8 rows x 2
@@ -533,6 +651,14 @@ def matmul8_q8(x, Q, S, f16, y):  # pragma: no cover (compiled)
     K = x.shape[1]
     N, G = S.shape
     g = K // G
+    if not WIDE:  # registers of eight floats: one feature at a time, in halves (`_q8_rows8`)
+        for n in prange(N):
+            for k in range(0, K, 64):  # the row four ahead, a cache line at a time
+                prefetch(Q, min(n + 4, N - 1), k)
+            lo, hi = _q8_rows8(x, Q, S, f16, n, 0), _q8_rows8(x, Q, S, f16, n, HALF)
+            for m in range(8):
+                y[m, n] = vsum(vjoin(lo[m], hi[m]))
+        return
     for nb in prange((N + 1) // 2):
         n0 = nb * 2
         r1 = min(n0 + 1, N - 1)  # an odd N's last block repeats its feature (never stored)
@@ -588,7 +714,11 @@ def matmul_q4(x, P, S, f16, y):  # pragma: no cover (compiled)
             tile = np.zeros((min(8, N - n0), K16), dtype=np.float32)
             _widen_tile(P, S, f16, n0, tile)
             for m0 in range(mc, min(mc + rows, M), ROWS):
-                _block38(x, m0, tile, 0, y, n0, 0, False)
+                if WIDE:
+                    _block38(x, m0, tile, 0, y, n0, 0, False)
+                else:  # halves: the tile's two blocks of four features (`_block34`)
+                    _block34(x, m0, tile, 0, y, n0)
+                    _block34(x, m0, tile, 4, y, n0 + 4)
 
 
 @njit(inline="always", cache=True)
@@ -842,8 +972,9 @@ def _scores(q, kT, k0, c0, g, t0, last, scale, w):  # pragma: no cover (compiled
     side by side in the lanes: no fold at the end, so its bits do not depend on how many keys or
     heads run together. The lanes-over-d sums of the products had spent as much on folding each
     score's 16 lanes (four steps of 16 for D = 64) as on its multiply-adds. Three heads of the
-    group by 64 keys at a time (12 accumulators, each key vector serving three heads), 16 keys at a
-    time for a query's last keys; columns past last[i] of w are written and never read."""
+    group by 64 keys at a time (12 accumulators, each key vector serving three heads; by 32 where
+    registers hold eight floats, `WIDE`), 16 keys at a time for a query's last keys; columns past
+    last[i] of w are written and never read."""
     nq = last.size
     D = q.shape[2]
     rep = w.shape[0] // nq
@@ -855,9 +986,12 @@ def _scores(q, kT, k0, c0, g, t0, last, scale, w):  # pragma: no cover (compiled
             h0, h1, h2 = g * rep + r, g * rep + r1, g * rep + r2
             a0, a1, a2 = i * rep + r, i * rep + r1, i * rep + r2
             j = 0
-            while j + 4 * LANES <= seen:
+            while WIDE and j + 4 * LANES <= seen:
                 _scores64(q, t, h0, h1, h2, kT, k0, c0 + j, D, w, a0, a1, a2, j, s16)
                 j += 4 * LANES
+            while not WIDE and j + 2 * LANES <= seen:
+                _scores32(q, t, h0, h1, h2, kT, k0, c0 + j, D, w, a0, a1, a2, j, s16)
+                j += 2 * LANES
             while j < seen:
                 _scores16(q, t, h0, h1, h2, kT, k0, c0 + j, D, w, a0, a1, a2, j, s16)
                 j += LANES
@@ -886,6 +1020,25 @@ def _scores64(q, t, h0, h1, h2, kT, k0, c, D, w, a0, a1, a2, j, s16):  # pragma:
 
 
 @njit(inline="always", cache=True)
+def _scores32(q, t, h0, h1, h2, kT, k0, c, D, w, a0, a1, a2, j, s16):  # pragma: no cover (compiled)
+    """`_scores64` for the 32 keys at columns c .. c + 31: six chains side by side (twelve registers
+    of eight floats, where `_scores64`'s twelve chains would need 24 and spill)."""
+    x0, x1, y0, y1, z0, z1 = vzero(), vzero(), vzero(), vzero(), vzero(), vzero()
+    for d in range(D):
+        k_0, k_1 = vload(kT, k0 + d, c), vload(kT, k0 + d, c + LANES)
+        p = vsplat(q[t, h0, d])
+        x0, x1 = vfma(p, k_0, x0), vfma(p, k_1, x1)
+        p = vsplat(q[t, h1, d])
+        y0, y1 = vfma(p, k_0, y0), vfma(p, k_1, y1)
+        p = vsplat(q[t, h2, d])
+        z0, z1 = vfma(p, k_0, z0), vfma(p, k_1, z1)
+    for k, (u, v, x) in enumerate(((x0, y0, z0), (x1, y1, z1))):
+        vstore(w, a0, j + k * LANES, vmul(s16, u))
+        vstore(w, a1, j + k * LANES, vmul(s16, v))
+        vstore(w, a2, j + k * LANES, vmul(s16, x))
+
+
+@njit(inline="always", cache=True)
 def _scores16(q, t, h0, h1, h2, kT, k0, c, D, w, a0, a1, a2, j, s16):  # pragma: no cover (compiled)
     """`_scores64` for the 16 keys at columns c .. c + 15: the same chains, three side by side."""
     x, y, z = vzero(), vzero(), vzero()
@@ -908,8 +1061,12 @@ def _weighted_values(w, a, b, c, n, values, v0, o, t, ca, cb, cc, tail):  # prag
     on each other's latency (a 512-token prefill's attention, one layer, 1 thread, processor B:
     11.2-12.6 ms -> 8.8-10.4)."""
     D = values.shape[1]
-    for d0 in range(0, D, 4 * LANES):
-        if len(tail) == 0 and d0 + 4 * LANES <= D:
+    chunk = 4 * LANES if WIDE else 2 * LANES  # where registers hold eight floats: 32 values, six chains
+    for d0 in range(0, D, chunk):
+        if len(tail) == 0 and d0 + chunk <= D and not WIDE:
+            _values32(w, a, b, c, n, values, v0, o, t, ca + d0, cb + d0, cc + d0, d0)
+            continue
+        if len(tail) == 0 and d0 + chunk <= D:
             a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
             b0, b1, b2, b3 = vzero(), vzero(), vzero(), vzero()
             c0, c1, c2, c3 = vzero(), vzero(), vzero(), vzero()
@@ -929,11 +1086,31 @@ def _weighted_values(w, a, b, c, n, values, v0, o, t, ca, cb, cc, tail):  # prag
                 vstore(o, t, cc + d0 + k * LANES, vc)
             continue
         for row, col in ((a, ca), (b, cb), (c, cc)):  # a chunk short of 64 values: a step at a time
-            for d in range(d0, min(d0 + 4 * LANES, D), LANES):
+            for d in range(d0, min(d0 + chunk, D), LANES):
                 acc = vzero()
                 for j in range(n):
                     acc = vfma(vsplat(w[row, j]), _load(values, v0 + j, d, tail), acc)
                 vstore_part(o, t, col + d, min(LANES, D - d), acc)  # a head's row may end inside a step
+
+
+@njit(inline="always", cache=True)
+def _values32(w, a, b, c, n, values, v0, o, t, ca, cb, cc, d0):  # pragma: no cover (compiled)
+    """`_weighted_values` for the 32 values d0 .. d0 + 31 of rows a, b, c into o[t, ca ..], o[t, cb ..],
+    o[t, cc ..]: the same chains in key order, six side by side."""
+    a0, a1, b0, b1, c0, c1 = vzero(), vzero(), vzero(), vzero(), vzero(), vzero()
+    for j in range(n):
+        r = v0 + j
+        v_0, v_1 = vload(values, r, d0), vload(values, r, d0 + LANES)
+        p = vsplat(w[a, j])
+        a0, a1 = vfma(p, v_0, a0), vfma(p, v_1, a1)
+        p = vsplat(w[b, j])
+        b0, b1 = vfma(p, v_0, b0), vfma(p, v_1, b1)
+        p = vsplat(w[c, j])
+        c0, c1 = vfma(p, v_0, c0), vfma(p, v_1, c1)
+    for k, (va, vb, vc) in enumerate(((a0, b0, c0), (a1, b1, c1))):
+        vstore(o, t, ca + k * LANES, va)
+        vstore(o, t, cb + k * LANES, vb)
+        vstore(o, t, cc + k * LANES, vc)
 
 
 class _Split(threading.local):
@@ -997,7 +1174,7 @@ def product_f32(x: np.ndarray, W: np.ndarray) -> np.ndarray:
     M = x.shape[0]
     if M == 1:
         return rows_f32(x, W)
-    eight = _eight_rows(M, x.shape[1])
+    eight = WIDE and _eight_rows(M, x.shape[1])
     xp, Wp = lanes_ready(padded_rows(x, 8 if eight else ROWS), W)
     y = np.empty((xp.shape[0], W.shape[0]), dtype=np.float32)
     (matmul8_f32 if eight else matmul_f32)(xp, Wp, y)
@@ -1031,7 +1208,7 @@ def product_q4(x: np.ndarray, planar: np.ndarray, scales: np.ndarray, f16: np.nd
         y = np.empty((1, N), dtype=np.float32)
         _split(matvec_q4, planar.nbytes + scales.nbytes, x, _c(planar), _c(scales), f16, y)
         return y
-    if _eight_rows(M, K, X_IN_L2) and (K // G) % (2 * LANES) == 0:
+    if WIDE and _eight_rows(M, K, X_IN_L2) and (K // G) % (2 * LANES) == 0:
         xp = padded_rows(x, 8)
         y = np.empty((8, N), dtype=np.float32)
         matmul8_q4(xp, _c(planar), _c(scales), f16, y)

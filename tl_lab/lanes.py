@@ -51,7 +51,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic, models, register_model
 
-__all__ = ["LANES", "F32x16", "vzero", "vload", "vfma", "vsum", "prefetch", "vload_part", "vload_f16", "vload_f16_part",
+__all__ = ["LANES", "HALF", "F32x16", "F32x8", "vzero8", "vload8", "vfma8", "vjoin", "vsplat8", "vq8h", "wide_registers", "vzero", "vload", "vfma", "vsum", "prefetch", "vload_part", "vload_f16", "vload_f16_part",
            "vstore", "vstore_part", "vsplat", "vtranspose16", "vhat", "vq8", "vexp", "vmax", "vtop", "vsum4", "vmul"]
 
 LANES = 16
@@ -348,6 +348,107 @@ def vsplat(typingctx, x):
 
 
 # ---------------------------------------------------------------------------------------------
+# Halves: lanes 0 .. 7 and lanes 8 .. 15 of a sum are chains that never meet before the fold (its
+# first step adds lane l + 8 onto lane l), so a kernel may add one half over every k and then the
+# other: each lane still adds its terms in the same order, so the sum has the same bits. It lets a
+# machine whose vector registers hold eight floats (AVX2's sixteen; NEON's thirty-two hold four)
+# keep a block of sums in registers: three rows by four features are 12 sums, 24 such registers
+# as whole 16-lane vectors and 12 as halves.
+# ---------------------------------------------------------------------------------------------
+
+HALF = LANES // 2
+_HALF_VEC = ir.VectorType(ir.FloatType(), HALF)
+
+
+class F32x8(types.Type):
+    """numba's name for LLVM's <8 x float>: lanes 0 .. 7 or 8 .. 15 of a 16-lane vector."""
+
+    def __init__(self):
+        super().__init__(name="f32x8")
+
+
+f32x8 = F32x8()
+
+
+@register_model(F32x8)
+class _F32x8Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _HALF_VEC)
+
+
+@intrinsic
+def vzero8(typingctx):
+    def codegen(context, builder, sig, args):
+        return ir.Constant(_HALF_VEC, None)
+
+    return f32x8(), codegen
+
+
+@intrinsic
+def vload8(typingctx, arr, i, k):
+    """a[i, k : k + 8] (float32, unchecked like `vload`): with k = 16 j the low half of the step
+    `vload(a, i, 16 j)`, with k = 16 j + 8 its high half."""
+    _check_2d(arr)
+
+    def codegen(context, builder, sig, args):
+        ptr, _ = _item_pointer(context, builder, sig.args[0], args[0], args[1], args[2])
+        return builder.load(builder.bitcast(ptr, _HALF_VEC.as_pointer()), align=4)
+
+    return f32x8(arr, i, k), codegen
+
+
+@intrinsic
+def vfma8(typingctx, a, b, c):
+    """a * b + c in eight lanes, rounded once: `vfma` on one half."""
+    def codegen(context, builder, sig, args):
+        fnty = ir.FunctionType(_HALF_VEC, [_HALF_VEC] * 3)
+        return builder.call(cgutils.get_or_insert_function(builder.module, fnty, "llvm.fma.v8f32"), args)
+
+    return f32x8(f32x8, f32x8, f32x8), codegen
+
+
+@intrinsic
+def vjoin(typingctx, lo, hi):
+    """The 16 lanes whose lanes 0 .. 7 are lo's and 8 .. 15 hi's, ready for `vsum` / `vsum4`."""
+    def codegen(context, builder, sig, args):
+        return builder.shuffle_vector(args[0], args[1], ir.Constant(ir.VectorType(_I32, LANES), list(range(LANES))))
+
+    return f32x16(f32x8, f32x8), codegen
+
+
+@intrinsic
+def vsplat8(typingctx, x):
+    """x (float32) in all eight lanes of a half."""
+    def codegen(context, builder, sig, args):
+        v = builder.insert_element(ir.Constant(_HALF_VEC, None), context.cast(builder, args[0], sig.args[0], types.float32), _I32(0))
+        return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, HALF), [0] * HALF))
+
+    return f32x8(types.float32), codegen
+
+
+@intrinsic
+def vq8h(typingctx, arr, i, k, s):
+    """`vq8` on eight stored int8 values a[i, k : k + 8]: lanes q s, s a half's splat (`vsplat8`)."""
+    _check_2d(arr, types.int8, "vq8h reads")
+
+    def codegen(context, builder, sig, args):
+        ptr, _ = _item_pointer(context, builder, sig.args[0], args[0], args[1], args[2])
+        raw = builder.load(builder.bitcast(ptr, ir.VectorType(ir.IntType(8), HALF).as_pointer()), align=1)
+        return builder.fmul(builder.sitofp(raw, _HALF_VEC), args[3])
+
+    return f32x8(arr, i, k, f32x8), codegen
+
+
+def wide_registers() -> bool:
+    """Whether the code numba compiles in this process may use AVX-512, whose 32 registers hold 16
+    floats each: the kernels' widest blocks (24 sums of 16 lanes) fit there; elsewhere they add in
+    halves. Read from the target numba compiles for (NUMBA_CPU_NAME / NUMBA_CPU_FEATURES, else the host)."""
+    from numba.core.registry import cpu_target
+
+    return _has_avx512(cpu_target.target_context)
+
+
+# ---------------------------------------------------------------------------------------------
 # int4 weights (section 2.5): sixteen nibbles of the kernel layout (`quant.to_planar`) as W_hat
 # = (n - 8) s, exactly, so that an int4 product adds the very terms the float32 product on W_hat
 # adds, in the same order.
@@ -376,7 +477,9 @@ def vhat(typingctx, arr, i, b, shift, s):
     compiler shares it between the calls with the same s), and each nibble picks its lane of it
     (`vpermps`, which reads the low 4 bits of each index, so no mask is needed): three instructions
     a step instead of five, and the int4 one-row kernel, bound by these instructions, ran 1.6x
-    faster on processor B. Without it: mask, convert, multiply."""
+    faster on processor B. Without it: mask, convert, and n s - 8 s in one fused multiply-add (n s
+    and 8 s are exact, so is their difference, rounded once: the same bits as (n - 8) s), the - 8 s
+    made once per group like the table."""
     _check_2d(arr, types.uint8, "vhat reads")
 
     def codegen(context, builder, sig, args):
@@ -390,8 +493,9 @@ def vhat(typingctx, arr, i, b, shift, s):
             fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VEC, [_VEC, i32x16]),
                                                 "llvm.x86.avx512.permvar.sf.512")
             return builder.call(fn, [table, idx])
-        n = builder.and_(idx, ir.Constant(i32x16, [15] * LANES))
-        return builder.fmul(builder.sitofp(builder.sub(n, ir.Constant(i32x16, [8] * LANES)), _VEC), args[4])
+        n = builder.sitofp(builder.and_(idx, ir.Constant(i32x16, [15] * LANES)), _VEC)
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VEC, [_VEC] * 3), "llvm.fma.v16f32")
+        return builder.call(fma, [n, args[4], builder.fmul(args[4], _splat(-8.0))])  # n s - 8 s, rounded once: exact
 
     return f32x16(arr, i, b, shift, f32x16), codegen
 
