@@ -1222,11 +1222,12 @@ def product_q4(x: np.ndarray, planar: np.ndarray, scales: np.ndarray, f16: np.nd
 def product_q8(x: np.ndarray, Q: np.ndarray, scales: np.ndarray, f16: np.ndarray) -> np.ndarray:
     """y = x W_hat^T from int8 weights (the int4 model's LM head). x: (M, K) float32, Q: (N, K)
     int8, scales: (N, G) uint16 with K / G a multiple of 16 -> (M, N) float32. Five to eight rows
-    through `matmul8_q8` (as `product_f32` picks `matmul8_f32`), any other count through
+    through `matmul8_q8` (while eight rows of x fit `X_IN_L1`, or `X_IN_L2` in halves: SmolLM2's
+    int8 head at batch 8, 1 thread, processor D, 23 ms by `matvec_q8` -> 10.7), any other count through
     `matvec_q8`; the same bits either way, those of `product_f32` on W_hat."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     M, K = x.shape
-    eight = _eight_rows(M, K)
+    eight = _eight_rows(M, K, X_IN_L1 if WIDE else X_IN_L2)  # halves: x's rows are read twice, from L1 or L2
     xp = padded_rows(x, 8) if eight else x
     y = np.empty((xp.shape[0], Q.shape[0]), dtype=np.float32)
     if eight:
