@@ -72,6 +72,18 @@ def one_blas_thread():
         yield
 
 
+@pytest.fixture
+def restore_threads():
+    """The kernels' thread count (numba's, this thread's) as it was before the test, after it."""
+    import numba
+
+    from tl_lab.kernels import set_threads
+
+    before = numba.get_num_threads()
+    yield
+    set_threads(before)
+
+
 def smollm2_path():
     """The fetched SmolLM2-135M-Instruct directory, or fail saying how to fetch it (never skip)."""
     from tl_lab.fetch import smollm2_dir

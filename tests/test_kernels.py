@@ -25,15 +25,6 @@ def _threads(n):
     return set_threads(n)
 
 
-@pytest.fixture
-def restore_threads():
-    import numba
-
-    before = numba.get_num_threads()
-    yield
-    set_threads(before)
-
-
 @pytest.mark.parametrize("K,N", SHAPES)
 def test_f32_kernel_equals_the_product_within_float_tolerance(K, N):
     rng = np.random.default_rng(K + N)

@@ -189,7 +189,7 @@ rounds: 1 thread 7.7-9.8 GB/s without, 8.7-12.2 with 16 rows ahead (8: 9.6-10.5;
 better); 2 threads 13-19 -> 15-21."""
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, nogil=True, cache=True)
 def matvec_f32(x, W, y):  # pragma: no cover (compiled)
     """y = x W^T one row at a time. x: (M, K) float32 (any M); W: (N, K) float32, stored [out, in];
     y: (M, N) float32, written.
@@ -298,7 +298,7 @@ def _block34(x, m0, W, w0, y, n0):  # pragma: no cover (compiled)
         _store_lanes(y, m0 + i, n0, N, vjoin(a[0], b[0]), vjoin(a[1], b[1]), vjoin(a[2], b[2]), vjoin(a[3], b[3]))
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, nogil=True, cache=True)
 def matmul_f32(x, W, y):  # pragma: no cover (compiled)
     """y = x W^T in blocks of 3 rows by 8 features, or 6 rows by 4 where eight weight rows do not
     fit `X_IN_L1`. x: (M, K) float32 with M a multiple of 3 (`padded_rows`); W: (N, K) float32; y:
@@ -420,7 +420,7 @@ def _block82(x, W, r0, r1, y, n0, p):  # pragma: no cover (compiled)
     _store82(y, n0, a, b)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, nogil=True, cache=True)
 def matmul8_f32(x, W, y):  # pragma: no cover (compiled)
     """y = x W^T for a batch of eight rows in blocks of 8 rows x 2 features (`_block82`). x: (8, K)
     float32 (`padded_rows(x, 8)`); W: (N, K) float32; y: (8, N) float32, written.
@@ -475,7 +475,7 @@ Without it the one-row int4 product waited for memory between its bursts of arit
 32: 11.2; with the weights in the L2 cache, 6.1): the arithmetic now hides the reading."""
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, nogil=True, cache=True)
 def matvec_q4(x, P, S, f16, y):  # pragma: no cover (compiled)
     """y = x W_hat^T one row at a time, straight from the packed nibbles (section 2.5): the int4
     twin of `matvec_f32`, for a group size that is a multiple of 32.
@@ -552,7 +552,7 @@ def _q4_pair(x, m, P, S, f16, r0, r1):  # pragma: no cover (compiled)
     return a0, a1
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, nogil=True, cache=True)
 def matmul8_q4(x, P, S, f16, y):  # pragma: no cover (compiled)
     """y = x W_hat^T for a batch of eight rows, straight from the nibbles: `matmul8_f32`'s blocks of
     8 rows x 2 features, each step's sixteen values of W_hat made by `matvec_q4`'s fused multiply-add
@@ -598,7 +598,7 @@ SmolLM2's int8 head (49152 x 576), one row, 1 thread, processor B, best of 12 in
 12.1 ms without asking, 2.15 with 4 rows ahead, 1.89 with 8, 1.92 with 16, 1.88 with 32."""
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, nogil=True, cache=True)
 def matvec_q8(x, Q, S, f16, y):  # pragma: no cover (compiled)
     """y = x W_hat^T straight from int8 weights, W_hat = q s per group of g columns (`q8.Q8Linear`,
     the int4 model's LM head): `matvec_f32`'s four features a pass, each step's sixteen W_hat made by
@@ -651,7 +651,7 @@ def _q8_rows8(x, Q, S, f16, r, h):  # pragma: no cover (compiled)
     return a0, a1, a2, a3, a4, a5, a6, a7
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, nogil=True, cache=True)
 def matmul8_q8(x, Q, S, f16, y):  # pragma: no cover (compiled)
     """y = x W_hat^T for a batch of eight rows from int8 weights: `matmul8_f32`'s blocks of 8 rows x 2
     features, each W_hat vector (`lanes.vq8`) made once and used by all eight rows. The same sums, so
@@ -705,7 +705,7 @@ def _widen_tile(P, S, f16, n0, tile):  # pragma: no cover (compiled)
                     tile[j, grp * g + half + b] = np.float32((n >> 4) - 8) * s
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, nogil=True, cache=True)
 def matmul_q4(x, P, S, f16, y):  # pragma: no cover (compiled)
     """y = x W_hat^T for a batch: per block of eight output features, W_hat of the eight is widened
     into an 8 x K tile that stays in the thread's cache (nothing larger than eight rows of W_hat
@@ -800,6 +800,18 @@ def _steps(n):  # pragma: no cover (compiled)
     return (n + LANES - 1) // LANES * LANES
 
 
+class _Gate(threading.local):
+    """The hook of a pipelined prefill (`runner.pipelined`, section 2.4): `before(layer)` runs just
+    before a step's attention of `layer` reads the pool, in the Python thread that set it; None
+    elsewhere. Stage A's says its keys of that layer are written, stage B's waits for them. Here,
+    not in `forward`, so that the learner's `llama_layer` stays the code that runs."""
+
+    before = None
+
+
+GATE = _Gate()
+
+
 def attend_paged(q, data, layer, tables, seq_of, starts, firsts, tiles, o, tail) -> None:
     """Grouped-query causal attention read from the pool's blocks in place (section 2.4, "going
     further": PagedAttention). Nothing is gathered: key j of sequence s is read where it lives,
@@ -814,13 +826,15 @@ def attend_paged(q, data, layer, tables, seq_of, starts, firsts, tiles, o, tail)
     shared widening, costs less of that. SmolLM2's attention a step, 128 keys, processor B,
     medians of 6 to 12 interleaved rounds: int4 batch 1 1.95 -> 1.46 ms at 2 threads (the step
     1.06x faster) and 1.93 -> 1.70 at 1; batch 8 5.95 -> 4.82; f32 batch 1 2.33 -> 1.86."""
+    if GATE.before is not None:  # a stage of a pipelined prefill (`_Gate`)
+        GATE.before(layer)
     if q.shape[0] == starts.size == tiles.size - 1:  # a tile per sequence, a row per sequence
         _attend_decode(q, data, layer, tables, starts, o, tail)
     else:
         _attend_tiles(q, data, layer, tables, seq_of, starts, firsts, tiles, o, tail)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, nogil=True, cache=True)
 def _attend_decode(q, data, layer, tables, starts, o, tail):  # pragma: no cover (compiled)
     """`attend_paged` for a step of decodes: row s is sequence s's one new token, at position
     starts[s], and sees keys 0 .. starts[s]. Each (sequence, KV head) is one task: widen its keys
@@ -836,7 +850,7 @@ def _attend_decode(q, data, layer, tables, starts, o, tail):  # pragma: no cover
         _attend_tile(q, kT, 0, 0, vals, 0, g, H // H_kv, s, last, scale, o, tail)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, nogil=True, cache=True)
 def _attend_tiles(q, data, layer, tables, seq_of, starts, firsts, tiles, o, tail):  # pragma: no cover
     """`attend_paged` for any step, in query tiles: a sequence of several tiles (a prefill) has its
     keys and values widened once per KV head for all its tiles.
