@@ -801,7 +801,7 @@ def _steps(n):  # pragma: no cover (compiled)
 
 
 class _Gate(threading.local):
-    """The hook of a pipelined prefill (`runner.pipelined`, section 2.4): `before(layer)` runs just
+    """The hook of a pipelined prefill (`pipeline.pipelined`, section 2.4): `before(layer)` runs just
     before a step's attention of `layer` reads the pool, in the Python thread that set it; None
     elsewhere. Stage A's says its keys of that layer are written, stage B's waits for them. Here,
     not in `forward`, so that the learner's `llama_layer` stays the code that runs."""

@@ -36,23 +36,18 @@ Decisions where the chapter is silent:
 - EngineConfig.threads sets the thread count of the compiled kernels (numba's pool) and of BLAS for
   the whole process. The engine's products and attention are compiled loops whose bits do not
   depend on it; BLAS is left to the "plain" product and the numpy references.
-- A step of at least PIPELINE_ROWS rows at 2 kernel threads or more (a long prefill) runs as two
-  stages on two Python threads, each sequence's first half and its second (`pipelined`): the
-  forward's numpy of one stage overlaps the other's kernels. The logits, hidden states and pool
-  bytes are the one step's, bit for bit; the stage B of layer l waits for stage A's keys of layer l
-  at `kernels.GATE`, the engine's hook just before attention, so `forward` is unchanged.
+- A long prefill at 2 kernel threads or more runs as two pipelined stages on two Python threads
+  (`tl_lab.pipeline`, engineering around this module: `_run_llama` stays the one call of the
+  forward, and the stages run your `llama_forward`). The bits are the one step's.
 """
 
 from __future__ import annotations
 
 import os
-import threading
-import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import numba
 import numpy as np
 
 from tl_lab.blocks import BlockManager, blocks_for
@@ -60,7 +55,8 @@ from tl_lab.checks import as_int, is_int
 from tl_lab.errors import BatchError
 from tl_lab.forward import Step, bigram_forward, llama_forward
 from tl_lab.products import PRODUCTS, Scratch
-from tl_lab.kernels import GATE, set_threads, threads_for
+from tl_lab import pipeline
+from tl_lab.kernels import set_threads, threads_for
 from tl_lab.kv import BlockState, KvCfg, KvPool
 from tl_lab.model import Int4, ModelConfig, load_weights
 from tl_lab.tuning import blas_threads, keep_freed_memory, set_blas_threads  # noqa: F401 (blas_threads: notebook 05)
@@ -184,176 +180,11 @@ def _run_llama(runner: ModelRunner, step: Step, hidden: bool = False):
                              scratch=runner._scratch, return_hidden=hidden)
 
 
-PIPELINE_ROWS = 256
-"""The fewest rows of a step run as a pipelined prefill (`pipelined`)."""
-
-
 def _run_llama_step(runner: ModelRunner, step: Step, hidden: bool = False):
-    """A Llama step (section 2.4): a long prefill as two pipelined stages when `pipeline_parts`
-    says so, any other step in the one call of `_run_llama`. Same bits either way."""
-    parts = pipeline_parts(runner, step)
-    if parts is None:
-        return _run_llama(runner, step, hidden)
-    return pipelined(runner, step, parts, hidden)
-
-
-class Pipeline:
-    """A runner's pipelined prefills: each stage's own Scratch (the runner's is one thread's),
-    `steps` run pipelined, and `off` once a forward's attention bypassed the gate (see `pipelined`)."""
-
-    def __init__(self) -> None:
-        self.scratch = (Scratch(), Scratch())
-        self.steps = 0
-        self.off = False
-
-
-_PIPELINES = weakref.WeakKeyDictionary()  # runner -> its Pipeline (not set in __init__: a learner's piece)
-
-
-def pipeline_of(runner: ModelRunner) -> Pipeline:
-    return _PIPELINES.setdefault(runner, Pipeline())
-
-
-def pipeline_parts(runner: ModelRunner, step: Step) -> tuple[Step, Step, np.ndarray] | None:
-    """`split_step(step)` when the step should run pipelined: at least PIPELINE_ROWS rows, two
-    kernel threads or more in force, the invariant product (a BLAS product's bits follow the
-    shapes, and its threads are not numba's); else None."""
-    if len(step.tokens) < PIPELINE_ROWS or runner.product != "invariant" or numba.get_num_threads() < 2:
-        return None
-    return None if pipeline_of(runner).off else split_step(step)
-
-
-def split_step(step: Step) -> tuple[Step, Step, np.ndarray] | None:
-    """Stage A's step (the first half of every sequence of two rows or more), stage B's (the rest:
-    every sequence, from where A's part of it ends, so B's last rows are the step's) and the rows
-    of `step` that A holds, (N_A,) in step order; None when A would be empty (a step of decodes).
-    The steps are built directly: `_check` checked the batch as a whole, and would refuse B, whose
-    first blocks A has not filled yet."""
-    a, b, rows_a = [], [], []
-    for s in range(step.n_seqs):
-        r, start, table = step.rows(s), int(step.starts[s]), step.tables[s]
-        h = (r.stop - r.start) // 2
-        if h:
-            a.append((step.tokens[r.start : r.start + h], start, table))
-            rows_a.append(np.arange(r.start, r.start + h))
-        b.append((step.tokens[r.start + h : r.stop], start + h, table))
-    return (Step.of(a), Step.of(b), np.concatenate(rows_a)) if a else None
-
-
-class _Abandoned(Exception):
-    """A stage stopped because the other one raised (that error is the one re-raised)."""
-
-
-class Handoff:
-    """Where stage B waits for stage A, layer by layer (the hook is `kernels.GATE`, called just
-    before a step's attention reads the pool). ready[l]: set by A just before its attention of
-    layer l, when A's keys and values of layer l are in the pool; B waits for it before its own
-    attention of layer l. errors: what either stage raised, the first one real (a stage that sees
-    an error stops at its next attention, `_Abandoned`); seen: the layers B waited for."""
-
-    def __init__(self, n_layers: int) -> None:
-        self.ready = [threading.Event() for _ in range(n_layers)]
-        self.errors: list[BaseException] = []
-        self.seen: set[int] = set()
-
-    def a_reached(self, layer: int) -> None:
-        self._stop_if_failed()
-        self.ready[layer].set()
-
-    def b_waits(self, layer: int) -> None:
-        self.ready[layer].wait()
-        self._stop_if_failed()
-        self.seen.add(layer)
-
-    def fail(self, exc: BaseException) -> None:
-        self.errors.append(exc)
-        self.release()
-
-    def release(self) -> None:
-        """Every layer ready: B never waits for a layer A will not reach."""
-        for event in self.ready:
-            event.set()
-
-    def _stop_if_failed(self) -> None:
-        if self.errors:
-            raise _Abandoned("the other stage of the pipelined prefill raised")
-
-
-def pipelined(runner: ModelRunner, step: Step, parts, hidden: bool = False):
-    """The step as two stages on two Python threads (section 2.4, going further): the learner's
-    `llama_forward` on A's rows in a helper thread and on B's in this one, each on half the kernel
-    threads (numba's count is per Python thread). Why: at 2 threads a long prefill spent a large
-    share of its time in the forward's numpy (the norms, RoPE, SwiGLU, the KV write) on one core
-    while the other idled; two stages overlap one's numpy with the other's kernels (the parallel
-    kernels release the GIL, nogil). B's attention of layer l waits for A's keys of layer l
-    (`Handoff`); a query's bits depend only on its own sequence's keys, so the logits (B's: the
-    step's last rows) and the hidden states (A's rows and B's, put back in step order) are the
-    one-step's bits. A forward whose attention does not pass `kernels.attend_paged` (a learner's
-    own) never waited: the step is run again in one call and the runner pipelines no more."""
-    a, b, rows_a = parts
-    n, pipe, hand = numba.get_num_threads(), pipeline_of(runner), Handoff(len(runner.weights.layers))
-    out = {}
-
-    def stage_a():
-        try:
-            out["a"] = _stage(runner, a, hand.a_reached, n // 2, pipe.scratch[0], hidden)
-        except BaseException as exc:  # noqa: BLE001 (re-raised by the caller's thread)
-            hand.fail(exc)
-        finally:
-            hand.release()
-
-    worker = threading.Thread(target=stage_a, name="tl_lab prefill stage A", daemon=True)
-    worker.start()
-    try:
-        out["b"] = _stage(runner, b, hand.b_waits, n - n // 2, pipe.scratch[1], hidden)
-    except BaseException as exc:  # noqa: BLE001 (A stops at its next attention; re-raised below)
-        hand.fail(exc)
-    _join(worker, hand)
-    if hand.errors:
-        raise hand.errors[0]
-    if len(hand.seen) < len(hand.ready):
-        pipe.off = True
-        return _run_llama(runner, step, hidden)
-    pipe.steps += 1
-    if not hidden:
-        return out["b"]
-    (_, hidden_a), (logits, hidden_b) = out["a"], out["b"]
-    return logits, _rejoin(len(step.tokens), rows_a, hidden_a, hidden_b)
-
-
-def _stage(runner: ModelRunner, step: Step, gate, threads: int, scratch: Scratch, hidden: bool):
-    """One stage's forward on this Python thread at `threads` kernel threads, `gate` its hook
-    before each attention; the thread's count and hook restored after."""
-    before = numba.get_num_threads()
-    numba.set_num_threads(threads)
-    GATE.before = gate
-    try:
-        return llama_forward(runner.weights, step, runner.pool.data, product=runner.product,
-                             scratch=scratch, return_hidden=hidden)
-    finally:
-        GATE.before = None
-        numba.set_num_threads(before)
-
-
-def _join(worker: threading.Thread, hand: Handoff) -> None:
-    """Wait for stage A; interrupted (Ctrl-C), tell it to stop at its next attention and wait for
-    that, so nothing writes into the pool once the step has ended."""
-    try:
-        worker.join()
-    except BaseException as exc:
-        hand.fail(exc)
-        worker.join()
-        raise
-
-
-def _rejoin(n: int, rows_a: np.ndarray, part_a: np.ndarray, part_b: np.ndarray) -> np.ndarray:
-    """The step's (n, d) rows from A's (N_A, d), which go to rows_a, and B's, which fill the rest
-    (both parts in step order)."""
-    in_a = np.zeros(n, dtype=bool)
-    in_a[rows_a] = True
-    whole = np.empty((n, part_a.shape[1]), dtype=part_a.dtype)
-    whole[in_a], whole[~in_a] = part_a, part_b
-    return whole
+    """A Llama step (section 2.4): a long prefill as two pipelined stages (`tl_lab.pipeline`, the
+    engine's, not a piece of yours), any other step in the one call of `_run_llama`. Same bits
+    either way."""
+    return pipeline.run_step(runner, step, hidden, _run_llama)
 
 
 def _run_bigram(runner: ModelRunner, step: Step, hidden: bool = False):
