@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from tl_lab.forward import PoolKv, Step, attend_reference, write_kv
-from tl_lab.kernels import QUERY_TILE, ROWS, head_f32, lanes_ready, matmul8_f32, product_f32, rows_f32, set_threads
+from tl_lab.kernels import (QUERY_TILE, ROWS, faster_of, head_f32, lanes_ready, matmul8_f32, matvec1_f32, matvec_f32,
+                            product_f32, rows_f32, set_threads)
 from tl_lab.q8 import Q8Linear
 from tl_lab.quant import QLinear, f32_to_f16
 
@@ -67,6 +68,10 @@ def test_one_row_kernel_and_the_blocks_give_the_same_bits(K, N):
     eight = np.empty((8, N), np.float32)
     matmul8_f32(X, W16, eight)
     assert np.array_equal(eight.view(np.uint32), rows_f32(X, W16).view(np.uint32)), "matmul8_f32"
+    for one_row in (matvec_f32, matvec1_f32):  # whichever `one_row_f32` measured faster here
+        y = np.empty((8, N), np.float32)
+        one_row(X, W16, y)
+        assert np.array_equal(y.view(np.uint32), eight.view(np.uint32)), one_row.__name__
 
 
 def test_row_chunks_are_sized_from_the_machines_caches_and_keep_the_bits():
@@ -311,20 +316,68 @@ def test_kernels_give_the_same_bits_at_1_and_2_threads(restore_threads):
         outs.append((product_f32(X, W), product_f32(X_long, W_long), head_f32(X, W), layer.forward(X),
                      PoolKv(data, step).attend(0, q),
                      product_f32(X[:8], W), layer.forward(X[:8]),  # batches of 9 and of 8 (`matmul8_*`)
-                     head.forward(X[:1]), head.forward(X[:8])))
+                     head.forward(X[:1]), head.forward(X[:8]), _run(matvec_f32, X, W), _run(matvec1_f32, X, W)))
     for a, b in zip(outs[0], outs[1]):
         assert np.array_equal(a, b)
     for a, b in zip(outs[0], outs[2]):
         assert np.array_equal(a, b)
 
 
+def _run(kernel, X, W):
+    """kernel(X, W, y) -> y: (M, N) float32."""
+    y = np.empty((X.shape[0], W.shape[0]), np.float32)
+    kernel(X, W, y)
+    return y
+
+
+def test_faster_of_keeps_the_kernel_with_the_shortest_best_round_and_restores_the_threads(restore_threads):
+    """The chooser of `one_row_f32`, on a clock it is handed: each kernel's best round counts (one
+    slow round of the faster kernel does not lose it), the rounds interleave, and it runs at 1 thread."""
+    import numba
+
+    now, calls = [0.0], []
+
+    def kernel(name, costs):  # each call advances the clock by its cost: the warm-up's, then a round's
+        cost = iter(costs)
+
+        def k():
+            calls.append((name, numba.get_num_threads()))
+            now[0] += next(cost)
+        return k
+
+    assert _threads(2) == 2
+    a, b = kernel("a", [9, 5, 1, 5, 5]), kernel("b", [0, 2, 2, 2, 2])
+    assert faster_of((a, b), (), rounds=4, clock=lambda: now[0]) is a
+    assert [c for c, _ in calls] == ["a", "b"] * 5 and {t for _, t in calls} == {1}
+    assert numba.get_num_threads() == 2
+    a, b = kernel("a", [0, 5, 5, 5, 5]), kernel("b", [9, 2, 3, 2, 2])
+    assert faster_of((a, b), (), rounds=4, clock=lambda: now[0]) is b
+
+
+def test_one_row_f32_is_measured_once_and_is_one_of_the_two_kernels():
+    import tl_lab.kernels as K
+
+    assert K.one_row_f32() in (K.matvec_f32, K.matvec1_f32)
+    assert K.one_row_f32() is K.one_row_f32() and len(K._ONE_ROW_F32) == 1
+    x, W, y = K._stream_probe()
+    assert x.shape == (1, 576) and y.shape == (1, W.shape[0]) and 16 << 20 <= W.nbytes + 4 * 576 <= 96 << 20 + 4 * 576
+
+
 _BITS_SCRIPT = r"""
 import sys
 import numpy as np
 from tl_lab.forward import PoolKv, Step
+import tl_lab.kernels as K
 from tl_lab.kernels import head_f32, product_f32, rows_f32, set_threads
 from tl_lab.q8 import Q8Linear
 from tl_lab.quant import QLinear, f32_to_f16
+
+
+def run(kernel, X, W):
+    y = np.empty((X.shape[0], W.shape[0]), np.float32)
+    kernel(X, W, y)
+    return y
+
 
 rng = np.random.default_rng(11)
 W = rng.standard_normal((1536, 576)).astype(np.float32)
@@ -340,7 +393,8 @@ out = {}
 for t in (1, 2):
     set_threads(t)
     for name, y in (("matmul_f32", product_f32(X, W)), ("matmul_f32, 6 x 4", product_f32(X_long, W.T.copy())),
-                    ("matvec_f32", rows_f32(X, W)), ("head", head_f32(X, W)),
+                    ("matvec_f32", run(K.matvec_f32, X, W)), ("matvec1_f32", run(K.matvec1_f32, X, W)),
+                    ("head", head_f32(X, W)),
                     ("matmul8_f32", product_f32(X[:8], W)), ("matmul_q4", q4.forward(X)),
                     ("matmul8_q4", q4.forward(X[:8])), ("attend_paged", PoolKv(data, step).attend(0, q)),
                     ("attend_paged, decodes", PoolKv(data, decodes).attend(0, q[:2])),
@@ -453,15 +507,15 @@ def test_a_big_step_splits_only_the_products_that_read_more_than_l2(restore_thre
     assert _threads(2) == 2
     ref = product_f32(x, small), product_f32(x, big)
     seen = []
-    kernel = K.matvec_f32
+    kernel = K.one_row_f32()
     try:
-        K.matvec_f32 = lambda *a: (seen.append(numba.get_num_threads()), kernel(*a))
+        K._ONE_ROW_F32[:] = [lambda *a: (seen.append(numba.get_num_threads()), kernel(*a))]
         numba.set_num_threads(1)
         K._SPLIT.set(K.BIG, 2)
         got = product_f32(x, small), product_f32(x, big)
         assert numba.get_num_threads() == 1
     finally:
-        K.matvec_f32 = kernel
+        K._ONE_ROW_F32[:] = [kernel]
         K._SPLIT.set(math.inf, 1)
     assert seen == [1, 2]
     assert all(np.array_equal(a, b) for a, b in zip(ref, got))

@@ -34,6 +34,9 @@ system or measured while running:
   count in force: whichever of these plans its own recent steps ran fastest under, measured per
   runner as it decodes and probed again every `LoneRowThreads.PROBE` steps (a busy core turns the
   splits off); larger steps use the count in force;
+- the one-row f32 kernel: `matvec_f32` (four features a pass) or `matvec1_f32` (one, the weight
+  read as one stream), whichever reads faster here, timed once a process (`one_row_f32`): on
+  processor E one feature a pass read twice as fast, on B four had;
 - the kernel for a batch size: one row `matvec_*`, five to eight rows `matmul8_*` when eight rows of
   x fit `X_IN_L1` (`matmul8_q4`: `X_IN_L2`), else `matmul_*`; `X_IN_L1` is half the L1 data cache,
   read from the system (`machine.cache_bytes`, sysfs);
@@ -124,7 +127,7 @@ from tl_lab.lanes import (HALF, LANES, prefetch, vexp, vfma, vfma8, vhat, vjoin,
                           vtranspose16, vq8h, vsplat8, vzero, vzero8, wide_registers)
 
 __all__ = ["ROWS", "padded_rows", "lanes_ready", "matmul_f32", "matmul8_f32", "matmul_q4", "matmul8_q4",
-           "matvec_f32", "attend_paged", "QUERY_TILE", "product_f32", "rows_f32", "head_f32",
+           "matvec_f32", "matvec1_f32", "one_row_f32", "faster_of", "attend_paged", "QUERY_TILE", "product_f32", "rows_f32", "head_f32",
            "product_q4", "matvec_q4", "matvec_q8", "matmul8_q8", "product_q8", "set_threads", "threads_for", "SERIAL_ROWS",
            "LoneRowThreads", "ALONE", "BIG", "ALL"]
 
@@ -211,6 +214,27 @@ def matvec_f32(x, W, y):  # pragma: no cover (compiled)
                 a2 = vfma(xv, vload(W, r2, k), a2)
                 a3 = vfma(xv, vload(W, r3, k), a3)
             _store_lanes(y, m, n0, N, a0, a1, a2, a3)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def matvec1_f32(x, W, y):  # pragma: no cover (compiled)
+    """`matvec_f32` one output feature a pass: y = x W^T, x: (M, K) float32, W: (N, K) float32, y:
+    (M, N) float32, written. Each y[m, n] the same chain in `lanes` order, folded by `vsum` (the
+    bits of `vsum4`'s fold, tested), so the same bits as `matvec_f32`; the weight read as one
+    stream, row after row, as `machine.read_gbps` reads memory.
+
+    Why two one-row kernels (`one_row_f32` picks, by timing both): which reads faster is the
+    processor's. SmolLM2's head (49152 x 576) and a layer's seven products, 1 thread, best of 7
+    interleaved rounds: on processor E (AMD EPYC, Zen 4) four features a pass read 12.2 and 12.8 GB/s
+    and one feature 25.2 and 21.7 (the plain read: 28.9, 22.4); at 2 threads 22.9 / 25.6 against
+    31.7 / 33.2. On processor B four features a pass had read more than the plain read."""
+    M, K = x.shape
+    for n in prange(W.shape[0]):
+        for m in range(M):
+            a = vzero()
+            for k in range(0, K, LANES):
+                a = vfma(vload(x, m, k), vload(W, n, k), a)
+            y[m, n] = vsum(a)
 
 
 @njit(inline="always", cache=True)
@@ -1209,8 +1233,55 @@ def rows_f32(x: np.ndarray, W: np.ndarray) -> np.ndarray:
     x: (M, K), W: (N, K) float32 -> (M, N) float32."""
     x, W = lanes_ready(x, W)
     y = np.empty((x.shape[0], W.shape[0]), dtype=np.float32)
-    _split(matvec_f32, W.nbytes, x, W, y)
+    _split(one_row_f32(), W.nbytes, x, W, y)
     return y
+
+
+_ONE_ROW_F32: list = []  # the kernel `one_row_f32` measured, once a process
+
+
+def one_row_f32():
+    """The one-row f32 kernel this machine reads a weight fastest with, `matvec_f32` (four features a
+    pass) or `matvec1_f32` (one), timed on the first call of a process (`faster_of`, on a weight
+    twice the last-level cache, 16 to 96 MB, at 1 thread: about 0.1 s) and kept. The same bits
+    either way."""
+    if not _ONE_ROW_F32:
+        _ONE_ROW_F32.append(faster_of((matvec_f32, matvec1_f32), _stream_probe()))
+    return _ONE_ROW_F32[0]
+
+
+def _stream_probe() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(x, W, y) for timing a one-row kernel on reads from memory: W of 576 columns (SmolLM2's d),
+    twice the last-level cache in bytes (16 to 96 MB), every page written (untouched pages of zeros
+    would all read the one zero page, from the cache)."""
+    last = max(cache_bytes(3) or 0, cache_bytes(2) or 0)
+    rows = min(96 << 20, max(16 << 20, 2 * last)) // (4 * 576)
+    return np.ones((1, 576), dtype=np.float32), np.full((rows, 576), 0.5, dtype=np.float32), np.empty((1, rows), dtype=np.float32)
+
+
+def faster_of(kernels, args, rounds: int = 4, clock=None):
+    """The kernel of `kernels` whose fastest of `rounds` calls kernel(*args) is the shortest, the
+    calls interleaved round by round (a disturbed round costs every kernel alike) after one call each
+    (compiled or loaded); at 1 thread, the count restored after."""
+    import time
+
+    import numba
+
+    clock = clock or time.perf_counter
+    before = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        best = [math.inf] * len(kernels)
+        for k in kernels:
+            k(*args)
+        for _ in range(rounds):
+            for i, k in enumerate(kernels):
+                t0 = clock()
+                k(*args)
+                best[i] = min(best[i], clock() - t0)
+    finally:
+        numba.set_num_threads(before)
+    return kernels[best.index(min(best))]
 
 
 def head_f32(x: np.ndarray, W: np.ndarray) -> np.ndarray:
