@@ -68,7 +68,7 @@ def test_one_row_kernel_and_the_blocks_give_the_same_bits(K, N):
     eight = np.empty((8, N), np.float32)
     matmul8_f32(X, W16, eight)
     assert np.array_equal(eight.view(np.uint32), rows_f32(X, W16).view(np.uint32)), "matmul8_f32"
-    for one_row in (matvec_f32, matvec1_f32):  # whichever `one_row_f32` measured faster here
+    for one_row in (matvec_f32, matvec1_f32):  # whichever `one_row` measured faster here
         y = np.empty((8, N), np.float32)
         one_row(X, W16, y)
         assert np.array_equal(y.view(np.uint32), eight.view(np.uint32)), one_row.__name__
@@ -331,7 +331,7 @@ def _run(kernel, X, W):
 
 
 def test_faster_of_keeps_the_kernel_with_the_shortest_best_round_and_restores_the_threads(restore_threads):
-    """The chooser of `one_row_f32`, on a clock it is handed: each kernel's best round counts (one
+    """The chooser of `one_row`, on a clock it is handed: each kernel's best round counts (one
     slow round of the faster kernel does not lose it), the rounds interleave, and it runs at 1 thread."""
     import numba
 
@@ -354,13 +354,32 @@ def test_faster_of_keeps_the_kernel_with_the_shortest_best_round_and_restores_th
     assert faster_of((a, b), (), rounds=4, clock=lambda: now[0]) is b
 
 
-def test_one_row_f32_is_measured_once_and_is_one_of_the_two_kernels():
+def test_one_row_is_measured_once_and_is_one_of_each_kinds_two_kernels():
     import tl_lab.kernels as K
 
-    assert K.one_row_f32() in (K.matvec_f32, K.matvec1_f32)
-    assert K.one_row_f32() is K.one_row_f32() and len(K._ONE_ROW_F32) == 1
-    x, W, y = K._stream_probe()
-    assert x.shape == (1, 576) and y.shape == (1, W.shape[0]) and 16 << 20 <= W.nbytes + 4 * 576 <= 96 << 20 + 4 * 576
+    for kind, pair in (("f32", (K.matvec_f32, K.matvec1_f32)), ("q8", (K.matvec_q8, K.matvec1_q8))):
+        assert K.one_row(kind) in pair
+        assert K.one_row(kind) is K.one_row(kind)
+        args = K._stream_probe(kind)
+        assert args[0].shape == (1, 576) and args[-1].shape == (1, args[1].shape[0])
+        assert 16 << 20 <= args[1].nbytes + 4 * 576 <= (96 << 20) + 4 * 576
+
+
+def test_the_int8_one_row_kernels_give_the_same_bits():
+    """`matvec_q8` (four features a pass) and `matvec1_q8` (one), on rows alone and several, a last
+    block of features short of four: the bits of `product_f32` on W_hat."""
+    import tl_lab.kernels as K
+    from tl_lab.widening import F16_AS_F32
+
+    rng = np.random.default_rng(9)
+    head = Q8Linear.quantize(rng.standard_normal((203, 576)).astype(np.float32), group=32)
+    for M in (1, 3):
+        x = rng.standard_normal((M, 576)).astype(np.float32)
+        want = product_f32(x, head.dequantize())
+        for kernel in (K.matvec_q8, K.matvec1_q8):
+            y = np.empty((M, 203), np.float32)
+            kernel(x, head.q, head.scales, F16_AS_F32, y)
+            assert np.array_equal(y.view(np.uint32), want.view(np.uint32)), (kernel.__name__, M)
 
 
 _BITS_SCRIPT = r"""
@@ -376,6 +395,13 @@ from tl_lab.quant import QLinear, f32_to_f16
 def run(kernel, X, W):
     y = np.empty((X.shape[0], W.shape[0]), np.float32)
     kernel(X, W, y)
+    return y
+
+
+def run_q8(kernel, X):
+    from tl_lab.widening import F16_AS_F32
+    y = np.empty((X.shape[0], q8.q.shape[0]), np.float32)
+    kernel(X, q8.q, q8.scales, F16_AS_F32, y)
     return y
 
 
@@ -398,7 +424,8 @@ for t in (1, 2):
                     ("matmul8_f32", product_f32(X[:8], W)), ("matmul_q4", q4.forward(X)),
                     ("matmul8_q4", q4.forward(X[:8])), ("attend_paged", PoolKv(data, step).attend(0, q)),
                     ("attend_paged, decodes", PoolKv(data, decodes).attend(0, q[:2])),
-                    ("matvec_q8", q8.forward(X)), ("matmul8_q8", q8.forward(X[:8]))):
+                    ("matvec_q8", q8.forward(X)), ("matmul8_q8", q8.forward(X[:8])),
+                    ("matvec_q8, four features", run_q8(K.matvec_q8, X)), ("matvec1_q8", run_q8(K.matvec1_q8, X))):
         out[f"{name}, {t} thread(s)"] = y
 np.savez(sys.argv[1], **out)
 """
@@ -507,15 +534,15 @@ def test_a_big_step_splits_only_the_products_that_read_more_than_l2(restore_thre
     assert _threads(2) == 2
     ref = product_f32(x, small), product_f32(x, big)
     seen = []
-    kernel = K.one_row_f32()
+    kernel = K.one_row("f32")
     try:
-        K._ONE_ROW_F32[:] = [lambda *a: (seen.append(numba.get_num_threads()), kernel(*a))]
+        K._ONE_ROW["f32"] = lambda *a: (seen.append(numba.get_num_threads()), kernel(*a))
         numba.set_num_threads(1)
         K._SPLIT.set(K.BIG, 2)
         got = product_f32(x, small), product_f32(x, big)
         assert numba.get_num_threads() == 1
     finally:
-        K._ONE_ROW_F32[:] = [kernel]
+        K._ONE_ROW["f32"] = kernel
         K._SPLIT.set(math.inf, 1)
     assert seen == [1, 2]
     assert all(np.array_equal(a, b) for a, b in zip(ref, got))

@@ -34,9 +34,10 @@ system or measured while running:
   count in force: whichever of these plans its own recent steps ran fastest under, measured per
   runner as it decodes and probed again every `LoneRowThreads.PROBE` steps (a busy core turns the
   splits off); larger steps use the count in force;
-- the one-row f32 kernel: `matvec_f32` (four features a pass) or `matvec1_f32` (one, the weight
-  read as one stream), whichever reads faster here, timed once a process (`one_row_f32`): on
-  processor E one feature a pass read twice as fast, on B four had;
+- the one-row kernels: `matvec_f32` (four features a pass) or `matvec1_f32` (one, the weight read
+  as one stream), and the same for the int8 head (`matvec_q8`, `matvec1_q8`), whichever reads
+  faster here, timed once a process (`one_row`): on processor E one feature a pass read twice as
+  fast, on B four had;
 - the kernel for a batch size: one row `matvec_*`, five to eight rows `matmul8_*` when eight rows of
   x fit `X_IN_L1` (`matmul8_q4`: `X_IN_L2`), else `matmul_*`; `X_IN_L1` is half the L1 data cache,
   read from the system (`machine.cache_bytes`, sysfs);
@@ -127,7 +128,7 @@ from tl_lab.lanes import (HALF, LANES, prefetch, vexp, vfma, vfma8, vhat, vjoin,
                           vtranspose16, vq8h, vsplat8, vzero, vzero8, wide_registers)
 
 __all__ = ["ROWS", "padded_rows", "lanes_ready", "matmul_f32", "matmul8_f32", "matmul_q4", "matmul8_q4",
-           "matvec_f32", "matvec1_f32", "one_row_f32", "faster_of", "attend_paged", "QUERY_TILE", "product_f32", "rows_f32", "head_f32",
+           "matvec_f32", "matvec1_f32", "matvec1_q8", "one_row", "faster_of", "attend_paged", "QUERY_TILE", "product_f32", "rows_f32", "head_f32",
            "product_q4", "matvec_q4", "matvec_q8", "matmul8_q8", "product_q8", "set_threads", "threads_for", "SERIAL_ROWS",
            "LoneRowThreads", "ALONE", "BIG", "ALL"]
 
@@ -223,7 +224,7 @@ def matvec1_f32(x, W, y):  # pragma: no cover (compiled)
     bits of `vsum4`'s fold, tested), so the same bits as `matvec_f32`; the weight read as one
     stream, row after row, as `machine.read_gbps` reads memory.
 
-    Why two one-row kernels (`one_row_f32` picks, by timing both): which reads faster is the
+    Why two one-row kernels (`one_row` picks, by timing both): which reads faster is the
     processor's. SmolLM2's head (49152 x 576) and a layer's seven products, 1 thread, best of 7
     interleaved rounds: on processor E (AMD EPYC, Zen 4) four features a pass read 12.2 and 12.8 GB/s
     and one feature 25.2 and 21.7 (the plain read: 28.9, 22.4); at 2 threads 22.9 / 25.6 against
@@ -655,6 +656,23 @@ def _q8_four(x, m, Q, S, f16, n0, r0, r1, r2, r3):  # pragma: no cover (compiled
             a0, a1 = vfma(xv, vq8(Q, r0, k, s0), a0), vfma(xv, vq8(Q, r1, k, s1), a1)
             a2, a3 = vfma(xv, vq8(Q, r2, k, s2), a2), vfma(xv, vq8(Q, r3, k, s3), a3)
     return a0, a1, a2, a3
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def matvec1_q8(x, Q, S, f16, y):  # pragma: no cover (compiled)
+    """`matvec_q8` one output feature a pass (`matvec1_f32`'s way, `one_row` picks): the same
+    arguments, the same sums, so the same bits (tested). SmolLM2's int8 head on processor E, best of
+    9 interleaved rounds: 3.61 -> 2.48 ms at 1 thread, 1.75 -> 1.57 at 2."""
+    G = S.shape[1]
+    g = x.shape[1] // G
+    for n in prange(Q.shape[0]):
+        for m in range(x.shape[0]):
+            a = vzero()
+            for grp in range(G):
+                s = _scale(f16, S, n, grp)
+                for k in range(grp * g, grp * g + g, LANES):
+                    a = vfma(vload(x, m, k), vq8(Q, n, k, s), a)
+            y[m, n] = vsum(a)
 
 
 @njit(inline="always", cache=True)
@@ -1233,30 +1251,39 @@ def rows_f32(x: np.ndarray, W: np.ndarray) -> np.ndarray:
     x: (M, K), W: (N, K) float32 -> (M, N) float32."""
     x, W = lanes_ready(x, W)
     y = np.empty((x.shape[0], W.shape[0]), dtype=np.float32)
-    _split(one_row_f32(), W.nbytes, x, W, y)
+    _split(one_row("f32"), W.nbytes, x, W, y)
     return y
 
 
-_ONE_ROW_F32: list = []  # the kernel `one_row_f32` measured, once a process
+_ONE_ROW: dict = {}  # "f32" / "q8" -> the kernel `one_row` measured, once a process
 
 
-def one_row_f32():
-    """The one-row f32 kernel this machine reads a weight fastest with, `matvec_f32` (four features a
-    pass) or `matvec1_f32` (one), timed on the first call of a process (`faster_of`, on a weight
-    twice the last-level cache, 16 to 96 MB, at 1 thread: about 0.1 s) and kept. The same bits
-    either way."""
-    if not _ONE_ROW_F32:
-        _ONE_ROW_F32.append(faster_of((matvec_f32, matvec1_f32), _stream_probe()))
-    return _ONE_ROW_F32[0]
+def one_row(kind: str):
+    """The one-row kernel this machine reads a weight fastest with, of `kind`: "f32", `matvec_f32`
+    (four features a pass) or `matvec1_f32` (one); "q8", `matvec_q8` or `matvec1_q8`. Timed on the
+    first call of a process (`faster_of`, on a weight twice the last-level cache, 16 to 96 MB, at 1
+    thread: about 0.1 s) and kept. The same bits either way."""
+    if kind not in _ONE_ROW:
+        pair = {"f32": (matvec_f32, matvec1_f32), "q8": (matvec_q8, matvec1_q8)}[kind]
+        _ONE_ROW[kind] = faster_of(pair, _stream_probe(kind))
+    return _ONE_ROW[kind]
 
 
-def _stream_probe() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(x, W, y) for timing a one-row kernel on reads from memory: W of 576 columns (SmolLM2's d),
-    twice the last-level cache in bytes (16 to 96 MB), every page written (untouched pages of zeros
-    would all read the one zero page, from the cache)."""
+def _stream_probe(kind: str) -> tuple:
+    """The arguments of a one-row kernel of `kind` timed on reads from memory: a weight of 576
+    columns (SmolLM2's d), twice the last-level cache in bytes (16 to 96 MB), every page written
+    (untouched pages of zeros would all read the one zero page, from the cache); x (1, 576), y."""
     last = max(cache_bytes(3) or 0, cache_bytes(2) or 0)
-    rows = min(96 << 20, max(16 << 20, 2 * last)) // (4 * 576)
-    return np.ones((1, 576), dtype=np.float32), np.full((rows, 576), 0.5, dtype=np.float32), np.empty((1, rows), dtype=np.float32)
+    size = min(96 << 20, max(16 << 20, 2 * last))
+    x = np.ones((1, 576), dtype=np.float32)
+    if kind == "f32":
+        W = np.full((size // (4 * 576), 576), 0.5, dtype=np.float32)
+        return x, W, np.empty((1, W.shape[0]), dtype=np.float32)
+    Q = np.ones((size // 576, 576), dtype=np.int8)
+    scales = np.full((Q.shape[0], 576 // 32), 0x3C00, dtype=np.uint16)  # f16 1.0, groups of 32
+    from tl_lab.widening import F16_AS_F32
+
+    return x, Q, scales, F16_AS_F32, np.empty((1, Q.shape[0]), dtype=np.float32)
 
 
 def faster_of(kernels, args, rounds: int = 4, clock=None):
@@ -1327,7 +1354,7 @@ def product_q8(x: np.ndarray, Q: np.ndarray, scales: np.ndarray, f16: np.ndarray
     if eight:
         matmul8_q8(xp, _c(Q), _c(scales), f16, y)
     else:
-        _split(matvec_q8, Q.nbytes + scales.nbytes, xp, _c(Q), _c(scales), f16, y)
+        _split(one_row("q8"), Q.nbytes + scales.nbytes, xp, _c(Q), _c(scales), f16, y)
     return y[:M]
 
 

@@ -70,6 +70,8 @@ KERNEL_MUTANTS = [
     ("matvec1_f32 skips the last step of sixteen columns", "tl_lab/kernels.py",
      "for k in range(0, K, LANES):\n                a = vfma(vload(x, m, k), vload(W, n, k), a)",
      "for k in range(0, K - LANES, LANES):\n                a = vfma(vload(x, m, k), vload(W, n, k), a)"),
+    ("matvec1_q8 scales every group by the first group's scale", "tl_lab/kernels.py",
+     "s = _scale(f16, S, n, grp)", "s = _scale(f16, S, n, 0)"),
     ("scores64 reads its fourth sixteen keys from the third's columns", "tl_lab/kernels.py",
      "vload(kT, k0 + d, c + 3 * LANES)", "vload(kT, k0 + d, c + 2 * LANES)"),
     ("masked loads take one lane too many", "tl_lab/lanes.py",
