@@ -39,7 +39,7 @@ system or measured while running:
   faster here, timed once a process (`one_row`): on processor E one feature a pass read twice as
   fast, on B four had;
 - the kernel for a batch size: one row `matvec_*`, five to eight rows `matmul8_*` when eight rows of
-  x fit `X_IN_L1` (`matmul8_q4`: `X_IN_L2`), else `matmul_*`; `X_IN_L1` is half the L1 data cache,
+  x fit `X_IN_L2` (`matmul8_q8`: `X_IN_L1`), else `matmul_*`; `X_IN_L1` is half the L1 data cache,
   read from the system (`machine.cache_bytes`, sysfs);
 - how many rows of x `matmul_*` pass over a block of weight rows at a time: `X_IN_L2` bytes, a
   quarter of the L2 cache, read the same way;
@@ -455,7 +455,11 @@ def matmul8_f32(x, W, y):  # pragma: no cover (compiled)
     (SmolLM2 at batch 8, 1 thread: the layers' products 18.6 -> 16.0 ms a step against
     `matmul_f32`'s two passes of four rows, whose second pass left the memory idle; asking for the
     next block only, or for three blocks, was slower). The same `lanes` sums as every other
-    kernel, so the same bits."""
+    kernel, so the same bits. `product_f32` sends it five to eight rows while their eight rows of x
+    fit `X_IN_L2`: on processor E (32 KB L1, so SmolLM2's 18 KB of x is over `X_IN_L1`) 8 of
+    SmolLM2's layers at batch 8 took 16.2 ms through `matmul_f32` and 12.0 through this kernel at 1
+    thread, 9.7 and 7.3 at 2 (best of 7 interleaved rounds); on processor B the gate made no
+    difference (1.00x, 1.01x)."""
     N = W.shape[0]
     for nb in prange((N + 1) // 2):
         n0 = nb * 2  # an odd N's last block repeats its feature (never stored)
@@ -594,7 +598,9 @@ def matmul8_q4(x, P, S, f16, y):  # pragma: no cover (compiled)
     well. SmolLM2's down projection (K = 1536, x 48 KB) at batch 8, processor B: 299 -> 216 us at 1
     thread, 169 -> 121 at 2 (30 weights in turn, best of 10); the whole model at batch 8, medians of
     10 interleaved rounds, 59.2 -> 47.6 ms a step at 1 thread and 45.0 -> 41.4 at 2, the same bits.
-    (The f32 model was unchanged by the same move, 1.00x and 1.01x: `matmul8_f32` keeps its gate.)"""
+    (The f32 model was unchanged by the same move on B, 1.00x and 1.01x; on processor E, with a 32 KB
+    L1 that eight rows of SmolLM2's x (18 KB) overflow, it made the f32 products faster: so
+    `matmul8_f32` takes the same gate, `product_f32`.)"""
     K = x.shape[1]
     N, G = S.shape
     g = K // G
@@ -1239,7 +1245,7 @@ def product_f32(x: np.ndarray, W: np.ndarray) -> np.ndarray:
     M = x.shape[0]
     if M == 1:
         return rows_f32(x, W)
-    eight = WIDE and _eight_rows(M, x.shape[1])
+    eight = WIDE and _eight_rows(M, x.shape[1], X_IN_L2)
     xp, Wp = lanes_ready(padded_rows(x, 8 if eight else ROWS), W)
     y = np.empty((xp.shape[0], W.shape[0]), dtype=np.float32)
     (matmul8_f32 if eight else matmul_f32)(xp, Wp, y)
