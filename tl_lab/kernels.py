@@ -39,11 +39,11 @@ system or measured while running:
   faster here, timed once a process (`one_row`): on processor E one feature a pass read twice as
   fast, on B four had;
 - the kernel for a batch size: one row `matvec_*`, five to eight rows `matmul8_*` when eight rows of
-  x fit `X_IN_L2` (`matmul8_q8`: `X_IN_L1`), else `matmul_*`; `X_IN_L1` is half the L1 data cache,
-  read from the system (`machine.cache_bytes`, sysfs);
+  x fit `X_IN_L2` (below), else `matmul_*`;
 - how many rows of x `matmul_*` pass over a block of weight rows at a time: `X_IN_L2` bytes, a
   quarter of the L2 cache, read the same way;
-- `matmul_f32`'s block: 3 rows x 8 features when eight weight rows fit `X_IN_L1`, else 6 x 4 (four
+- `matmul_f32`'s block: 3 rows x 8 features when eight weight rows fit `X_IN_L1`, half the L1
+  data cache, read from the system (`machine.cache_bytes`, sysfs), else 6 x 4 (four
   rows: SmolLM2's down projection, K = 1536);
 - how many sums a kernel keeps side by side: `WIDE`, read from the target numba compiles for
   (`lanes.wide_registers`). AVX-512's 32 registers of 16 floats hold the blocks of 24 sums (3 x 8,
@@ -466,10 +466,10 @@ def matmul8_f32(x, W, y):  # pragma: no cover (compiled)
         _block82(x, W, n0, min(n0 + 1, N - 1), y, n0, n0 + 2)  # ask for the next two blocks, ~9 KB ahead
 
 
-def _eight_rows(M: int, K: int, room: int = X_IN_L1) -> bool:
+def _eight_rows(M: int, K: int) -> bool:
     """Whether a batch of M rows of K columns goes through an eight-row kernel (`matmul8_*`, x
-    padded to 8 rows): five to eight rows, whose eight rows of x fit `room` bytes."""
-    return 4 < M <= 8 and 8 * 4 * K <= room
+    padded to 8 rows): five to eight rows, whose eight rows of x fit `X_IN_L2`."""
+    return 4 < M <= 8 and 8 * 4 * K <= X_IN_L2
 
 
 @njit(inline="always", cache=True)
@@ -593,14 +593,14 @@ def matmul8_q4(x, P, S, f16, y):  # pragma: no cover (compiled)
     8, 1 thread, processor B, best of 12 interleaved rounds: 39.5 ms without, 37.5 asking 4 rows
     ahead (16 rows ahead: 40.5).
 
-    It takes eight rows of x up to `X_IN_L2`, not `X_IN_L1` as `matmul8_f32` does: unpacking the
+    It takes eight rows of x up to `X_IN_L2`, not `X_IN_L1` as `matmul8_f32` then did: unpacking the
     nibbles leaves time to read x from L2, and the tiles `matmul_q4` would widen instead miss L1 as
     well. SmolLM2's down projection (K = 1536, x 48 KB) at batch 8, processor B: 299 -> 216 us at 1
     thread, 169 -> 121 at 2 (30 weights in turn, best of 10); the whole model at batch 8, medians of
     10 interleaved rounds, 59.2 -> 47.6 ms a step at 1 thread and 45.0 -> 41.4 at 2, the same bits.
     (The f32 model was unchanged by the same move on B, 1.00x and 1.01x; on processor E, with a 32 KB
-    L1 that eight rows of SmolLM2's x (18 KB) overflow, it made the f32 products faster: so
-    `matmul8_f32` takes the same gate, `product_f32`.)"""
+    L1 that eight rows of SmolLM2's x (18 KB) overflow, it made the f32 products faster, so every
+    eight-row kernel now takes this gate: `_eight_rows`.)"""
     K = x.shape[1]
     N, G = S.shape
     g = K // G
@@ -1245,7 +1245,7 @@ def product_f32(x: np.ndarray, W: np.ndarray) -> np.ndarray:
     M = x.shape[0]
     if M == 1:
         return rows_f32(x, W)
-    eight = WIDE and _eight_rows(M, x.shape[1], X_IN_L2)
+    eight = WIDE and _eight_rows(M, x.shape[1])
     xp, Wp = lanes_ready(padded_rows(x, 8 if eight else ROWS), W)
     y = np.empty((xp.shape[0], W.shape[0]), dtype=np.float32)
     (matmul8_f32 if eight else matmul_f32)(xp, Wp, y)
@@ -1335,7 +1335,7 @@ def product_q4(x: np.ndarray, planar: np.ndarray, scales: np.ndarray, f16: np.nd
         y = np.empty((1, N), dtype=np.float32)
         _split(matvec_q4, planar.nbytes + scales.nbytes, x, _c(planar), _c(scales), f16, y)
         return y
-    if WIDE and _eight_rows(M, K, X_IN_L2) and (K // G) % (2 * LANES) == 0:
+    if WIDE and _eight_rows(M, K) and (K // G) % (2 * LANES) == 0:
         xp = padded_rows(x, 8)
         y = np.empty((8, N), dtype=np.float32)
         matmul8_q4(xp, _c(planar), _c(scales), f16, y)
@@ -1349,12 +1349,14 @@ def product_q4(x: np.ndarray, planar: np.ndarray, scales: np.ndarray, f16: np.nd
 def product_q8(x: np.ndarray, Q: np.ndarray, scales: np.ndarray, f16: np.ndarray) -> np.ndarray:
     """y = x W_hat^T from int8 weights (the int4 model's LM head). x: (M, K) float32, Q: (N, K)
     int8, scales: (N, G) uint16 with K / G a multiple of 16 -> (M, N) float32. Five to eight rows
-    through `matmul8_q8` (while eight rows of x fit `X_IN_L1`, or `X_IN_L2` in halves: SmolLM2's
-    int8 head at batch 8, 1 thread, processor D, 23 ms by `matvec_q8` -> 10.7), any other count through
-    `matvec_q8`; the same bits either way, those of `product_f32` on W_hat."""
+    through `matmul8_q8` while eight rows of x fit `X_IN_L2` (SmolLM2's int8 head at batch 8, 1
+    thread: processor D, in halves, 23 ms by `matvec_q8` -> 10.7; processor E, whose 32 KB L1 the
+    18 KB of x overflow, the int4 model at batch 8, 5 interleaved rounds, same bits: 136 -> 177
+    tok/s, 222 -> 262 at 2 threads), any other count through `one_row("q8")`; the same bits
+    either way, those of `product_f32` on W_hat."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     M, K = x.shape
-    eight = _eight_rows(M, K, X_IN_L1 if WIDE else X_IN_L2)  # halves: x's rows are read twice, from L1 or L2
+    eight = _eight_rows(M, K)
     xp = padded_rows(x, 8) if eight else x
     y = np.empty((xp.shape[0], Q.shape[0]), dtype=np.float32)
     if eight:
