@@ -33,10 +33,11 @@ logits_to_keep=1); decode tokens/s at batch 1 and the aggregate at batch 8, ever
 prompt prefilled first (not timed), then greedy steps (argmax fed back; transformers with its KV cache,
 DynamicCache); resident memory after load, the peak while loading and the peak of the whole run (VmHWM: /proc's
 high-water mark, which starts afresh in a new process, unlike getrusage's ru_maxrss, which survives exec); for
-tl_lab, decode_b1_plan, the plan its batch-1 steps settled on (`kernels.LoneRowThreads`: ALONE, BIG, ALL;
-ALONE at 1 thread), one_row_kernels, the one-row kernels `kernels.one_row` measured faster in that
-process (matvec_f32 or matvec1_f32, matvec_q8 or matvec1_q8), and decode_b1_plan_ms, each plan's median step time in ms as the chooser saw it (its
-last few steps under each plan, the probes included). Times are the best of several
+tl_lab, decode_b1_plan, the plan its batch-1 steps settled on (`kernels.LoneRowThreads`: ALONE, BIG,
+ALL; ALONE at 1 thread), one_row_kernels, the one-row kernels `kernels.one_row` measured faster in
+that process (matvec_f32 or matvec1_f32, matvec_q8 or matvec1_q8), and decode_b1_plan_ms, each
+plan's median step time in ms as the chooser saw it (its last few steps under each plan, the probes
+included). Times are the best of several
 rounds, and of --repeat runs of every configuration, interleaved (the machine is shared; the best round is
 the least disturbed one). The ratio rows divide tl_lab's speed by transformers'.
 

@@ -65,13 +65,10 @@ def test_one_row_kernel_and_the_blocks_give_the_same_bits(K, N):
         X = rng.standard_normal((M, K)).astype(np.float32)
         assert np.array_equal(product_f32(X, W).view(np.uint32), rows_f32(X, W).view(np.uint32)), f"M={M}"
     X, W16 = lanes_ready(rng.standard_normal((8, K)).astype(np.float32), W)  # the 8-row kernel, whatever K
-    eight = np.empty((8, N), np.float32)
-    matmul8_f32(X, W16, eight)
+    eight = _run(matmul8_f32, X, W16)
     assert np.array_equal(eight.view(np.uint32), rows_f32(X, W16).view(np.uint32)), "matmul8_f32"
     for one_row in (matvec_f32, matvec1_f32):  # whichever `one_row` measured faster here
-        y = np.empty((8, N), np.float32)
-        one_row(X, W16, y)
-        assert np.array_equal(y.view(np.uint32), eight.view(np.uint32)), one_row.__name__
+        assert np.array_equal(_run(one_row, X, W16).view(np.uint32), eight.view(np.uint32)), one_row.__name__
 
 
 def test_row_chunks_are_sized_from_the_machines_caches_and_keep_the_bits():

@@ -8,22 +8,23 @@ the call, not where a row sits among them, not how many threads there are (a thr
 output features, never a piece of a sum), not which kernel runs. numpy's ``x @ W.T`` gives the
 order to OpenBLAS, which picks it from the shape.
 
-Four f32 kernels, one order. `matvec_f32` takes one row at a time, four output features per
-pass, and `matvec1_f32` one feature a pass (whichever reads memory faster here, `one_row`): a lone
-row does no wasted work, which is what a batch-1 decode step (bound by reading the weights) wants. `matmul_f32` works on blocks of 3 rows x 8 features (x padded with zero rows to a
-multiple of 3, `padded_rows`): each x vector loaded serves eight products and each weight vector
-three, which is what a long prefill (bound by arithmetic) wants; 6 rows x 4 features where eight
-weight rows are too long for the L1 cache. `matmul8_f32` works on blocks of 8 rows x 2
-features, in one pass over the weight, which is what a batch of eight decodes (bound by both)
-wants. All build every sum from the same `lanes` pieces, so they give the same bits (tested), and
-`product_f32` picks one by the batch's shape (and, for a lone row, the machine) alone. They ask for the weight rows a little ahead of
-the arithmetic (`lanes.prefetch`): without that, a kernel busy with arithmetic let the memory sit
-idle, and a batch of 8 cost twice what it needs to. The int4 kernels (`matvec_q4` for a lone
-row, `matmul8_q4` for a batch of eight, `matmul_q4`'s tiles for the rest) turn the stored nibbles
-into W_hat = n s - 8 s, exactly, and add x W_hat into the same lanes: an int4 product is the f32
-product on W_hat, bit for bit. The int4 model's LM head is int8 (`q8.Q8Linear`): `matvec_q8` (or `matvec1_q8`) and
-`matmul8_q8` make W_hat = q s (exact) sixteen at a time as they read it, the same way. Every kernel
-takes C-contiguous arrays only.
+Four f32 kernels, one order. `matvec_f32` takes one row at a time, four output features per pass,
+and `matvec1_f32` one feature a pass (whichever reads memory faster here, `one_row`): a lone row
+does no wasted work, which is what a batch-1 decode step (bound by reading the weights) wants.
+`matmul_f32` works on blocks of 3 rows x 8 features (x padded with zero rows to a multiple of 3,
+`padded_rows`): each x vector loaded serves eight products and each weight vector three, which is
+what a long prefill (bound by arithmetic) wants; 6 rows x 4 features where eight weight rows are too
+long for the L1 cache. `matmul8_f32` works on blocks of 8 rows x 2 features, in one pass over the
+weight, which is what a batch of eight decodes (bound by both) wants. All build every sum from the
+same `lanes` pieces, so they give the same bits (tested), and `product_f32` picks one by the batch's
+shape (and, for a lone row, the machine) alone. They ask for the weight rows a little ahead of the
+arithmetic (`lanes.prefetch`): without that, a kernel busy with arithmetic let the memory sit idle,
+and a batch of 8 cost twice what it needs to. The int4 kernels (`matvec_q4` for a lone row,
+`matmul8_q4` for a batch of eight, `matmul_q4`'s tiles for the rest) turn the stored nibbles into
+W_hat = n s - 8 s, exactly, and add x W_hat into the same lanes: an int4 product is the f32 product
+on W_hat, bit for bit. The int4 model's LM head is int8 (`q8.Q8Linear`): `matvec_q8` (or
+`matvec1_q8`) and `matmul8_q8` make W_hat = q s (exact) sixteen at a time as they read it, the same
+way. Every kernel takes C-contiguous arrays only.
 
 What depends on the machine, and where it comes from (the same code must be fast on every
 processor it lands on; a constant tuned on one host was 40% of another's bandwidth). Read from the
@@ -128,7 +129,8 @@ from tl_lab.lanes import (HALF, LANES, prefetch, vexp, vfma, vfma8, vhat, vjoin,
                           vtranspose16, vq8h, vsplat8, vzero, vzero8, wide_registers)
 
 __all__ = ["ROWS", "padded_rows", "lanes_ready", "matmul_f32", "matmul8_f32", "matmul_q4", "matmul8_q4",
-           "matvec_f32", "matvec1_f32", "matvec1_q8", "one_row", "faster_of", "attend_paged", "QUERY_TILE", "product_f32", "rows_f32", "head_f32",
+           "matvec_f32", "matvec1_f32", "matvec1_q8", "one_row", "faster_of", "attend_paged", "QUERY_TILE",
+           "product_f32", "rows_f32", "head_f32",
            "product_q4", "matvec_q4", "matvec_q8", "matmul8_q8", "product_q8", "set_threads", "threads_for", "SERIAL_ROWS",
            "LoneRowThreads", "ALONE", "BIG", "ALL"]
 

@@ -42,7 +42,6 @@ def run_step(runner, step: Step, hidden: bool, one_call):
     return pipelined(runner, step, parts, hidden, one_call)
 
 
-
 class Pipeline:
     """A runner's pipelined prefills: each stage's own Scratch (the runner's is one thread's),
     `steps` run pipelined, and `off` once a forward's attention bypassed the gate (see `pipelined`)."""
@@ -169,7 +168,7 @@ def _stage(runner, step: Step, gate, threads: int, scratch: Scratch, hidden: boo
     GATE.before = gate
     try:
         return forward.llama_forward(runner.weights, step, runner.pool.data, product=runner.product,
-                             scratch=scratch, return_hidden=hidden)
+                                     scratch=scratch, return_hidden=hidden)
     finally:
         GATE.before = None
         numba.set_num_threads(before)
