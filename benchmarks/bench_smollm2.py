@@ -34,8 +34,8 @@ prompt prefilled first (not timed), then greedy steps (argmax fed back; transfor
 DynamicCache); resident memory after load, the peak while loading and the peak of the whole run (VmHWM: /proc's
 high-water mark, which starts afresh in a new process, unlike getrusage's ru_maxrss, which survives exec); for
 tl_lab, decode_b1_plan, the plan its batch-1 steps settled on (`kernels.LoneRowThreads`: ALONE, BIG,
-ALL; ALONE at 1 thread), one_row_kernels, the one-row kernels `kernels.one_row` measured faster in
-that process (matvec_f32 or matvec1_f32, matvec_q8 or matvec1_q8), and decode_b1_plan_ms, each
+ALL; ALONE at 1 thread), measured_kernels, the kernels measured fastest in that process and how far
+ahead they ask for the weight (`kernels.one_row`, `kernels.eight_rows_f32`), and decode_b1_plan_ms, each
 plan's median step time in ms as the chooser saw it (its last few steps under each plan, the probes
 included). Times are the best of several
 rounds, and of --repeat runs of every configuration, interleaved (the machine is shared; the best round is
@@ -111,7 +111,7 @@ def model_dir() -> Path:
 
 
 def measure_tl(weights: str, threads: int, quick: bool) -> dict:
-    from tl_lab.kernels import _LONE_ROW, _ONE_ROW
+    from tl_lab.kernels import _CHOSEN, _LONE_ROW
     from tl_lab.runner import EngineConfig, ForwardBatch, ForwardSeq, Int4, KvConfig, ModelRunner
 
     d = model_dir()
@@ -163,7 +163,7 @@ def measure_tl(weights: str, threads: int, quick: bool) -> dict:
     b8 = decode(BATCH)
     return {"load_s": load_s, "prefill_tok_s": PREFILL / prefill_s, "decode_b1_tok_s": b1, "decode_b8_tok_s": b8,
             "decode_b1_plan": plan, "decode_b1_plan_ms": plan_ms,
-            "one_row_kernels": {kind: kernel.__name__ for kind, kernel in sorted(_ONE_ROW.items())},
+            "measured_kernels": {kind: str(choice) for kind, choice in sorted(_CHOSEN.items())},
             "weights_MB": weight_bytes / 2**20, "rss_loaded_MB": rss_loaded,
             "peak_load_MB": peak_load, "peak_rss_MB": peak_rss_mb()}
 

@@ -351,15 +351,38 @@ def test_faster_of_keeps_the_kernel_with_the_shortest_best_round_and_restores_th
     assert faster_of((a, b), (), rounds=4, clock=lambda: now[0]) is b
 
 
-def test_one_row_is_measured_once_and_is_one_of_each_kinds_two_kernels():
+def test_the_measured_kernels_are_measured_once_and_are_each_kinds_kernels():
     import tl_lab.kernels as K
 
-    for kind, pair in (("f32", (K.matvec_f32, K.matvec1_f32)), ("q8", (K.matvec_q8, K.matvec1_q8))):
-        assert K.one_row(kind) in pair
-        assert K.one_row(kind) is K.one_row(kind)
+    for kind, choose, kernels, rows in (("f32", lambda: K.one_row("f32"), (K.matvec_f32, K.matvec1_f32), 1),
+                                        ("q8", lambda: K.one_row("q8"), (K.matvec_q8, K.matvec1_q8), 1),
+                                        ("f32x8", K.eight_rows_f32, (K.matmul8_f32,), 8)):
+        choice = choose()
+        assert choice.kernel in kernels and choice.ahead in (K.AHEAD if kind != "q8" else (0,))
+        assert choose() is choice
         args = K._stream_probe(kind)
-        assert args[0].shape == (1, 576) and args[-1].shape == (1, args[1].shape[0])
+        assert args[0].shape == (rows, 576) and args[-1].shape == (rows, args[1].shape[0])
         assert 16 << 20 <= args[1].nbytes + 4 * 576 <= (96 << 20) + 4 * 576
+
+
+def test_a_choice_asks_its_bytes_ahead_in_whole_rows_and_never_changes_the_bits():
+    """`Choice` hands the kernel its bytes ahead as weight rows (at least one); asking ahead moves
+    no sum, so every distance gives the bits of the kernel asking nothing."""
+    import tl_lab.kernels as K
+
+    rng = np.random.default_rng(5)
+    W = rng.standard_normal((203, 576)).astype(np.float32)  # 2304-byte rows
+    seen = []
+    K.Choice(lambda *a: seen.append(a[3:]), 16 << 10)(None, W, None)
+    K.Choice(lambda *a: seen.append(a[3:]), 1)(None, W, None)
+    K.Choice(lambda *a: seen.append(a[3:]))(None, W, None)
+    assert seen == [(7,), (1,), ()]
+    X = rng.standard_normal((8, 576)).astype(np.float32)
+    ref = _run(K.matvec_f32, X, W)
+    for ahead in K.AHEAD + (W.nbytes,):
+        for kernel in (K.matvec_f32, K.matvec1_f32):
+            assert np.array_equal(_run(K.Choice(kernel, ahead), X[:1], W), ref[:1]), (kernel.__name__, ahead)
+        assert np.array_equal(_run(K.Choice(K.matmul8_f32, ahead), X, W), ref), ahead
 
 
 def test_the_int8_one_row_kernels_give_the_same_bits():
@@ -533,13 +556,13 @@ def test_a_big_step_splits_only_the_products_that_read_more_than_l2(restore_thre
     seen = []
     kernel = K.one_row("f32")
     try:
-        K._ONE_ROW["f32"] = lambda *a: (seen.append(numba.get_num_threads()), kernel(*a))
+        K._CHOSEN["f32"] = lambda *a: (seen.append(numba.get_num_threads()), kernel(*a))
         numba.set_num_threads(1)
         K._SPLIT.set(K.BIG, 2)
         got = product_f32(x, small), product_f32(x, big)
         assert numba.get_num_threads() == 1
     finally:
-        K._ONE_ROW["f32"] = kernel
+        K._CHOSEN["f32"] = kernel
         K._SPLIT.set(math.inf, 1)
     assert seen == [1, 2]
     assert all(np.array_equal(a, b) for a, b in zip(ref, got))

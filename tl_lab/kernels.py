@@ -39,6 +39,10 @@ system or measured while running:
   as one stream), and the same for the int8 head (`matvec_q8`, `matvec1_q8`), whichever reads
   faster here, timed once a process (`one_row`): on processor E one feature a pass read twice as
   fast, on B four had;
+- how far ahead a streaming f32 kernel asks for its weight into the L2 cache (`AHEAD`: not at all,
+  16 or 32 KB), timed with the kernel once a process (`one_row`, `eight_rows_f32`): on processor E
+  `matmul8_f32` read 11 GB/s asking one block ahead into L1 only and 18-20 GB/s asking 16 KB ahead
+  into L2 as well, while the one-row pass read fastest asking nothing ahead;
 - the kernel for a batch size: one row `matvec_*`, five to eight rows `matmul8_*` when eight rows of
   x fit `X_IN_L2` (below), else `matmul_*`;
 - how many rows of x `matmul_*` pass over a block of weight rows at a time: `X_IN_L2` bytes, a
@@ -94,6 +98,7 @@ import threading
 import weakref
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 # numba runs prange loops on an OpenMP pool (GNU libgomp on Linux) whose idle threads spin for
 # 300 000 rounds by default. On a machine where another process holds a core (a learner's laptop
@@ -124,12 +129,12 @@ import numpy as np  # noqa: E402
 from numba import njit, prange  # noqa: E402
 
 from tl_lab import lanes  # noqa: E402
-from tl_lab.lanes import (HALF, LANES, prefetch, vexp, vfma, vfma8, vhat, vjoin, vload, vload8, vload_f16,  # noqa: E402
+from tl_lab.lanes import (HALF, LANES, prefetch, prefetch_l2, vexp, vfma, vfma8, vhat, vjoin, vload, vload8, vload_f16,  # noqa: E402
                           vload_f16_part, vload_part, vmax, vmul, vq8, vsplat, vstore, vstore_part, vsum, vsum4, vtop,
                           vtranspose16, vq8h, vsplat8, vzero, vzero8, wide_registers)
 
 __all__ = ["ROWS", "padded_rows", "lanes_ready", "matmul_f32", "matmul8_f32", "matmul_q4", "matmul8_q4",
-           "matvec_f32", "matvec1_f32", "matvec1_q8", "one_row", "faster_of", "attend_paged", "QUERY_TILE",
+           "matvec_f32", "matvec1_f32", "matvec1_q8", "one_row", "eight_rows_f32", "AHEAD", "Choice", "faster_of", "attend_paged", "QUERY_TILE",
            "product_f32", "rows_f32", "head_f32",
            "product_q4", "matvec_q4", "matvec_q8", "matmul8_q8", "product_q8", "set_threads", "threads_for", "SERIAL_ROWS",
            "LoneRowThreads", "ALONE", "BIG", "ALL"]
@@ -195,8 +200,19 @@ rounds: 1 thread 7.7-9.8 GB/s without, 8.7-12.2 with 16 rows ahead (8: 9.6-10.5;
 better); 2 threads 13-19 -> 15-21."""
 
 
+@njit(inline="always", cache=True)
+def _ask_far(W, r, far):  # pragma: no cover (compiled)
+    """Ask for row r + far of W into the L2 cache, a cache line at a time (far = 0: nothing). The
+    rows a kernel asks for one block ahead (`_prefetch_rows`, into L1) arrive in time only if
+    memory is already busy with them; these keep it busy."""
+    if far > 0:
+        row = min(r + far, W.shape[0] - 1)
+        for k in range(0, W.shape[1], 64 // W.itemsize):
+            prefetch_l2(W, row, k)
+
+
 @njit(parallel=True, nogil=True, cache=True)
-def matvec_f32(x, W, y):  # pragma: no cover (compiled)
+def matvec_f32(x, W, y, far=0):  # pragma: no cover (compiled)
     """y = x W^T one row at a time. x: (M, K) float32 (any M); W: (N, K) float32, stored [out, in];
     y: (M, N) float32, written.
 
@@ -207,6 +223,8 @@ def matvec_f32(x, W, y):  # pragma: no cover (compiled)
     N = W.shape[0]
     for nb in prange((N + 3) // 4):
         n0, r0, r1, r2, r3 = _four_features(nb, N)
+        for j in range(4):
+            _ask_far(W, n0 + j, far)
         for m in range(M):
             a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
             for k in range(0, K, LANES):
@@ -220,7 +238,7 @@ def matvec_f32(x, W, y):  # pragma: no cover (compiled)
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def matvec1_f32(x, W, y):  # pragma: no cover (compiled)
+def matvec1_f32(x, W, y, far=0):  # pragma: no cover (compiled)
     """`matvec_f32` one output feature a pass: y = x W^T, x: (M, K) float32, W: (N, K) float32, y:
     (M, N) float32, written. Each y[m, n] the same chain in `lanes` order, folded by `vsum` (the
     bits of `vsum4`'s fold, tested), so the same bits as `matvec_f32`; the weight read as one
@@ -233,6 +251,7 @@ def matvec1_f32(x, W, y):  # pragma: no cover (compiled)
     31.7 / 33.2. On processor B four features a pass had read more than the plain read."""
     M, K = x.shape
     for n in prange(W.shape[0]):
+        _ask_far(W, n, far)
         for m in range(M):
             a = vzero()
             for k in range(0, K, LANES):
@@ -448,7 +467,7 @@ def _block82(x, W, r0, r1, y, n0, p):  # pragma: no cover (compiled)
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def matmul8_f32(x, W, y):  # pragma: no cover (compiled)
+def matmul8_f32(x, W, y, far=0):  # pragma: no cover (compiled)
     """y = x W^T for a batch of eight rows in blocks of 8 rows x 2 features (`_block82`). x: (8, K)
     float32 (`padded_rows(x, 8)`); W: (N, K) float32; y: (8, N) float32, written.
 
@@ -461,10 +480,14 @@ def matmul8_f32(x, W, y):  # pragma: no cover (compiled)
     fit `X_IN_L2`: on processor E (32 KB L1, so SmolLM2's 18 KB of x is over `X_IN_L1`) 8 of
     SmolLM2's layers at batch 8 took 16.2 ms through `matmul_f32` and 12.0 through this kernel at 1
     thread, 9.7 and 7.3 at 2 (best of 7 interleaved rounds); on processor B the gate made no
-    difference (1.00x, 1.01x)."""
+    difference (1.00x, 1.01x). far: weight rows ahead to ask into L2 as well (`_ask_far`; how many
+    is measured, `eight_rows_f32`): SmolLM2 f32 at batch 8 on processor E, 1 thread, the same bits,
+    113 -> 158-174 tok/s in two runs (its products 62 -> 34 ms a step)."""
     N = W.shape[0]
     for nb in prange((N + 1) // 2):
         n0 = nb * 2  # an odd N's last block repeats its feature (never stored)
+        _ask_far(W, n0, far)
+        _ask_far(W, n0 + 1, far)
         _block82(x, W, n0, min(n0 + 1, N - 1), y, n0, n0 + 2)  # ask for the next two blocks, ~9 KB ahead
 
 
@@ -1250,7 +1273,7 @@ def product_f32(x: np.ndarray, W: np.ndarray) -> np.ndarray:
     eight = WIDE and _eight_rows(M, x.shape[1])
     xp, Wp = lanes_ready(padded_rows(x, 8 if eight else ROWS), W)
     y = np.empty((xp.shape[0], W.shape[0]), dtype=np.float32)
-    (matmul8_f32 if eight else matmul_f32)(xp, Wp, y)
+    (eight_rows_f32() if eight else matmul_f32)(xp, Wp, y)
     return y[:M]
 
 
@@ -1263,30 +1286,69 @@ def rows_f32(x: np.ndarray, W: np.ndarray) -> np.ndarray:
     return y
 
 
-_ONE_ROW: dict = {}  # "f32" / "q8" -> the kernel `one_row` measured, once a process
+AHEAD = (0, 16 << 10, 32 << 10)
+"""How far ahead, in bytes, a streaming f32 kernel may ask for its weight into the L2 cache
+(`_ask_far`; 0: not at all, only its rows one block ahead into L1). Which it uses is measured, with
+the kernel (`one_row`, `eight_rows_f32`): on processor E, SmolLM2's weights at batch 8 and 1 thread
+(8 layers' products, best of 5 interleaved rounds, the same bits) took 11.4 ms asking one block
+ahead only, 6.4 with 16 rows (37 KB) ahead into L2 as well, 6.5 with 8 and 7.1 with 64; the one-row
+pass (10 layers and the head) 15.0 ms -> 12.9."""
 
 
-def one_row(kind: str):
-    """The one-row kernel this machine reads a weight fastest with, of `kind`: "f32", `matvec_f32`
-    (four features a pass) or `matvec1_f32` (one); "q8", `matvec_q8` or `matvec1_q8`. Timed on the
-    first call of a process (`faster_of`, on a weight twice the last-level cache, 16 to 96 MB, at 1
-    thread: about 0.1 s) and kept. The same bits either way."""
-    if kind not in _ONE_ROW:
-        pair = {"f32": (matvec_f32, matvec1_f32), "q8": (matvec_q8, matvec1_q8)}[kind]
-        _ONE_ROW[kind] = faster_of(pair, _stream_probe(kind))
-    return _ONE_ROW[kind]
+class Choice(NamedTuple):
+    """A kernel and how many bytes ahead it asks for its weight into L2 (`AHEAD`), called as the
+    kernel is: choice(x, W, ..., y)."""
+    kernel: object
+    ahead: int = 0
+
+    def __call__(self, *args) -> None:
+        if not self.ahead:
+            return self.kernel(*args)
+        W = args[1]
+        return self.kernel(*args, max(1, self.ahead // (W.shape[1] * W.itemsize)))
+
+    def __str__(self) -> str:
+        return f"{self.kernel.__name__}, {self.ahead >> 10} KB ahead" if self.ahead else self.kernel.__name__
+
+
+_CHOSEN: dict = {}  # kind -> the Choice `_measured` timed fastest, once a process
+
+
+def _measured(kind: str) -> Choice:
+    """The fastest Choice of `kind` on this machine, timed once a process (`faster_of`) on reads from
+    memory (`_stream_probe`) and kept: "f32" and "q8" one row, "f32x8" eight rows."""
+    if kind not in _CHOSEN:
+        kernels = {"f32": (matvec_f32, matvec1_f32), "q8": (matvec_q8, matvec1_q8), "f32x8": (matmul8_f32,)}[kind]
+        far = AHEAD if kind != "q8" else (0,)
+        _CHOSEN[kind] = faster_of([Choice(k, a) for k in kernels for a in far], _stream_probe(kind))
+    return _CHOSEN[kind]
+
+
+def one_row(kind: str) -> Choice:
+    """The one-row kernel this machine reads a weight fastest with, of `kind`, and how far ahead it
+    asks for the weight (`AHEAD`, f32 only): "f32", `matvec_f32` (four features a pass) or
+    `matvec1_f32` (one); "q8", `matvec_q8` or `matvec1_q8`. Timed on the first call of a process
+    (`faster_of`, on a weight twice the last-level cache, 16 to 96 MB, at 1 thread: about 0.2 s)
+    and kept. The same bits either way."""
+    return _measured(kind)
+
+
+def eight_rows_f32() -> Choice:
+    """`matmul8_f32` and how far ahead it asks for the weight (`AHEAD`), timed as `one_row` is."""
+    return _measured("f32x8")
 
 
 def _stream_probe(kind: str) -> tuple:
-    """The arguments of a one-row kernel of `kind` timed on reads from memory: a weight of 576
+    """The arguments of a kernel of `kind` (`_measured`) timed on reads from memory: a weight of 576
     columns (SmolLM2's d), twice the last-level cache in bytes (16 to 96 MB), every page written
-    (untouched pages of zeros would all read the one zero page, from the cache); x (1, 576), y."""
+    (untouched pages of zeros would all read the one zero page, from the cache); x (1, 576), or
+    (8, 576) for "f32x8"; y."""
     last = max(cache_bytes(3) or 0, cache_bytes(2) or 0)
     size = min(96 << 20, max(16 << 20, 2 * last))
-    x = np.ones((1, 576), dtype=np.float32)
-    if kind == "f32":
+    x = np.ones((8 if kind == "f32x8" else 1, 576), dtype=np.float32)
+    if kind != "q8":
         W = np.full((size // (4 * 576), 576), 0.5, dtype=np.float32)
-        return x, W, np.empty((1, W.shape[0]), dtype=np.float32)
+        return x, W, np.empty((x.shape[0], W.shape[0]), dtype=np.float32)
     Q = np.ones((size // 576, 576), dtype=np.int8)
     scales = np.full((Q.shape[0], 576 // 32), 0x3C00, dtype=np.uint16)  # f16 1.0, groups of 32
     from tl_lab.widening import F16_AS_F32
