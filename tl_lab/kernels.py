@@ -1291,8 +1291,10 @@ AHEAD = (0, 16 << 10, 32 << 10)
 (`_ask_far`; 0: not at all, only its rows one block ahead into L1). Which it uses is measured, with
 the kernel (`one_row`, `eight_rows_f32`): on processor E, SmolLM2's weights at batch 8 and 1 thread
 (8 layers' products, best of 5 interleaved rounds, the same bits) took 11.4 ms asking one block
-ahead only, 6.4 with 16 rows (37 KB) ahead into L2 as well, 6.5 with 8 and 7.1 with 64; the one-row
-pass (10 layers and the head) 15.0 ms -> 12.9."""
+ahead only, 6.4 with 16 rows (37 KB) ahead into L2 as well, 6.5 with 8 and 7.1 with 64. The one-row
+pass gained 15.0 -> 12.9 ms (10 layers and the head) in one such microbenchmark, but on the probe
+(`_stream_probe`) and in the model the same hour it read as fast or faster asking nothing ahead
+(`matvec1_f32` at 1 thread: 26-27 GB/s without, 23-28 with): why it is measured, not fixed."""
 
 
 class Choice(NamedTuple):
