@@ -969,6 +969,27 @@ def test_widening_makes_no_full_size_temporary(tmp_path):
         assert peak <= out.nbytes + widen_threads() * 3 * WIDEN_CHUNK * 4, f"{dtype}: peak {peak / 2**20:.1f} MiB"
 
 
+@pytest.mark.skipif(not Path("/proc/self/smaps").is_file(), reason="2 MiB pages are asked for on Linux only")
+def test_the_arena_asks_for_2_mib_pages():
+    """The weights' arena is advised huge pages (VmFlags "hg" on its mapping), which a decode step reads
+    faster (`widening.Arena`), whatever the OS then finds to back it."""
+    from tl_lab.widening import Arena
+
+    arena = Arena(1 << 20)
+    start = arena.buf.__array_interface__["data"][0]
+    flags = None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0] if line else ""
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= start < hi
+        elif inside and line.startswith("VmFlags:"):
+            flags = line.split()[1:]
+            break
+    assert flags is not None, "the arena's mapping is not in /proc/self/smaps"
+    assert "hg" in flags, f"the arena's mapping is not advised huge pages: VmFlags {flags}"
+
+
 def test_loading_a_config_imports_no_format_checker(tmp_path):
     """jsonschema's format-only packages (rfc3987_syntax alone took 0.75 s) stay out of a load, and
     stay importable afterwards (the config.schema.json test above shows no format is checked)."""

@@ -4,7 +4,7 @@ Chapter L10.1, section 2.3 (loading). What the reader does is `tl_lab.model`'s (
 dtype, which widening rule: the learner's part). How a load of 540 MB runs in a fraction of a second
 is here, given: every tensor cut into pieces that threads widen in parallel straight into their
 destinations (`widen_all`), each piece's file pages handed back to the OS once read (`drop_pages`),
-and the destinations carved out of one anonymous map of plain pages (`Arena`).
+and the destinations carved out of one anonymous map of 2 MiB pages (`Arena`).
 """
 
 from __future__ import annotations
@@ -130,20 +130,32 @@ def drop_pages(mm, begin: int, end: int) -> None:
 class Arena:
     """One float32 buffer for all of a model's resident float32 weights, handed out in order.
 
-    Why an anonymous map of its own and not np.empty (section 2.3, loading): numpy asks the kernel to
-    back every array of 4 MB or more with 2 MiB pages (madvise hugepage), and where the kernel then
-    compacts memory to find them (transparent_hugepage/defrag = madvise, a common default) the
-    first touch of fresh memory costs 3.5x more: 540 MB touched in 0.70 s against 0.20 s in plain
-    pages, measured here (and from 0.1 to 1.3 s from one run to the next), the largest part of
-    SmolLM2's load. The map gets plain pages, and nothing touches them before the widening writes
-    them: the kernel zeroes each page at that first write, in the widening thread that writes it, so
-    the faults run on every core (faulting the whole map in first, MAP_POPULATE, took 0.16 s on one
-    core, half of the load). Its size is exactly the weights', so loading holds nothing else at
-    full size."""
+    Why an anonymous map of its own and not np.empty (section 2.3, loading): nothing touches its pages
+    before the widening writes them, so the kernel zeroes each page at that first write, in the
+    widening thread that writes it, and the faults run on every core (faulting the whole map in
+    first, MAP_POPULATE, took 0.16 s on one core, half of the load). Its size is exactly the
+    weights', so loading holds nothing else at full size.
+
+    Why 2 MiB pages (madvise hugepage, where the OS has them; numpy asks the same for any array of
+    4 MB or more): a decode step reads every weight once, and in 4 KB pages it reads them slower.
+    `kernels.matvec1_f32` over a 226 MB weight on processor E (AMD EPYC, Zen 4), best of 8
+    interleaved passes: 24.4 -> 30.7 GB/s at 1 thread, 31.0 -> 33.7 at 2 (the machine's read probe,
+    `machine.read_gbps`, runs in 2 MiB pages too). SmolLM2 f32 at batch 1, the same weights
+    collapsed into 2 MiB pages, 16 interleaved rounds: 35.7 -> 29.9 ms a step at 1 thread, 24.9 ->
+    19.1 (best) and 26.8 -> 24.7 (median) at 2. The price is at load, where the kernel finds
+    free 2 MiB pages (transparent_hugepage/defrag = madvise compacts memory for them): SmolLM2's
+    load took 0.20-0.88 s against 0.27-0.31 in plain pages, the slow ones on memory this VM had
+    not used yet. A load happens once, its steps all along.
+    """
 
     def __init__(self, n: int) -> None:
         flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
-        self.buf = np.frombuffer(mmap.mmap(-1, max(4 * n, 1), flags=flags), dtype=np.float32, count=n)
+        mm = mmap.mmap(-1, max(4 * n, 1), flags=flags)
+        try:  # Linux; elsewhere, or a kernel without transparent huge pages, the OS's own page size
+            mm.madvise(mmap.MADV_HUGEPAGE)
+        except (AttributeError, OSError):
+            pass
+        self.buf = np.frombuffer(mm, dtype=np.float32, count=n)
         self.used = 0
 
     def take(self, shape: tuple[int, ...]) -> np.ndarray:
