@@ -445,9 +445,12 @@ def test_fast_path_matches_reference_on_a_49152_vocabulary(i):
         _agree(x, BIG_PARAMS[i], prompt, output, seed)
 
 
-def test_fast_path_matches_reference_with_the_math_exp_fallback(monkeypatch):
-    monkeypatch.setattr(ts, "_EXP_IS_NUMPY", False)
-    assert ts.exp_backend() == "math"
+@pytest.mark.parametrize("backend", ["math", "compiled"])
+def test_fast_path_matches_reference_with_each_exp_backend(monkeypatch, backend):
+    if backend == "compiled" and not ts._same_bits(ts._compiled_exp(ts._exp_battery()), _math_exp(ts._exp_battery())):
+        pytest.skip("the compiled exp is not the C library's on this machine, so the sampler never calls it here")
+    monkeypatch.setattr(ts, "_EXP_BACKEND", backend)
+    assert ts.exp_backend() == backend
     g = np.random.default_rng(7)
     x = (g.standard_normal(49152) * 3).astype(np.float32)
     for params in (SamplingParams(temperature=0.8), SamplingParams(top_p=0.9, min_p=0.01)):
@@ -471,9 +474,29 @@ def test_numpy_cumsum_is_a_left_to_right_sum():
     assert sum_differs  # so the check above would notice a pairwise sum
 
 
+def _math_exp(x: np.ndarray) -> np.ndarray:
+    return np.array([math.exp(v) for v in x.tolist()])
+
+
+def test_exp_backend_admits_only_an_exp_with_math_exps_bits(monkeypatch):
+    """numpy's exp one ulp off: the check passes over it to the compiled loop, or to math.exp where
+    the compiled loop is off as well; whichever it picks, _exp gives math.exp's bits."""
+    x = -np.random.default_rng(5).uniform(0, 745, 5000)
+    exact = np.exp
+    monkeypatch.setattr(ts, "_EXP_BACKEND", None)
+    monkeypatch.setattr(np, "exp", lambda a: np.nextafter(exact(a), np.inf))
+    compiled_ok = ts._same_bits(ts._compiled_exp(ts._exp_battery()), _math_exp(ts._exp_battery()))
+    assert ts.exp_backend() == ("compiled" if compiled_ok else "math")
+    assert ts._same_bits(ts._exp(x), _math_exp(x))
+    monkeypatch.setattr(ts, "_EXP_BACKEND", None)
+    monkeypatch.setattr(ts, "_compiled_exp", lambda a: np.nextafter(exact(a), -np.inf))
+    assert ts.exp_backend() == "math"
+    assert ts._same_bits(ts._exp(x), _math_exp(x))
+
+
 def test_exp_backend_self_check():
     backend = ts.exp_backend()
-    assert backend in ("numpy", "math")
+    assert backend in ("numpy", "compiled", "math")
     x = -np.random.default_rng(4).uniform(0, 745, 20000)
     got = ts._exp(x)
     assert [v.hex() for v in got.tolist()] == [math.exp(v).hex() for v in x.tolist()]

@@ -1,5 +1,5 @@
-"""The compiled products for the modules that read checkpoints (`model`, `quant`), imported at the
-first product. Chapter L10.1, section 2.4 (the kernels); issue 20 (a refusal is prompt).
+"""The compiled products for the modules that read checkpoints (`model`, `quant`), and the sampler's
+compiled exp (`sample`), imported at the first call. Chapter L10.1, section 2.4 (the kernels); issue 20 (a refusal is prompt).
 
 Why not at import: `tl_lab.kernels` imports numba and llvmlite, about 0.4 s and 75 MB here (2 to
 4 s on a busy host) before anything else can happen, and reading, checking and refusing a
@@ -41,3 +41,11 @@ def product_q4(x: np.ndarray, planar: np.ndarray, scales: np.ndarray, f16: np.nd
 def product_q8(x: np.ndarray, Q: np.ndarray, scales: np.ndarray, f16: np.ndarray) -> np.ndarray:
     """`kernels.product_q8`: x: (M, K) float32 times the int8 head (int8 q, f16 scales) -> (M, N) float32."""
     return _module().product_q8(x, Q, scales, f16)
+
+
+def exp_f64(x: np.ndarray) -> np.ndarray:
+    """`kernels.exp_f64`: x: float64 array -> exp of each, the C library's bits, a new array of its shape."""
+    x = np.ascontiguousarray(x, dtype=np.float64)
+    out = np.empty_like(x)
+    _module().exp_f64(x.reshape(-1), out.reshape(-1))  # views: out is written in place
+    return out

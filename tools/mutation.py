@@ -97,8 +97,8 @@ EQUIVALENT = [
     ("sample", "_exp_battery: a constant of the exp self-check changed (-0.693.. -> -1.693.., arange from 2)",
      "the battery's inputs, not the sampler's: the check still compares numpy's exp with math.exp on "
      "thousands of other values"),
-    ("sample", "exp_backend: `_EXP_IS_NUMPY = bool(...)` -> None",
-     "speed only: both backends give the same bits by construction (tested), None picks the slower one"),
+    ("sample", "exp_backend: `_EXP_BACKEND = \"numpy\"` (or \"compiled\") -> None",
+     "speed only: every backend it admits gives math.exp's bits (tested); None asks again on every call"),
     ("model", "_parallel_for: helper threads `range(1, n)` -> `range(2, n)`",
      "speed only: one widening thread fewer; the bits do not depend on the thread count (tested)"),
     ("model", "stack_linears: end-to-end test `==` -> `!=`",
