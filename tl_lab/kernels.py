@@ -43,6 +43,10 @@ system or measured while running:
   16 or 32 KB), timed with the kernel once a process (`one_row`, `eight_rows_f32`): on processor E
   `matmul8_f32` read 11 GB/s asking one block ahead into L1 only and 18-20 GB/s asking 16 KB ahead
   into L2 as well, while the one-row pass read fastest asking nothing ahead;
+- the pages the f32 weights lie in: 2 MiB where the OS has them (`widening.Arena` asks for them,
+  madvise; the system's transparent_hugepage setting decides), else 4 KB. On processor E
+  `matvec1_f32` read a weight at 24.4 GB/s in 4 KB pages and 30.7 in 2 MiB ones at 1 thread (31.0
+  and 33.7 at 2), and the machine's read probe (`machine.read_gbps`) runs in 2 MiB pages too;
 - the kernel for a batch size: one row `matvec_*`, five to eight rows `matmul8_*` when eight rows of
   x fit `X_IN_L2` (below), else `matmul_*`;
 - how many rows of x `matmul_*` pass over a block of weight rows at a time: `X_IN_L2` bytes, a
