@@ -1501,7 +1501,7 @@ class LoneRowThreads:
         del t[: -self.KEEP]
 
     def _median(self, plan: float) -> float:
-        return statistics.median(self.times[plan])  # of at most KEEP floats: np.median cost each step ~0.2 ms
+        return statistics.median(self.times[plan])  # of at most KEEP floats: np.median took 12 us a call, three a step
 
     def best(self) -> str | None:
         """The name of the plan the recent steps ran fastest under (None before every plan was timed),
