@@ -273,7 +273,7 @@ def exp_backend() -> str:
     global _EXP_BACKEND
     if _EXP_BACKEND is None:
         x = _exp_battery()
-        ref = np.fromiter(map(math.exp, x.tolist()), dtype=np.float64, count=x.size)
+        ref = _math_exp(x)
         if _same_bits(np.exp(x), ref):
             _EXP_BACKEND = "numpy"
         elif _same_bits(_compiled_exp(x), ref):
@@ -296,6 +296,11 @@ def _exp(x: np.ndarray) -> np.ndarray:
         return np.exp(x)
     if backend == "compiled":
         return _compiled_exp(x)
+    return _math_exp(x)
+
+
+def _math_exp(x: np.ndarray) -> np.ndarray:
+    """math.exp of each element, one Python call each: the bits every backend must give."""
     return np.fromiter(map(math.exp, x.tolist()), dtype=np.float64, count=x.size)
 
 

@@ -142,10 +142,11 @@ class Arena:
     interleaved passes: 24.4 -> 30.7 GB/s at 1 thread, 31.0 -> 33.7 at 2 (the machine's read probe,
     `machine.read_gbps`, runs in 2 MiB pages too). SmolLM2 f32 at batch 1, the same weights
     collapsed into 2 MiB pages, 16 interleaved rounds: 35.7 -> 29.9 ms a step at 1 thread, 24.9 ->
-    19.1 (best) and 26.8 -> 24.7 (median) at 2. The price is at load, where the kernel finds
-    free 2 MiB pages (transparent_hugepage/defrag = madvise compacts memory for them): SmolLM2's
-    load took 0.20-0.88 s against 0.27-0.31 in plain pages, the slow ones on memory this VM had
-    not used yet. A load happens once, its steps all along.
+    19.1 (best) and 26.8 -> 24.7 (median) at 2. The price is at load, on a VM whose host takes
+    back free memory: a fresh 2 MiB page is such memory, handed over again at its first touch
+    (512 MB touched in 0.05 to 1.6 s from one process to the next, against about 0.21 s in 4 KB
+    pages; /proc/vmstat counted no compaction stall). SmolLM2's load took 0.20-0.88 s against
+    0.27-0.31 in 4 KB pages. A load happens once, its steps all along.
     """
 
     def __init__(self, n: int) -> None:
