@@ -358,7 +358,7 @@ def test_the_measured_kernels_are_measured_once_and_are_each_kinds_kernels():
                                         ("q8", lambda: K.one_row("q8"), (K.matvec_q8, K.matvec1_q8), 1),
                                         ("f32x8", K.eight_rows_f32, (K.matmul8_f32,), 8)):
         choice = choose()
-        assert choice.kernel in kernels and choice.ahead in (K.AHEAD if kind != "q8" else (0,))
+        assert choice.kernel in kernels and choice.ahead in K.AHEAD
         assert choose() is choice
         args = K._stream_probe(kind)
         assert args[0].shape == (rows, 576) and args[-1].shape == (rows, args[1].shape[0])
@@ -387,7 +387,8 @@ def test_a_choice_asks_its_bytes_ahead_in_whole_rows_and_never_changes_the_bits(
 
 def test_the_int8_one_row_kernels_give_the_same_bits():
     """`matvec_q8` (four features a pass) and `matvec1_q8` (one), on rows alone and several, a last
-    block of features short of four: the bits of `product_f32` on W_hat."""
+    block of features short of four, asking nothing or any distance ahead (`Choice`): the bits of
+    `product_f32` on W_hat."""
     import tl_lab.kernels as K
     from tl_lab.widening import F16_AS_F32
 
@@ -397,9 +398,10 @@ def test_the_int8_one_row_kernels_give_the_same_bits():
         x = rng.standard_normal((M, 576)).astype(np.float32)
         want = product_f32(x, head.dequantize())
         for kernel in (K.matvec_q8, K.matvec1_q8):
-            y = np.empty((M, 203), np.float32)
-            kernel(x, head.q, head.scales, F16_AS_F32, y)
-            assert np.array_equal(y.view(np.uint32), want.view(np.uint32)), (kernel.__name__, M)
+            for ahead in K.AHEAD + (head.q.nbytes,):
+                y = np.empty((M, 203), np.float32)
+                K.Choice(kernel, ahead)(x, head.q, head.scales, F16_AS_F32, y)
+                assert np.array_equal(y.view(np.uint32), want.view(np.uint32)), (kernel.__name__, M, ahead)
 
 
 _BITS_SCRIPT = r"""

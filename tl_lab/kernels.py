@@ -39,10 +39,12 @@ system or measured while running:
   as one stream), and the same for the int8 head (`matvec_q8`, `matvec1_q8`), whichever reads
   faster here, timed once a process (`one_row`): on processor E one feature a pass read twice as
   fast, on B four had;
-- how far ahead a streaming f32 kernel asks for its weight into the L2 cache (`AHEAD`: not at all,
+- how far ahead a streaming kernel asks for its weight into the L2 cache (`AHEAD`: not at all,
   16 or 32 KB), timed with the kernel once a process (`one_row`, `eight_rows_f32`): on processor E
   `matmul8_f32` read 11 GB/s asking one block ahead into L1 only and 18-20 GB/s asking 16 KB ahead
-  into L2 as well, while the one-row pass read fastest asking nothing ahead;
+  into L2 as well, while the f32 one-row pass read fastest asking nothing ahead, and the int8
+  head's four-feature pass, asking 16 or 32 KB ahead, overtook its one-feature pass (2.2 -> 1.9 ms
+  at 1 thread, 1.5 -> 1.2 at 2);
 - the pages the f32 weights lie in: 2 MiB where the OS has them (`widening.Arena` asks for them,
   madvise; the system's transparent_hugepage setting decides), else 4 KB. On processor E
   `matvec1_f32` read a weight at 24.4 GB/s in 4 KB pages and 30.7 in 2 MiB ones at 1 thread (31.0
@@ -660,17 +662,25 @@ SmolLM2's int8 head (49152 x 576), one row, 1 thread, processor B, best of 12 in
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def matvec_q8(x, Q, S, f16, y):  # pragma: no cover (compiled)
+def matvec_q8(x, Q, S, f16, y, far=0):  # pragma: no cover (compiled)
     """y = x W_hat^T straight from int8 weights, W_hat = q s per group of g columns (`q8.Q8Linear`,
     the int4 model's LM head): `matvec_f32`'s four features a pass, each step's sixteen W_hat made by
     `lanes.vq8` (exact) as they are read. So y has the bits of the float32 product on W_hat.
 
     x: (M, K) float32 (any M: every row in turn against the four rows in the L1 cache); Q: (N, K)
     int8; S: (N, G) uint16, the f16 scales, K / G a multiple of 16; f16: (65536,) float32, every f16
-    widened; y: (M, N) float32, written."""
+    widened; y: (M, N) float32, written; far: rows ahead asked for into L2 (`_ask_far`, `AHEAD`).
+
+    Asking 16 or 32 KB ahead took SmolLM2's int8 head (49152 x 576) from 3.2 to 1.9 ms at 1 thread
+    on processor E (1.5 -> 1.2 at 2; best of 10 interleaved rounds, three runs): the four rows'
+    interleaved reads left the hardware's own prefetcher behind, and the L1 look-ahead alone
+    (`Q8_AHEAD`) comes too late to hide memory. Held in L2, the same pass takes 2.0 ms: now bound
+    by arithmetic."""
     N = Q.shape[0]
     for nb in prange((N + 3) // 4):
         n0, r0, r1, r2, r3 = _four_features(nb, N)
+        for j in range(4):
+            _ask_far(Q, n0 + j, far)
         for m in range(x.shape[0]):
             a0, a1, a2, a3 = _q8_four(x, m, Q, S, f16, n0, r0, r1, r2, r3)
             _store_lanes(y, m, n0, N, a0, a1, a2, a3)
@@ -695,13 +705,14 @@ def _q8_four(x, m, Q, S, f16, n0, r0, r1, r2, r3):  # pragma: no cover (compiled
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def matvec1_q8(x, Q, S, f16, y):  # pragma: no cover (compiled)
+def matvec1_q8(x, Q, S, f16, y, far=0):  # pragma: no cover (compiled)
     """`matvec_q8` one output feature a pass (`matvec1_f32`'s way, `one_row` picks): the same
     arguments, the same sums, so the same bits (tested). SmolLM2's int8 head on processor E, best of
     9 interleaved rounds: 3.61 -> 2.48 ms at 1 thread, 1.75 -> 1.57 at 2."""
     G = S.shape[1]
     g = x.shape[1] // G
     for n in prange(Q.shape[0]):
+        _ask_far(Q, n, far)
         for m in range(x.shape[0]):
             a = vzero()
             for grp in range(G):
@@ -1292,14 +1303,15 @@ def rows_f32(x: np.ndarray, W: np.ndarray) -> np.ndarray:
 
 
 AHEAD = (0, 16 << 10, 32 << 10)
-"""How far ahead, in bytes, a streaming f32 kernel may ask for its weight into the L2 cache
+"""How far ahead, in bytes, a streaming kernel (f32, and the int8 head's) may ask for its weight into the L2 cache
 (`_ask_far`; 0: not at all, only its rows one block ahead into L1). Which it uses is measured, with
 the kernel (`one_row`, `eight_rows_f32`): on processor E, SmolLM2's weights at batch 8 and 1 thread
 (8 layers' products, best of 5 interleaved rounds, the same bits) took 11.4 ms asking one block
 ahead only, 6.4 with 16 rows (37 KB) ahead into L2 as well, 6.5 with 8 and 7.1 with 64. The one-row
 pass gained 15.0 -> 12.9 ms (10 layers and the head) in one such microbenchmark, but on the probe
 (`_stream_probe`) and in the model the same hour it read as fast or faster asking nothing ahead
-(`matvec1_f32` at 1 thread: 26-27 GB/s without, 23-28 with): why it is measured, not fixed."""
+(`matvec1_f32` at 1 thread: 26-27 GB/s without, 23-28 with): why it is measured, not fixed. The
+int8 head's four-feature pass (`matvec_q8`) needs it on the same processor: 3.2 -> 1.9 ms."""
 
 
 class Choice(NamedTuple):
@@ -1326,17 +1338,16 @@ def _measured(kind: str) -> Choice:
     memory (`_stream_probe`) and kept: "f32" and "q8" one row, "f32x8" eight rows."""
     if kind not in _CHOSEN:
         kernels = {"f32": (matvec_f32, matvec1_f32), "q8": (matvec_q8, matvec1_q8), "f32x8": (matmul8_f32,)}[kind]
-        far = AHEAD if kind != "q8" else (0,)
-        _CHOSEN[kind] = faster_of([Choice(k, a) for k in kernels for a in far], _stream_probe(kind))
+        _CHOSEN[kind] = faster_of([Choice(k, a) for k in kernels for a in AHEAD], _stream_probe(kind))
     return _CHOSEN[kind]
 
 
 def one_row(kind: str) -> Choice:
     """The one-row kernel this machine reads a weight fastest with, of `kind`, and how far ahead it
-    asks for the weight (`AHEAD`, f32 only): "f32", `matvec_f32` (four features a pass) or
-    `matvec1_f32` (one); "q8", `matvec_q8` or `matvec1_q8`. Timed on the first call of a process
-    (`faster_of`, on a weight twice the last-level cache, 16 to 96 MB, at 1 thread: about 0.2 s)
-    and kept. The same bits either way."""
+    asks for the weight (`AHEAD`): "f32", `matvec_f32` (four features a pass) or `matvec1_f32`
+    (one); "q8", `matvec_q8` or `matvec1_q8`. Timed on the first call of a process (`faster_of`, on
+    a weight twice the last-level cache, 16 to 96 MB, at 1 thread: 0.2 to 0.5 s on processor E) and
+    kept. The same bits either way."""
     return _measured(kind)
 
 
