@@ -35,9 +35,12 @@ DynamicCache); resident memory after load, the peak while loading and the peak o
 high-water mark, which starts afresh in a new process, unlike getrusage's ru_maxrss, which survives exec); for
 tl_lab, decode_b1_plan, the plan its batch-1 steps settled on (`kernels.LoneRowThreads`: ALONE, BIG,
 ALL; ALONE at 1 thread), measured_kernels, the kernels measured fastest in that process and how far
-ahead they ask for the weight (`kernels.one_row`, `kernels.eight_rows_f32`), and decode_b1_plan_ms, each
+ahead they ask for the weight (`kernels.one_row`, `kernels.eight_rows_f32`), decode_b1_plan_ms, each
 plan's median step time in ms as the chooser saw it (its last few steps under each plan, the probes
-included). Times are the best of several
+included), and read_GBps_beside_b1, the read bandwidth at the row's thread count measured in the same
+process just before and just after the batch-1 steps (the larger of the two readings; the fraction
+'decode_b1 / bandwidth beside' divides by it, where 'decode_b1 / bandwidth' divides by the run's best
+roofline reading, which on this shared host may come from another minute). Times are the best of several
 rounds, and of --repeat runs of every configuration, interleaved (the machine is shared; the best round is
 the least disturbed one). The ratio rows divide tl_lab's speed by transformers'.
 
@@ -118,6 +121,7 @@ the steps after, as a long generation runs them."""
 
 def measure_tl(weights: str, threads: int, quick: bool) -> dict:
     from tl_lab.kernels import _CHOSEN, _LONE_ROW
+    from tl_lab.machine import describe, read_gbps
     from tl_lab.runner import EngineConfig, ForwardBatch, ForwardSeq, Int4, KvConfig, ModelRunner
 
     d = model_dir()
@@ -163,13 +167,15 @@ def measure_tl(weights: str, threads: int, quick: bool) -> dict:
                 pool.release(b)
         return batch * steps / best
 
-    b1 = decode(1)
+    beside = [read_gbps(threads or describe()["cores"])]  # the host's bandwidth moves by the minute:
+    b1 = decode(1)                                        # the limit read just before and after the row
+    beside.append(read_gbps(threads or describe()["cores"]))
     chooser = _LONE_ROW.get(runner)  # the plan batch 1 settled on (kernels.LoneRowThreads), None at 1 thread
     plan = chooser.best() if chooser is not None else "ALONE"
     plan_ms = chooser.medians_ms() if chooser is not None else {}
     b8 = decode(BATCH)
     return {"load_s": load_s, "prefill_tok_s": PREFILL / prefill_s, "decode_b1_tok_s": b1, "decode_b8_tok_s": b8,
-            "decode_b1_plan": plan, "decode_b1_plan_ms": plan_ms,
+            "decode_b1_plan": plan, "decode_b1_plan_ms": plan_ms, "read_GBps_beside_b1": max(beside),
             "measured_kernels": {kind: str(choice) for kind, choice in sorted(_CHOSEN.items())},
             "weights_MB": weight_bytes / 2**20, "rss_loaded_MB": rss_loaded,
             "peak_load_MB": peak_load, "peak_rss_MB": peak_rss_mb()}
@@ -432,6 +438,9 @@ def add_fractions(rows: list[dict], limits: dict, costs: dict, cores: int) -> No
         bw, fl = limits["read_GBps"].get(t), limits["sgemm_GFLOPs"].get(t, {}).get("best")
         if bw:
             r["decode_b1 / bandwidth"] = r["decode_b1_tok_s"] * r["weights_MB"] * 2**20 / (bw * 1e9)
+            if r.get("read_GBps_beside_b1"):
+                r["decode_b1 / bandwidth beside"] = (r["decode_b1_tok_s"] * r["weights_MB"] * 2**20
+                                                     / (r["read_GBps_beside_b1"] * 1e9))
             if r.get("decode_b8_tok_s"):
                 r["decode_b8 / bandwidth"] = r["decode_b8_tok_s"] / BATCH * r["weights_MB"] * 2**20 / (bw * 1e9)
         if fl:
@@ -446,9 +455,10 @@ def best_run(results: list[dict]) -> dict:
             out[key] = max(r[key] for r in results)
     if "load_s" in out:
         out["load_s"] = min(r["load_s"] for r in results)
-    if "decode_b1_plan" in out:  # the plan of the fastest batch-1 run, and its plans' step times
+    if "decode_b1_plan" in out:  # the fastest batch-1 run's plan, its plans' step times, the bandwidth beside it
         fastest = max(results, key=lambda r: r["decode_b1_tok_s"])
-        out["decode_b1_plan"], out["decode_b1_plan_ms"] = fastest["decode_b1_plan"], fastest["decode_b1_plan_ms"]
+        for key in ("decode_b1_plan", "decode_b1_plan_ms", "read_GBps_beside_b1"):
+            out[key] = fastest[key]
     return out
 
 
@@ -531,7 +541,10 @@ def main(argv: list[str] | None = None) -> None:
              "prompts, 32 greedy tokens).")
     notes += (" Fractions: decode tokens/s x bytes of the weights (read once per step) over the read bandwidth at "
               "the row's thread count; prefill tokens/s x its floating-point operations per token over the sgemm "
-              "rate (the larger of its shapes), both limits measured in this run ('roofline', best of the repeats).")
+              "rate (the larger of its shapes), both limits measured in this run ('roofline', best of the repeats). "
+              "'decode_b1 / bandwidth beside': the same batch-1 speed over the read bandwidth at its thread count "
+              "measured in its own process just before and just after its steps (the larger reading, "
+              "'read_GBps_beside_b1'): this shared host's bandwidth moves from minute to minute.")
     report("smollm2", rows, notes, limits, extra={"agreement": agreement, "decode_profile": profile})
     cols = ["prompt", "prompt_tokens", "f32_tokens", "parts_at", "agree_before", "teacher_forced", "max_abs_err",
             "rel_err", "shift", "spread", "kl_f32_int4"]
