@@ -167,9 +167,10 @@ def measure_tl(weights: str, threads: int, quick: bool) -> dict:
                 pool.release(b)
         return batch * steps / best
 
-    beside = [read_gbps(threads or describe()["cores"])]  # the host's bandwidth moves by the minute:
-    b1 = decode(1)                                        # the limit read just before and after the row
-    beside.append(read_gbps(threads or describe()["cores"]))
+    count = threads or describe()["cores"]  # the host's bandwidth moves by the minute: the limit at the
+    beside = [read_gbps(count)]             # row's thread count, read just before and just after it
+    b1 = decode(1)
+    beside.append(read_gbps(count))
     chooser = _LONE_ROW.get(runner)  # the plan batch 1 settled on (kernels.LoneRowThreads), None at 1 thread
     plan = chooser.best() if chooser is not None else "ALONE"
     plan_ms = chooser.medians_ms() if chooser is not None else {}

@@ -1303,8 +1303,8 @@ def rows_f32(x: np.ndarray, W: np.ndarray) -> np.ndarray:
 
 
 AHEAD = (0, 16 << 10, 32 << 10)
-"""How far ahead, in bytes, a streaming kernel (f32, and the int8 head's) may ask for its weight into the L2 cache
-(`_ask_far`; 0: not at all, only its rows one block ahead into L1). Which it uses is measured, with
+"""How far ahead, in bytes, a streaming kernel (f32, and the int8 head's) may ask for its weight into
+the L2 cache (`_ask_far`; 0: not at all, only its rows one block ahead into L1). Which it uses is measured, with
 the kernel (`one_row`, `eight_rows_f32`): on processor E, SmolLM2's weights at batch 8 and 1 thread
 (8 layers' products, best of 5 interleaved rounds, the same bits) took 11.4 ms asking one block
 ahead only, 6.4 with 16 rows (37 KB) ahead into L2 as well, 6.5 with 8 and 7.1 with 64. The one-row
