@@ -385,6 +385,38 @@ def test_a_choice_asks_its_bytes_ahead_in_whole_rows_and_never_changes_the_bits(
         assert np.array_equal(_run(K.Choice(K.matmul8_f32, ahead), X, W), ref), ahead
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_eight_rows_in_column_passes_give_the_same_bits(threads, restore_threads):
+    """`matmul8_f32` in passes of any whole steps of columns (its partial sums kept between passes),
+    asking anything ahead, with an odd N: the bits of the one pass, at 1 and 2 threads."""
+    import tl_lab.kernels as K
+
+    _threads(threads)
+    rng = np.random.default_rng(11)
+    X, W = lanes_ready(rng.standard_normal((8, 1536)).astype(np.float32), rng.standard_normal((37, 1536)).astype(np.float32))
+    ref = rows_f32(X, W)
+    for cols in (16, 48, 512, 768, 1520, 1536):
+        for ahead in K.AHEAD + (W.nbytes,):
+            y = np.full((8, 37), np.nan, np.float32)
+            K.Choice(K.matmul8_f32, ahead)(X, W, y, cols=cols)
+            assert np.array_equal(y.view(np.uint32), ref.view(np.uint32)), (cols, ahead)
+
+
+def test_eight_rows_pass_over_columns_that_fit_the_l1_cache():
+    """`x_cols`: all columns (0) while x's eight rows fit the L1 data cache, else the fewest equal
+    passes of whole steps, each at most `X_IN_L1` bytes of x, that cover K."""
+    import tl_lab.kernels as K
+
+    for Kc in (16, 64, 576, 1536, 2048, 4096, 8192, 1000 * 16):
+        cols = K.x_cols(Kc)
+        if 8 * 4 * Kc < K.L1_BYTES:
+            assert cols == 0, Kc
+            continue
+        passes = -(-Kc // cols)
+        assert cols % 16 == 0 and 8 * 4 * cols <= K.X_IN_L1 + 8 * 4 * 15, (Kc, cols)
+        assert passes == -(-8 * 4 * Kc // K.X_IN_L1), (Kc, cols)
+
+
 def test_the_int8_one_row_kernels_give_the_same_bits():
     """`matvec_q8` (four features a pass) and `matvec1_q8` (one), on rows alone and several, a last
     block of features short of four, asking nothing or any distance ahead (`Choice`): the bits of

@@ -42,7 +42,7 @@ system or measured while running:
 - how far ahead a streaming kernel asks for its weight into the L2 cache (`AHEAD`: not at all,
   16 or 32 KB), timed with the kernel once a process (`one_row`, `eight_rows_f32`): on processor E
   `matmul8_f32` read 11 GB/s asking one block ahead into L1 only and 18-20 GB/s asking 16 KB ahead
-  into L2 as well, while the f32 one-row pass read fastest asking nothing ahead, and the int8
+  into L2 as well (a line a step since, `_ask_far_at`), while the f32 one-row pass read fastest asking nothing ahead, and the int8
   head's four-feature pass, asking 16 or 32 KB ahead, overtook its one-feature pass (2.2 -> 1.9 ms
   at 1 thread, 1.5 -> 1.2 at 2);
 - the pages the f32 weights lie in: 2 MiB where the OS has them (`widening.Arena` asks for them,
@@ -53,6 +53,10 @@ system or measured while running:
   x fit `X_IN_L2` (below), else `matmul_*`;
 - how many rows of x `matmul_*` pass over a block of weight rows at a time: `X_IN_L2` bytes, a
   quarter of the L2 cache, read the same way;
+- how many columns `matmul8_f32` reads in a pass (`x_cols`): all of them while x's eight rows fit
+  the L1 data cache (`L1_BYTES`, read from the system), else equal passes of at most `X_IN_L1`
+  bytes of x (SmolLM2's down projection, K = 1536: 3 passes of 512 columns on processor E's 32 KB
+  L1, 2 of 768 on a 48 KB one);
 - `matmul_f32`'s block: 3 rows x 8 features when eight weight rows fit `X_IN_L1`, half the L1
   data cache, read from the system (`machine.cache_bytes`, sysfs), else 6 x 4 (four
   rows: SmolLM2's down projection, K = 1536);
@@ -205,6 +209,15 @@ A batch-1 decode reads the weights from memory once; on processor D (AMD EPYC, Z
 thread read memory at 8-10 GB/s of its 12 unaided, 60 weights of 3072 x 576 in turn, 3 interleaved
 rounds: 1 thread 7.7-9.8 GB/s without, 8.7-12.2 with 16 rows ahead (8: 9.6-10.5; 32 and 64 no
 better); 2 threads 13-19 -> 15-21."""
+
+
+@njit(inline="always", cache=True)
+def _ask_far_at(W, r, far, k):  # pragma: no cover (compiled)
+    """Ask for W[r + far, k .. k + 15] into the L2 cache (far = 0: nothing): `_ask_far` a line at a
+    time, one line a step of the block in use, so the requests go out evenly beside the arithmetic
+    instead of in a burst at the block's start."""
+    if far > 0:
+        prefetch_l2(W, min(r + far, W.shape[0] - 1), k)
 
 
 @njit(inline="always", cache=True)
@@ -431,7 +444,11 @@ def _rows_in_l2(K):  # pragma: no cover (compiled)
     return max(ROWS, X_IN_L2 // (4 * K) // ROWS * ROWS)
 
 
-X_IN_L1 = (cache_bytes(1) or 48 * 1024) // 2
+L1_BYTES = cache_bytes(1) or 48 * 1024
+"""This machine's L1 data cache per core, read once (`machine.cache_bytes`; 48 KB where the system
+does not say)."""
+
+X_IN_L1 = L1_BYTES // 2
 """Bytes of x that `matmul8_f32` keeps in the L1 cache beside the weight rows: half of this machine's
 L1 data cache (read from the system, `machine.cache_bytes`; 48 KB on processors A and B). Up to
 this, eight rows of x are read from L1 for every pair of features; past it, `matmul_f32`'s blocks
@@ -463,39 +480,87 @@ def _store82(y, n0, a, b):  # pragma: no cover (compiled)
 
 
 @njit(inline="always", cache=True)
-def _block82(x, W, r0, r1, y, n0, p):  # pragma: no cover (compiled)
-    """y[0 .. 7, n0 .. n0 + 1] = x W[r0, r1]^T: 16 sums side by side in `lanes` order, each weight
-    vector serving x's eight rows, the weight rows p .. p + 3 asked for as the block goes."""
-    a, b = _zeros8(), _zeros8()  # a[m]: row m, feature n0; b[m]: row m, feature n0 + 1
-    for k in range(0, x.shape[1], LANES):
-        _prefetch_rows(W, p, 4, k)
+def _block82(x, W, r0, r1, n0, far, c0, c1, a, b):  # pragma: no cover (compiled)
+    """Columns c0 .. c1 - 1 of the 16 sums x W[r0, r1]^T, added into their lanes a, b (a[m]: row m,
+    feature n0; b[m]: row m, feature n0 + 1) in `lanes` order -> (a, b). Each weight vector serves
+    x's eight rows; as the block goes, the next block's two rows are asked for into L1 and the rows
+    far ahead of this block's into L2, a line of each a step."""
+    for k in range(c0, c1, LANES):
+        _prefetch_rows(W, n0 + 2, 2, k)
+        _ask_far_at(W, n0, far, k)
+        _ask_far_at(W, n0 + 1, far, k)
         a, b = _fma8(x, k, vload(W, r0, k), a), _fma8(x, k, vload(W, r1, k), b)  # x's loads shared
-    _store82(y, n0, a, b)
+    return a, b
+
+
+@njit(inline="always", cache=True)
+def _kept8(part, i):  # pragma: no cover (compiled)
+    """Eight lanes vectors kept in part rows i .. i + 7 (part: (16, 16) float32)."""
+    return (vload(part, i, 0), vload(part, i + 1, 0), vload(part, i + 2, 0), vload(part, i + 3, 0),
+            vload(part, i + 4, 0), vload(part, i + 5, 0), vload(part, i + 6, 0), vload(part, i + 7, 0))
+
+
+@njit(inline="always", cache=True)
+def _keep8(part, i, a):  # pragma: no cover (compiled)
+    for m in range(8):
+        vstore(part, i + m, 0, a[m])
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def matmul8_f32(x, W, y, far=0):  # pragma: no cover (compiled)
+def matmul8_f32(x, W, y, far=0, cols=0):  # pragma: no cover (compiled)
     """y = x W^T for a batch of eight rows in blocks of 8 rows x 2 features (`_block82`). x: (8, K)
     float32 (`padded_rows(x, 8)`); W: (N, K) float32; y: (8, N) float32, written.
 
     The kernel of a batch of 8 decodes: one pass over the weight, each weight vector serving all
-    eight rows while the rows of the next two blocks stream in, so memory and arithmetic overlap
+    eight rows while the rows of the next block stream in, so memory and arithmetic overlap
     (SmolLM2 at batch 8, 1 thread: the layers' products 18.6 -> 16.0 ms a step against
-    `matmul_f32`'s two passes of four rows, whose second pass left the memory idle; asking for the
-    next block only, or for three blocks, was slower). The same `lanes` sums as every other
-    kernel, so the same bits. `product_f32` sends it five to eight rows while their eight rows of x
-    fit `X_IN_L2`: on processor E (32 KB L1, so SmolLM2's 18 KB of x is over `X_IN_L1`) 8 of
-    SmolLM2's layers at batch 8 took 16.2 ms through `matmul_f32` and 12.0 through this kernel at 1
-    thread, 9.7 and 7.3 at 2 (best of 7 interleaved rounds); on processor B the gate made no
-    difference (1.00x, 1.01x). far: weight rows ahead to ask into L2 as well (`_ask_far`; how many
-    is measured, `eight_rows_f32`): SmolLM2 f32 at batch 8 on processor E, 1 thread, the same bits,
-    113 -> 158-174 tok/s in two runs (its products 62 -> 34 ms a step)."""
-    N = W.shape[0]
-    for nb in prange((N + 1) // 2):
-        n0 = nb * 2  # an odd N's last block repeats its feature (never stored)
-        _ask_far(W, n0, far)
-        _ask_far(W, n0 + 1, far)
-        _block82(x, W, n0, min(n0 + 1, N - 1), y, n0, n0 + 2)  # ask for the next two blocks, ~9 KB ahead
+    `matmul_f32`'s two passes of four rows, whose second pass left the memory idle). The same
+    `lanes` sums as every other kernel, so the same bits. `product_f32` sends it five to eight rows
+    while their eight rows of x fit `X_IN_L2`: on processor E (32 KB L1, so SmolLM2's 18 KB of x is
+    over `X_IN_L1`) 8 of SmolLM2's layers at batch 8 took 16.2 ms through `matmul_f32` and 12.0
+    through this kernel at 1 thread, 9.7 and 7.3 at 2 (best of 7 interleaved rounds); on processor
+    B the gate made no difference (1.00x, 1.01x).
+
+    far: weight rows ahead to ask into L2 as well (`_ask_far_at`; how many is measured,
+    `eight_rows_f32`), a line a step rather than a row at a block's start: on processor E, 1
+    thread, 30 weights from memory, 576 columns 67 -> 78 GFLOP/s, 1536 columns 45 -> 53; SmolLM2
+    f32 at batch 8, 190 -> 213 tok/s (best of 5 interleaved rounds; asking whole rows had taken it
+    from 113 to 158-174 against asking nothing ahead).
+
+    cols: columns a pass (0: all K; `x_cols`). Where x's eight rows overflow the L1 cache, each
+    pair of weight rows would find x's columns gone from L1 again; in passes of `cols` columns x's
+    share stays there while every pair reads it, and each pair's 16 sums wait in `part` between
+    passes, still in `lanes` order, so the same bits (SmolLM2's down projection, K = 1536, 8 x 2 KB
+    passes on processor E: 53 -> 59 GFLOP/s). far then counts in passes' rows: the same bytes
+    ahead."""
+    N, K = W.shape
+    cols = cols or K
+    far = far * K // cols
+    part = np.empty(((N + 1) // 2 if cols < K else 1, 16, LANES), dtype=np.float32)
+    for c0 in range(0, K, cols):
+        c1 = min(c0 + cols, K)
+        for nb in prange((N + 1) // 2):
+            n0 = nb * 2  # an odd N's last block repeats its feature (never stored)
+            if c0 == 0:
+                a, b = _zeros8(), _zeros8()
+            else:
+                a, b = _kept8(part[nb], 0), _kept8(part[nb], 8)
+            a, b = _block82(x, W, n0, min(n0 + 1, N - 1), n0, far, c0, c1, a, b)
+            if c1 < K:
+                _keep8(part[nb], 0, a)
+                _keep8(part[nb], 8, b)
+            else:
+                _store82(y, n0, a, b)
+
+
+def x_cols(K: int) -> int:
+    """Columns of x's eight rows `matmul8_f32` reads in a pass: all K (0) where they fit this
+    machine's L1 data cache (`L1_BYTES`) with room beside them, else the fewest equal
+    passes, whole steps of 16, of at most `X_IN_L1` bytes each."""
+    if 8 * 4 * K < L1_BYTES:
+        return 0
+    passes = -(-8 * 4 * K // X_IN_L1)
+    return -(-K // passes // LANES) * LANES
 
 
 def _eight_rows(M: int, K: int) -> bool:
@@ -1289,7 +1354,10 @@ def product_f32(x: np.ndarray, W: np.ndarray) -> np.ndarray:
     eight = WIDE and _eight_rows(M, x.shape[1])
     xp, Wp = lanes_ready(padded_rows(x, 8 if eight else ROWS), W)
     y = np.empty((xp.shape[0], W.shape[0]), dtype=np.float32)
-    (eight_rows_f32() if eight else matmul_f32)(xp, Wp, y)
+    if eight:
+        eight_rows_f32()(xp, Wp, y, cols=x_cols(x.shape[1]))
+    else:
+        matmul_f32(xp, Wp, y)
     return y[:M]
 
 
@@ -1320,11 +1388,11 @@ class Choice(NamedTuple):
     kernel: object
     ahead: int = 0
 
-    def __call__(self, *args) -> None:
+    def __call__(self, *args, **more) -> None:
         if not self.ahead:
-            return self.kernel(*args)
+            return self.kernel(*args, **more)
         W = args[1]
-        return self.kernel(*args, max(1, self.ahead // (W.shape[1] * W.itemsize)))
+        return self.kernel(*args, max(1, self.ahead // (W.shape[1] * W.itemsize)), **more)
 
     def __str__(self) -> str:
         return f"{self.kernel.__name__}, {self.ahead >> 10} KB ahead" if self.ahead else self.kernel.__name__
