@@ -418,15 +418,17 @@ def measure_llamacpp(py: str, gguf: Path, threads: int, quick: bool) -> dict:
 
 
 def step_costs(d: Path) -> dict:
-    """Per token of a 512-token prefill, its floating-point operations: the layers' products (2 per
-    weight) and attention (q.k and p.v over the keys each query sees, PREFILL / 2 + 1/2 on average)."""
+    """Floating-point operations per token: of a 512-token prefill, the layers' products (2 per
+    weight) and attention (q.k and p.v over the keys each query sees, PREFILL / 2 + 1/2 on average);
+    of a decode step, the layers' products, the LM head's and attention over a PROMPT-token context."""
     c = json.loads((d / "config.json").read_text())
     L, dm, I = c["num_hidden_layers"], c["hidden_size"], c["intermediate_size"]
     H, Hkv = c["num_attention_heads"], c["num_key_value_heads"]
     D = c.get("head_dim") or dm // H
     linears = L * (dm * (H + 2 * Hkv) * D + H * D * dm + 3 * dm * I)
-    attention = L * H * 2 * 2 * D * (PREFILL + 1) / 2
-    return {"prefill_flop_per_token": 2 * linears + attention}
+    attention = L * H * 2 * 2 * D
+    return {"prefill_flop_per_token": 2 * linears + attention * (PREFILL + 1) / 2,
+            "decode_flop_per_token": 2 * (linears + c["vocab_size"] * dm) + attention * PROMPT}
 
 
 def add_fractions(rows: list[dict], limits: dict, costs: dict, cores: int) -> None:
@@ -446,6 +448,17 @@ def add_fractions(rows: list[dict], limits: dict, costs: dict, cores: int) -> No
                 r["decode_b8 / bandwidth"] = r["decode_b8_tok_s"] / BATCH * r["weights_MB"] * 2**20 / (bw * 1e9)
         if fl:
             r["prefill / sgemm"] = r["prefill_tok_s"] * costs["prefill_flop_per_token"] / (fl * 1e9)
+        if bw and fl and r.get("decode_b8_tok_s") and r["engine"] == "tl_lab" and "busy" not in r["weights"]:
+            r["decode_b8 / b1"] = r["decode_b8_tok_s"] / r["decode_b1_tok_s"]
+            r["decode_b8 / b1 ceiling"] = b8_ceiling(r, bw, fl, costs)
+
+
+def b8_ceiling(r: dict, bw: float, fl: float, costs: dict) -> float:
+    """The most a batch of BATCH decodes can gain over the row's own batch 1 on this machine: BATCH
+    times its batch-1 step over the shortest batch-8 step the limits allow, the longer of reading the
+    weights once (bandwidth) and BATCH tokens' floating-point operations at the sgemm rate."""
+    shortest = max(r["weights_MB"] * 2**20 / (bw * 1e9), BATCH * costs["decode_flop_per_token"] / (fl * 1e9))
+    return BATCH / r["decode_b1_tok_s"] / shortest
 
 
 def best_run(results: list[dict]) -> dict:
@@ -540,6 +553,10 @@ def main(argv: list[str] | None = None) -> None:
              f"several rounds and {args.repeat} interleaved runs; ratio rows: tl_lab / transformers (above 1: "
              "tl_lab faster, or for load_s and peak_rss_MB: slower, larger). Int4 agreement: 'agreement' (six chat "
              "prompts, 32 greedy tokens).")
+    notes += (" 'decode_b8 / b1 ceiling': batch 8's most over the row's own batch 1 at these limits: 8 x its batch-1 "
+              "step over the longer of reading the weights once and 8 tokens' floating-point operations (layers, "
+              "head, attention over the 128-token context) at the sgemm rate; where it is under 5, batch 8 cannot "
+              "be 5x batch 1 on this machine at that thread count.")
     notes += (" Fractions: decode tokens/s x bytes of the weights (read once per step) over the read bandwidth at "
               "the row's thread count; prefill tokens/s x its floating-point operations per token over the sgemm "
               "rate (the larger of its shapes), both limits measured in this run ('roofline', best of the repeats). "
