@@ -10,8 +10,9 @@ called processor B, `skylake-avx512` an older AVX-512 Xeon, `haswell` an AVX2 ma
 AVX-512 features stay on). "haswell (AVX2 only)" also turns the features down to AVX2, the code an
 AVX2-only processor gets. Measured in each, on 1 thread, CPU time (the host is shared), best of
 rounds and of --repeat runs interleaved: SmolLM2's 30 layers' products for one row (f32: the
-weights read from memory; int4 g32), its int8 LM head (49152 x 576, groups of 32) for one row, and
-a 512-row prefill (f32), over random weights of the real shapes. Writes results/targets.json.
+weights read from memory; int4 g32), its int8 LM head (49152 x 576, groups of 32) for one row, the
+30 layers' f32 products for 8 rows (a batch of 8 decodes, `matmul8_f32`), and a 512-row prefill (f32),
+over random weights of the real shapes. Writes results/targets.json.
 """
 
 from __future__ import annotations
@@ -52,11 +53,13 @@ def measure(rounds: int) -> dict:
     q4 = [QLinear.quantize(f32[i], 32) for i in range(0, len(f32))]
     head = Q8Linear.quantize(rng.standard_normal((49152, 576), dtype=np.float32) * 0.02, group=32)
     one = {K: rng.standard_normal((1, K), dtype=np.float32) for K in (576, 1536)}
+    eight = {K: rng.standard_normal((8, K), dtype=np.float32) for K in (576, 1536)}
     many = {K: rng.standard_normal((512, K), dtype=np.float32) for K in (576, 1536)}
     tests = {
         "f32 one row, ms": lambda: [product_f32(one[w.shape[1]], w) for w in f32],
         "int4 one row, ms": lambda: [product_q4(one[q.inp], q.planar, q.scales, _F16_TABLE) for q in q4],
         "int8 head one row, ms": lambda: product_q8(one[576], head.q, head.scales, _F16_TABLE),
+        "f32 8 rows, ms": lambda: [product_f32(eight[w.shape[1]], w) for w in f32],
         "f32 512 rows (one layer), ms": lambda: [product_f32(many[w.shape[1]], w) for w in f32[:4]],
     }
     best = {}
