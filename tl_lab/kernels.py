@@ -42,9 +42,9 @@ system or measured while running:
 - how far ahead a streaming kernel asks for its weight into the L2 cache (`AHEAD`: not at all,
   16 or 32 KB), timed with the kernel once a process (`one_row`, `eight_rows_f32`): on processor E
   `matmul8_f32` read 11 GB/s asking one block ahead into L1 only and 18-20 GB/s asking 16 KB ahead
-  into L2 as well (a line a step since, `_ask_far_at`), while the f32 one-row pass read fastest asking nothing ahead, and the int8
-  head's four-feature pass, asking 16 or 32 KB ahead, overtook its one-feature pass (2.2 -> 1.9 ms
-  at 1 thread, 1.5 -> 1.2 at 2);
+  into L2 as well (now a line a step, `_ask_far_at`), while the f32 one-row pass read fastest
+  asking nothing ahead, and the int8 head's four-feature pass, asking 16 or 32 KB ahead, overtook
+  its one-feature pass (2.2 -> 1.9 ms at 1 thread, 1.5 -> 1.2 at 2);
 - the pages the f32 weights lie in: 2 MiB where the OS has them (`widening.Arena` asks for them,
   madvise; the system's transparent_hugepage setting decides), else 4 KB. On processor E
   `matvec1_f32` read a weight at 24.4 GB/s in 4 KB pages and 30.7 in 2 MiB ones at 1 thread (31.0
@@ -502,6 +502,7 @@ def _kept8(part, i):  # pragma: no cover (compiled)
 
 @njit(inline="always", cache=True)
 def _keep8(part, i, a):  # pragma: no cover (compiled)
+    """Keep the eight lanes vectors a in part rows i .. i + 7 (`_kept8` reads them back)."""
     for m in range(8):
         vstore(part, i + m, 0, a[m])
 
@@ -530,9 +531,10 @@ def matmul8_f32(x, W, y, far=0, cols=0):  # pragma: no cover (compiled)
     cols: columns a pass (0: all K; `x_cols`). Where x's eight rows overflow the L1 cache, each
     pair of weight rows would find x's columns gone from L1 again; in passes of `cols` columns x's
     share stays there while every pair reads it, and each pair's 16 sums wait in `part` between
-    passes, still in `lanes` order, so the same bits (SmolLM2's down projection, K = 1536, 8 x 2 KB
-    passes on processor E: 53 -> 59 GFLOP/s). far then counts in passes' rows: the same bytes
-    ahead."""
+    passes, still in `lanes` order, so the same bits (SmolLM2's down projection, K = 1536, in 3
+    passes of 512 columns on processor E, 1 thread, 30 weights from memory: 56 -> 64-66 GFLOP/s;
+    in the model, with the asks a line a step, 296 -> 190 us a call). far then counts in passes'
+    rows: the same bytes ahead."""
     N, K = W.shape
     cols = cols or K
     far = far * K // cols
