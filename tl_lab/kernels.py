@@ -42,7 +42,7 @@ system or measured while running:
 - how far ahead a streaming kernel asks for its weight into the L2 cache (`AHEAD`: not at all,
   16 or 32 KB), timed with the kernel once a process (`one_row`, `eight_rows_f32`): on processor E
   `matmul8_f32` read 11 GB/s asking one block ahead into L1 only and 18-20 GB/s asking 16 KB ahead
-  into L2 as well (now a line a step, `_ask_far_at`), while the f32 one-row pass read fastest
+  into L2 as well (now a line a step, `_prefetch_rows`), while the f32 one-row pass read fastest
   asking nothing ahead, and the int8 head's four-feature pass, asking 16 or 32 KB ahead, overtook
   its one-feature pass (2.2 -> 1.9 ms at 1 thread, 1.5 -> 1.2 at 2);
 - the pages the f32 weights lie in: 2 MiB where the OS has them (`widening.Arena` asks for them,
@@ -193,14 +193,18 @@ def _store_lanes(y, m, n0, N, a0, a1, a2, a3):  # pragma: no cover (compiled)
 
 
 @njit(inline="always", cache=True)
-def _prefetch_rows(W, p, n, k):  # pragma: no cover (compiled)
-    """Ask for W[p .. p + n - 1, k .. k + 15]: the rows of the next block of features, sixteen
-    columns ahead of where this block reads. One block ahead is the measured best: 32 KB ahead was
-    8% slower at batch 8, because beside x's eight rows the rows asked for no longer fit the 48 KB
-    L1 cache with the ones in use."""
+def _prefetch_rows(W, p, n, k, l2=False):  # pragma: no cover (compiled)
+    """Ask for W[p .. p + n - 1, k .. k + 15] into L1 (into L2 with l2): the rows of the next block
+    of features, sixteen columns ahead of where this block reads. One block ahead is the measured
+    best into L1: 32 KB ahead was 8% slower at batch 8, because beside x's eight rows the rows asked
+    for no longer fit the 48 KB L1 cache with the ones in use. Rows far ahead go into L2
+    (`matmul8_f32`'s `far`)."""
     last = W.shape[0] - 1
     for j in range(n):
-        prefetch(W, min(p + j, last), k)
+        if l2:
+            prefetch_l2(W, min(p + j, last), k)
+        else:
+            prefetch(W, min(p + j, last), k)
 
 
 F32_AHEAD = 16
@@ -209,15 +213,6 @@ A batch-1 decode reads the weights from memory once; on processor D (AMD EPYC, Z
 thread read memory at 8-10 GB/s of its 12 unaided, 60 weights of 3072 x 576 in turn, 3 interleaved
 rounds: 1 thread 7.7-9.8 GB/s without, 8.7-12.2 with 16 rows ahead (8: 9.6-10.5; 32 and 64 no
 better); 2 threads 13-19 -> 15-21."""
-
-
-@njit(inline="always", cache=True)
-def _ask_far_at(W, r, far, k):  # pragma: no cover (compiled)
-    """Ask for W[r + far, k .. k + 15] into the L2 cache (far = 0: nothing): `_ask_far` a line at a
-    time, one line a step of the block in use, so the requests go out evenly beside the arithmetic
-    instead of in a burst at the block's start."""
-    if far > 0:
-        prefetch_l2(W, min(r + far, W.shape[0] - 1), k)
 
 
 @njit(inline="always", cache=True)
@@ -487,8 +482,8 @@ def _block82(x, W, r0, r1, n0, far, c0, c1, a, b):  # pragma: no cover (compiled
     far ahead of this block's into L2, a line of each a step."""
     for k in range(c0, c1, LANES):
         _prefetch_rows(W, n0 + 2, 2, k)
-        _ask_far_at(W, n0, far, k)
-        _ask_far_at(W, n0 + 1, far, k)
+        if far > 0:
+            _prefetch_rows(W, n0 + far, 2, k, True)
         a, b = _fma8(x, k, vload(W, r0, k), a), _fma8(x, k, vload(W, r1, k), b)  # x's loads shared
     return a, b
 
@@ -522,7 +517,7 @@ def matmul8_f32(x, W, y, far=0, cols=0):  # pragma: no cover (compiled)
     through this kernel at 1 thread, 9.7 and 7.3 at 2 (best of 7 interleaved rounds); on processor
     B the gate made no difference (1.00x, 1.01x).
 
-    far: weight rows ahead to ask into L2 as well (`_ask_far_at`; how many is measured,
+    far: weight rows ahead to ask into L2 as well (`_prefetch_rows`; how many is measured,
     `eight_rows_f32`), a line a step rather than a row at a block's start: on processor E, 1
     thread, 30 weights from memory, 576 columns 67 -> 78 GFLOP/s, 1536 columns 45 -> 53; SmolLM2
     f32 at batch 8, 190 -> 213 tok/s (best of 5 interleaved rounds; asking whole rows had taken it
