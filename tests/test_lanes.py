@@ -5,7 +5,7 @@ import pytest
 from numba import njit
 
 from tl_lab.lanes import (HALF, LANES, vexp, vfma, vfma8, vjoin, vload, vload8, vload_f16_part, vload_part, vmax, vhat,
-                          vq8, vsplat, vstore_part, vsum, vsum4, vtop, vtranspose16, vzero, vzero8)
+                          vq8, vsplat, vstore_part, vstore_sums82, vsum, vsum4, vtop, vtranspose16, vzero, vzero8)
 
 
 @njit(cache=True)
@@ -114,6 +114,34 @@ def test_four_folds_at_once_give_the_bits_of_four_and_the_maximum_is_exact():
     _folds(a, four, one, top)
     assert np.array_equal(four.reshape(-1).view(np.uint32), one.view(np.uint32))
     assert top[0] == a.max()
+
+
+@njit(cache=True)
+def _sixteen_folds(a, y, one):
+    """Blocks of 16 rows of a (R, 16) as `vstore_sums82` takes them (rows 16 j .. + 7 the a side,
+    + 8 .. + 15 the b side) into y (8, R / 8), and every row's vsum into one."""
+    for r in range(a.shape[0]):
+        one[r] = vsum(vload(a, r, 0))
+    for j in range(a.shape[0] // 16):
+        r = 16 * j
+        lo = (vload(a, r, 0), vload(a, r + 1, 0), vload(a, r + 2, 0), vload(a, r + 3, 0),
+              vload(a, r + 4, 0), vload(a, r + 5, 0), vload(a, r + 6, 0), vload(a, r + 7, 0))
+        hi = (vload(a, r + 8, 0), vload(a, r + 9, 0), vload(a, r + 10, 0), vload(a, r + 11, 0),
+              vload(a, r + 12, 0), vload(a, r + 13, 0), vload(a, r + 14, 0), vload(a, r + 15, 0))
+        vstore_sums82(y, 2 * j, lo, hi)
+
+
+def test_sixteen_folds_side_by_side_give_the_bits_of_sixteen():
+    """The 8 x 2 blocks' store folds sixteen vectors at once and must add the very same pairs as
+    vsum: y[m, 2 j] is row 16 j + m's vsum and y[m, 2 j + 1] row 16 j + 8 + m's, bit for bit (values
+    over 40 binades), and nothing outside those columns is written."""
+    rng = np.random.default_rng(5)
+    a = (rng.standard_normal((1600, LANES)) * np.exp2(rng.integers(-20, 20, (1600, LANES)))).astype(np.float32)
+    y, one = np.full((8, 201), np.nan, np.float32), np.empty(1600, np.float32)
+    _sixteen_folds(a, y, one)
+    blocks = one.reshape(100, 2, 8)  # (j, side, m)
+    assert np.array_equal(y[:, :200].view(np.uint32), blocks.transpose(2, 0, 1).reshape(8, 200).view(np.uint32))
+    assert np.isnan(y[:, 200]).all()
 
 
 @njit(cache=True)

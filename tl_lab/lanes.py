@@ -32,6 +32,7 @@ The pieces are numba intrinsics emitting LLVM's vector instructions (`F32x16` is
 - ``vfma(a, b, c)`` -> a * b + c lane by lane, rounded once;
 - ``vsum(v)`` -> the lanes folded in the fixed tree above, a float32;
 - ``vsum4(a0, a1, a2, a3)`` -> the four `vsum`s in lanes 0 .. 3 (the same folds, shared shuffles);
+  ``vstore_sums82(y, n, a, b)`` stores the sixteen `vsum`s of a block of 8 rows x 2 features so;
   ``vmul(a, b)``;
 - ``vmax(a, b)``, ``vtop(v)`` -> the larger lane by lane, the largest lane (a maximum is exact: any
   order gives it);
@@ -54,7 +55,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic, models, register_model
 
 __all__ = ["LANES", "HALF", "F32x16", "F32x8", "vzero8", "vload8", "vfma8", "vjoin", "vsplat8", "vq8h", "wide_registers", "vzero", "vload", "vfma", "vsum", "prefetch", "prefetch_l2", "vload_part", "vload_f16", "vload_f16_part",
-           "vstore", "vstore_part", "vsplat", "vtranspose16", "vhat", "vq8", "vexp", "vmax", "vtop", "vsum4", "vmul"]
+           "vstore", "vstore_part", "vsplat", "vtranspose16", "vhat", "vq8", "vexp", "vmax", "vtop", "vsum4", "vstore_sums82", "vmul"]
 
 LANES = 16
 _VEC = ir.VectorType(ir.FloatType(), LANES)
@@ -143,24 +144,57 @@ def vsum(typingctx, v):
     return types.float32(f32x16), codegen
 
 
+def _folds_side_by_side(builder, vectors):
+    """`vsum` of each of `vectors` (a power of two of them, at most 16), the j-th in lane j: the
+    very same folds as `_fold` (lane l + 8 onto l, then + 4, + 2, + 1), each step adding the halves
+    of two vectors side by side, one vector addition for both, where `_fold` adds one vector's
+    halves at a time. Lanes past len(vectors): undefined."""
+    width = LANES  # lanes that hold one vector's partial sums
+    while width > 1:
+        width //= 2
+        if len(vectors) == 1:
+            vectors = vectors * 2
+        groups = range(LANES // width)  # of 2 width lanes in x ++ y: one vector's sums each
+        lo = ir.Constant(ir.VectorType(_I32, LANES), [2 * width * g + l for g in groups for l in range(width)])
+        hi = ir.Constant(ir.VectorType(_I32, LANES), [2 * width * g + width + l for g in groups for l in range(width)])
+        vectors = [builder.fadd(builder.shuffle_vector(x, y, lo), builder.shuffle_vector(x, y, hi))
+                   for x, y in zip(vectors[::2], vectors[1::2], strict=True)]
+    return vectors[0]
+
+
 @intrinsic
 def vsum4(typingctx, a0, a1, a2, a3):
     """Lanes 0 .. 3: vsum(a0) .. vsum(a3), the very same folds (so the same bits), done four vectors
-    at a time: each fold step shuffles the halves of two vectors side by side and adds them once,
-    15 additions for four sums instead of 4 x 4 plus four extractions. Lanes 4 .. 15: undefined."""
+    at a time (`_folds_side_by_side`): 15 additions for four sums instead of 4 x 4 plus four
+    extractions. Lanes 4 .. 15: undefined."""
     def codegen(context, builder, sig, args):
-        def halves(x, y, lo, hi):  # lanes `lo` of (x ++ y) plus lanes `hi`
-            pick = lambda idx: builder.shuffle_vector(x, y, ir.Constant(ir.VectorType(_I32, len(idx)), idx))
-            return builder.fadd(pick(lo), pick(hi))
-        c01 = halves(args[0], args[1], [*range(0, 8), *range(16, 24)], [*range(8, 16), *range(24, 32)])
-        c23 = halves(args[2], args[3], [*range(0, 8), *range(16, 24)], [*range(8, 16), *range(24, 32)])
-        lanes = lambda n, width, off: [l + off + width * b for b in range(4) for l in range(n)]  # n of each 4
-        d = halves(c01, c23, lanes(4, 8, 0), lanes(4, 8, 4))
-        e = halves(d, d, lanes(2, 4, 0), lanes(2, 4, 2))
-        f = halves(e, e, [0, 2, 4, 6], [1, 3, 5, 7])  # <4 x float>: the four sums
-        return builder.shuffle_vector(f, f, ir.Constant(ir.VectorType(_I32, LANES), [0, 1, 2, 3] + [0] * 12))
+        return _folds_side_by_side(builder, list(args))
 
     return f32x16(f32x16, f32x16, f32x16, f32x16), codegen
+
+
+@intrinsic
+def vstore_sums82(typingctx, y, n, a, b):
+    """y[m, n] = vsum(a[m]) and y[m, n + 1] = vsum(b[m]) for m = 0 .. 7 (a, b: tuples of eight
+    vectors, the sums of a block of 8 rows x 2 features): the sixteen folds side by side
+    (`_folds_side_by_side`), so the bits of sixteen `vsum`s in 15 vector additions, then each row's
+    two sums stored together. Unchecked, like `vstore`: y needs 8 rows and columns n, n + 1."""
+    _check_2d(y)
+    for t in (a, b):
+        if not (isinstance(t, types.UniTuple) and t.count == 8 and t.dtype == f32x16):
+            raise TypeError(f"vstore_sums82 folds two tuples of eight f32x16, got {t}")
+
+    def codegen(context, builder, sig, args):
+        sums = _folds_side_by_side(builder, [builder.extract_value(t, m) for m in range(8) for t in args[2:]])
+        pair = ir.VectorType(ir.FloatType(), 2)
+        col = context.cast(builder, args[1], sig.args[1], types.intp)
+        for m in range(8):
+            ptr, _ = _item_pointer(context, builder, sig.args[0], args[0], context.get_constant(types.intp, m), col)
+            two = builder.shuffle_vector(sums, sums, ir.Constant(ir.VectorType(_I32, 2), [2 * m, 2 * m + 1]))
+            builder.store(two, builder.bitcast(ptr, pair.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return types.void(y, n, a, b), codegen
 
 
 @intrinsic
