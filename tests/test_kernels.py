@@ -91,6 +91,28 @@ def test_row_chunks_are_sized_from_the_machines_caches_and_keep_the_bits():
     assert np.array_equal(layer.forward(X).view(np.uint32), rows_f32(X, layer.dequantize()).view(np.uint32))
 
 
+
+@pytest.mark.parametrize("cols", [0, 400, 768])
+def test_matmul_f32_in_passes_of_columns_keeps_the_bits(cols):
+    """Where registers hold eight floats `matmul_f32` reads a long K in passes of columns (`cols34`
+    from the L1 size), each block's 12 sums waiting in lanes order between passes: the bits of the
+    one-row kernel on every row, for passes that do not divide K, rows over several chunks and an
+    odd N. (Where registers hold 16 floats `cols` is not used; the AVX2 run of
+    `test_kernels_give_the_same_bits_in_halves_and_in_whole_lanes` covers the passes there.)"""
+    from tl_lab import kernels
+
+    assert kernels.cols34(576) == 0 if 7 * 4 * 576 <= 3 * kernels.L1_BYTES // 4 else kernels.cols34(576) > 0
+    for K in (1536, 4000):
+        c = kernels.cols34(K)
+        assert c % kernels.LANES == 0 and 7 * 4 * c <= 3 * kernels.L1_BYTES // 4 and c < K
+    K = 1536
+    rng = np.random.default_rng(6)
+    W = rng.standard_normal((21, K)).astype(np.float32)
+    X = rng.standard_normal((2 * kernels._rows_in_l2(K) + 3, K)).astype(np.float32)
+    y = np.empty((X.shape[0], W.shape[0]), np.float32)
+    kernels.matmul_f32(X, W, y, cols=cols)
+    assert np.array_equal(y.view(np.uint32), rows_f32(X, W).view(np.uint32))
+
 Q4_SHAPES = [(576, 200, 32), (1536, 9, 32), (64, 7, 64), (8, 5, 4)]  # (K, N, group); N % 4 != 0 included
 
 
@@ -462,7 +484,7 @@ def run_q8(kernel, X):
 rng = np.random.default_rng(11)
 W = rng.standard_normal((1536, 576)).astype(np.float32)
 X = rng.standard_normal((9, 576)).astype(np.float32)
-X_long = rng.standard_normal((9, 1536)).astype(np.float32)  # K = 1536: matmul_f32's 6 x 4 blocks
+X_long = rng.standard_normal((9, 1536)).astype(np.float32)  # K = 1536: matmul_f32's 6 x 4 blocks (in halves: passes)
 q4, q8 = QLinear.quantize(W * 0.05, group=32), Q8Linear.quantize(W, group=32)
 B, D, H, H_kv, n = 16, 64, 9, 3, 512  # SmolLM2's heads; a 512-token prefill and a decode row
 data = f32_to_f16(rng.standard_normal((52, 1, 2, H_kv, B, D)).astype(np.float32))
@@ -473,6 +495,7 @@ out = {}
 for t in (1, 2):
     set_threads(t)
     for name, y in (("matmul_f32", product_f32(X, W)), ("matmul_f32, 6 x 4", product_f32(X_long, W.T.copy())),
+                    ("matmul_f32, passes of 400", run(lambda *a: K.matmul_f32(*a, cols=400), X_long, W.T.copy())),
                     ("matvec_f32", run(K.matvec_f32, X, W)), ("matvec1_f32", run(K.matvec1_f32, X, W)),
                     ("head", head_f32(X, W)),
                     ("matmul8_f32", product_f32(X[:8], W)), ("matmul_q4", q4.forward(X)),

@@ -65,7 +65,8 @@ system or measured while running:
   6 x 4) and of 16 (8 x 2). Where a register holds eight floats (AVX2's 16 registers; NEON) those
   blocks need twice the registers there are and spill on every step, so there the products add
   each block's sums in halves (lanes 0 .. 7 over every step, then lanes 8 .. 15: `lanes.vload8`;
-  each lane's chain is unchanged, so are the bits) in blocks of 3 x 4 (`_block34`), a batch of five
+  each lane's chain is unchanged, so are the bits) in blocks of 3 x 4 (`_block34`; in passes of
+  columns where a block's seven rows overflow three quarters of L1, `cols34`), a batch of five
   to eight rows goes through `matmul_f32` / `matmul_q4` (whose 3-row blocks reuse the weight rows
   in L1, one pass over memory), the one-row int4 pass takes two features (`_q4_pair`), the int8
   head's batch of eight one feature in halves (`_q8_rows8`), and attention 32 keys or values at a
@@ -145,7 +146,7 @@ from tl_lab.lanes import (HALF, LANES, prefetch, prefetch_l2, vexp, vfma, vfma8,
                           vtranspose16, vq8h, vsplat8, vzero, vzero8, wide_registers)
 
 __all__ = ["ROWS", "padded_rows", "lanes_ready", "matmul_f32", "matmul8_f32", "matmul_q4", "matmul8_q4",
-           "matvec_f32", "matvec1_f32", "matvec1_q8", "one_row", "eight_rows_f32", "AHEAD", "Choice", "faster_of", "attend_paged", "QUERY_TILE",
+           "cols34", "matvec_f32", "matvec1_f32", "matvec1_q8", "one_row", "eight_rows_f32", "AHEAD", "Choice", "faster_of", "attend_paged", "QUERY_TILE",
            "product_f32", "rows_f32", "head_f32",
            "product_q4", "matvec_q4", "matvec_q8", "matmul8_q8", "product_q8", "set_threads", "threads_for", "SERIAL_ROWS",
            "LoneRowThreads", "ALONE", "BIG", "ALL", "exp_f64"]
@@ -324,15 +325,18 @@ products at 512 rows ran 22-29 GFLOP/s at 1 thread in the wide blocks."""
 
 
 @njit(inline="always", cache=True)
-def _half34(x, m0, W, r0, r1, r2, r3, h):  # pragma: no cover (compiled)
-    """Lanes h .. h + 7 (h = 0 or HALF) of every step of the 12 sums x[m0 + i] . W[r_j] (i < 3, j < 4):
-    ((a_00, .., a_03), (a_10, ..), (a_20, ..)), eight lanes each. Twelve accumulators, three x
-    halves and one weight half: 16 registers of eight floats, AVX2's number."""
-    K = x.shape[1]
-    a0, a1, a2, a3 = vzero8(), vzero8(), vzero8(), vzero8()
-    b0, b1, b2, b3 = vzero8(), vzero8(), vzero8(), vzero8()
-    c0, c1, c2, c3 = vzero8(), vzero8(), vzero8(), vzero8()
-    for k in range(h, K, LANES):
+def _half34(x, m0, W, r0, r1, r2, r3, h, p, ahead, k0, k1, a, b, c):  # pragma: no cover (compiled)
+    """Lanes h .. h + 7 (h = 0 or HALF) of the steps k0 .. k1 of the 12 sums x[m0 + i] . W[r_j] (i < 3,
+    j < 4), added on to a, b, c: ((a_00, .., a_03), (a_10, ..), (a_20, ..)), eight lanes each. Twelve
+    accumulators, three x halves and one weight half: 16 registers of eight floats, AVX2's number.
+    With `ahead`, the weight rows p .. p + 3 (the next block's) are asked for as it goes, a line a
+    step."""
+    a0, a1, a2, a3 = a
+    b0, b1, b2, b3 = b
+    c0, c1, c2, c3 = c
+    for k in range(k0 + h, k1, LANES):
+        if ahead:
+            _prefetch_rows(W, p, 4, k - h)
         x0, x1, x2 = vload8(x, m0, k), vload8(x, m0 + 1, k), vload8(x, m0 + 2, k)
         w = vload8(W, r0, k)
         a0, b0, c0 = vfma8(x0, w, a0), vfma8(x1, w, b0), vfma8(x2, w, c0)
@@ -346,21 +350,78 @@ def _half34(x, m0, W, r0, r1, r2, r3, h):  # pragma: no cover (compiled)
 
 
 @njit(inline="always", cache=True)
-def _block34(x, m0, W, w0, y, n0):  # pragma: no cover (compiled)
-    """y[m0 .. m0 + 2, n0 .. n0 + 3] = x[m0 .. m0 + 2] W[w0 .. w0 + 3]^T, the features that exist (a row
-    past W's last reads the last again): the low halves of the 12 sums over every step, then the
-    high halves (`_half34`), joined and folded as `lanes` folds (the same bits as `_block38`'s)."""
-    N, last = y.shape[1], W.shape[0] - 1
-    r0, r1, r2, r3 = w0, min(w0 + 1, last), min(w0 + 2, last), min(w0 + 3, last)
-    lo = _half34(x, m0, W, r0, r1, r2, r3, 0)
-    hi = _half34(x, m0, W, r0, r1, r2, r3, HALF)
+def _zeros4h():  # pragma: no cover (compiled)
+    return (vzero8(), vzero8(), vzero8(), vzero8())
+
+
+@njit(inline="always", cache=True)
+def _rows34(W, w0):  # pragma: no cover (compiled)
+    """The weight rows of the block at w0 (a row past W's last reads the last again)."""
+    last = W.shape[0] - 1
+    return w0, min(w0 + 1, last), min(w0 + 2, last), min(w0 + 3, last)
+
+
+@njit(inline="always", cache=True)
+def _store34(y, m0, n0, lo, hi):  # pragma: no cover (compiled)
+    """y[m0 + i, n0 + j] = the sum whose lanes 0 .. 7 are lo[i][j] and 8 .. 15 hi[i][j], folded as `lanes`
+    folds, the features that exist."""
+    N = y.shape[1]
     for i in range(3):
         a, b = lo[i], hi[i]
         _store_lanes(y, m0 + i, n0, N, vjoin(a[0], b[0]), vjoin(a[1], b[1]), vjoin(a[2], b[2]), vjoin(a[3], b[3]))
 
 
+@njit(inline="always", cache=True)
+def _block34(x, m0, W, w0, y, n0, p=0, ahead=False):  # pragma: no cover (compiled)
+    """y[m0 .. m0 + 2, n0 .. n0 + 3] = x[m0 .. m0 + 2] W[w0 .. w0 + 3]^T, the features that exist: the
+    low halves of the 12 sums over every step, then the high halves (`_half34`), joined and folded
+    as `lanes` folds (the same bits as `_block38`'s). With `ahead`, the low halves' pass asks for
+    the weight rows p .. p + 3 (the high halves read the same lines, in L1 by then)."""
+    K, (r0, r1, r2, r3) = x.shape[1], _rows34(W, w0)
+    lo = _half34(x, m0, W, r0, r1, r2, r3, 0, p, ahead, 0, K, _zeros4h(), _zeros4h(), _zeros4h())
+    hi = _half34(x, m0, W, r0, r1, r2, r3, HALF, p, False, 0, K, _zeros4h(), _zeros4h(), _zeros4h())
+    _store34(y, m0, n0, lo, hi)
+
+
+@njit(inline="always", cache=True)
+def _pass34(x, m0, W, w0, y, n0, p, ahead, k0, k1, part, i):  # pragma: no cover (compiled)
+    """`_block34` over the columns k0 .. k1 only: the 12 sums' lanes start from part[i .. i + 11]
+    (lanes 0 .. 7 the low halves) unless k0 is the first column, and go back there unless k1 is
+    past the last, where they are folded into y. Each lane's chain runs on in order: the same bits."""
+    K, (r0, r1, r2, r3) = x.shape[1], _rows34(W, w0)
+    lo = _half34(x, m0, W, r0, r1, r2, r3, 0, p, ahead, k0, k1, _kept4h(part, i, 0, k0), _kept4h(part, i + 4, 0, k0),
+                 _kept4h(part, i + 8, 0, k0))
+    hi = _half34(x, m0, W, r0, r1, r2, r3, HALF, p, False, k0, k1, _kept4h(part, i, HALF, k0),
+                 _kept4h(part, i + 4, HALF, k0), _kept4h(part, i + 8, HALF, k0))
+    if k1 < K:
+        for r in range(3):
+            for j in range(4):
+                vstore(part, i + 4 * r + j, 0, vjoin(lo[r][j], hi[r][j]))
+    else:
+        _store34(y, m0, n0, lo, hi)
+
+
+@njit(inline="always", cache=True)
+def _kept4h(part, i, h, k0):  # pragma: no cover (compiled)
+    """Lanes h .. h + 7 of the four sums `_pass34` keeps at part[i .. i + 3]; zeros at the first column."""
+    if k0 == 0:
+        return _zeros4h()
+    return vload8(part, i, h), vload8(part, i + 1, h), vload8(part, i + 2, h), vload8(part, i + 3, h)
+
+
+def cols34(K: int) -> int:
+    """Columns a pass of `matmul_f32`'s halves (`_block34`): all K (0) where a block's seven rows (three
+    of x, four of W) fit three quarters of this machine's L1 data cache, else the fewest equal
+    passes, whole steps of 16, that do."""
+    fits = 3 * L1_BYTES // 4 // (7 * 4)
+    if K <= fits:
+        return 0
+    passes = -(-K // fits)
+    return -(-K // passes // LANES) * LANES
+
+
 @njit(parallel=True, nogil=True, cache=True)
-def matmul_f32(x, W, y):  # pragma: no cover (compiled)
+def matmul_f32(x, W, y, cols=0):  # pragma: no cover (compiled)
     """y = x W^T in blocks of 3 rows by 8 features, or 6 rows by 4 where eight weight rows do not
     fit `X_IN_L1`. x: (M, K) float32 with M a multiple of 3 (`padded_rows`); W: (N, K) float32; y:
     (M, N) float32, written.
@@ -375,15 +436,27 @@ def matmul_f32(x, W, y):  # pragma: no cover (compiled)
     B, best of 15 and of 40 interleaved rounds on a busy host: 74 -> 95 and 62 -> 78 GFLOP/s).
     Each sum is added in `lanes` order, so every y[m, n] has the same bits as `matvec_f32`'s: the
     engine picks either by the batch alone. The first block of rows asks for the next block's
-    weight rows as it goes; the others find the rows it read in the cache."""
+    weight rows as it goes; the others find the rows it read in the cache.
+
+    cols: columns a pass where registers hold eight floats (`cols34`, which `product_f32` gives;
+    0: all K). There a block's seven rows of SmolLM2's down projection (K = 1536: 42 KB) overflow
+    processor D's 32 KB L1, and each block of rows read them from L2 again; in two passes of 768
+    columns, each block's 12 sums waiting in `part` between passes in `lanes` order (the same
+    bits), 1 thread on processor D: the weight in L2, 513 rows 38 -> 59-60 GFLOP/s and 9 rows (a
+    batch of 8) 39 -> 52; 30 weights from memory at 9 rows, 458-480 -> 385-389 us a call (passes
+    of 512 columns: 54-57 GFLOP/s in L2; of 384: 38-54)."""
     M, K = x.shape
     N = W.shape[0]
-    if not WIDE:  # halves: 3 rows x 4 features (`_block34`)
-        rows = _rows_in_l2(K)
+    if not WIDE:  # halves: 3 rows x 4 features (`_block34`), in passes of `cols` columns (`_pass34`)
+        rows, blocks = _rows_in_l2(K), (N + 3) // 4
+        cols = cols or K
+        part = np.empty((rows // ROWS * blocks * 12 if cols < K else 1, LANES), dtype=np.float32)
         for mc in range(0, M, rows):
-            for nb in prange((N + 3) // 4):
-                for m0 in range(mc, min(mc + rows, M), ROWS):
-                    _block34(x, m0, W, nb * 4, y, nb * 4)
+            for k0 in range(0, K, cols):
+                for nb in prange(blocks):
+                    for m0 in range(mc, min(mc + rows, M), ROWS):
+                        i = ((m0 - mc) // ROWS * blocks + nb) * 12  # this block's 12 sums in `part`
+                        _pass34(x, m0, W, nb * 4, y, nb * 4, nb * 4 + 4, m0 == mc, k0, min(k0 + cols, K), part, i)
         return
     if 8 * 4 * K <= X_IN_L1:
         rows = _rows_in_l2(K)
@@ -1379,7 +1452,7 @@ def product_f32(x: np.ndarray, W: np.ndarray) -> np.ndarray:
     if eight:
         eight_rows_f32()(xp, Wp, y, cols=x_cols(x.shape[1]))
     else:
-        matmul_f32(xp, Wp, y)
+        matmul_f32(xp, Wp, y, cols=0 if WIDE else cols34(xp.shape[1]))
     return y[:M]
 
 
