@@ -372,22 +372,14 @@ def _store34(y, m0, n0, lo, hi):  # pragma: no cover (compiled)
 
 
 @njit(inline="always", cache=True)
-def _block34(x, m0, W, w0, y, n0, p=0, ahead=False):  # pragma: no cover (compiled)
-    """y[m0 .. m0 + 2, n0 .. n0 + 3] = x[m0 .. m0 + 2] W[w0 .. w0 + 3]^T, the features that exist: the
-    low halves of the 12 sums over every step, then the high halves (`_half34`), joined and folded
-    as `lanes` folds (the same bits as `_block38`'s). With `ahead`, the low halves' pass asks for
-    the weight rows p .. p + 3 (the high halves read the same lines, in L1 by then)."""
-    K, (r0, r1, r2, r3) = x.shape[1], _rows34(W, w0)
-    lo = _half34(x, m0, W, r0, r1, r2, r3, 0, p, ahead, 0, K, _zeros4h(), _zeros4h(), _zeros4h())
-    hi = _half34(x, m0, W, r0, r1, r2, r3, HALF, p, False, 0, K, _zeros4h(), _zeros4h(), _zeros4h())
-    _store34(y, m0, n0, lo, hi)
-
-
-@njit(inline="always", cache=True)
-def _pass34(x, m0, W, w0, y, n0, p, ahead, k0, k1, part, i):  # pragma: no cover (compiled)
-    """`_block34` over the columns k0 .. k1 only: the 12 sums' lanes start from part[i .. i + 11]
-    (lanes 0 .. 7 the low halves) unless k0 is the first column, and go back there unless k1 is
-    past the last, where they are folded into y. Each lane's chain runs on in order: the same bits."""
+def _block34(x, m0, W, w0, y, n0, p, ahead, k0, k1, part, i):  # pragma: no cover (compiled)
+    """y[m0 .. m0 + 2, n0 .. n0 + 3] = x[m0 .. m0 + 2] W[w0 .. w0 + 3]^T over the columns k0 .. k1, the
+    features that exist: the low halves of the 12 sums over those steps, then the high halves
+    (`_half34`). They start from part[i .. i + 11] (lanes 0 .. 7 the low halves) unless k0 is the
+    first column, and go back there unless k1 is past the last, where they are joined and folded
+    into y as `lanes` folds (the same bits as `_block38`'s: each lane's chain runs on in order).
+    With `ahead`, the low halves' pass asks for the weight rows p .. p + 3 (the next block's; the
+    high halves read the same lines, in L1 by then)."""
     K, (r0, r1, r2, r3) = x.shape[1], _rows34(W, w0)
     lo = _half34(x, m0, W, r0, r1, r2, r3, 0, p, ahead, k0, k1, _kept4h(part, i, 0, k0), _kept4h(part, i + 4, 0, k0),
                  _kept4h(part, i + 8, 0, k0))
@@ -403,16 +395,16 @@ def _pass34(x, m0, W, w0, y, n0, p, ahead, k0, k1, part, i):  # pragma: no cover
 
 @njit(inline="always", cache=True)
 def _kept4h(part, i, h, k0):  # pragma: no cover (compiled)
-    """Lanes h .. h + 7 of the four sums `_pass34` keeps at part[i .. i + 3]; zeros at the first column."""
+    """Lanes h .. h + 7 of the four sums `_block34` keeps at part[i .. i + 3]; zeros at the first column."""
     if k0 == 0:
         return _zeros4h()
     return vload8(part, i, h), vload8(part, i + 1, h), vload8(part, i + 2, h), vload8(part, i + 3, h)
 
 
 def cols34(K: int) -> int:
-    """Columns a pass of `matmul_f32`'s halves (`_block34`): all K (0) where a block's seven rows (three
-    of x, four of W) fit three quarters of this machine's L1 data cache, else the fewest equal
-    passes, whole steps of 16, that do."""
+    """Columns a pass of `matmul_f32`'s and `matmul_q4`'s halves (`_block34`): all K (0) where a
+    block's seven rows (three of x, four of W) fit three quarters of this machine's L1 data cache,
+    else the fewest equal passes, whole steps of 16, that do."""
     fits = 3 * L1_BYTES // 4 // (7 * 4)
     if K <= fits:
         return 0
@@ -447,7 +439,7 @@ def matmul_f32(x, W, y, cols=0):  # pragma: no cover (compiled)
     of 512 columns: 54-57 GFLOP/s in L2; of 384: 38-54)."""
     M, K = x.shape
     N = W.shape[0]
-    if not WIDE:  # halves: 3 rows x 4 features (`_block34`), in passes of `cols` columns (`_pass34`)
+    if not WIDE:  # halves: 3 rows x 4 features (`_block34`), in passes of `cols` columns
         rows, blocks = _rows_in_l2(K), (N + 3) // 4
         cols = cols or K
         part = np.empty((rows // ROWS * blocks * 12 if cols < K else 1, LANES), dtype=np.float32)
@@ -456,7 +448,7 @@ def matmul_f32(x, W, y, cols=0):  # pragma: no cover (compiled)
                 for nb in prange(blocks):
                     for m0 in range(mc, min(mc + rows, M), ROWS):
                         i = ((m0 - mc) // ROWS * blocks + nb) * 12  # this block's 12 sums in `part`
-                        _pass34(x, m0, W, nb * 4, y, nb * 4, nb * 4 + 4, m0 == mc, k0, min(k0 + cols, K), part, i)
+                        _block34(x, m0, W, nb * 4, y, nb * 4, nb * 4 + 4, m0 == mc, k0, min(k0 + cols, K), part, i)
         return
     if 8 * 4 * K <= X_IN_L1:
         rows = _rows_in_l2(K)
@@ -939,28 +931,37 @@ def _widen_tile(P, S, f16, n0, tile):  # pragma: no cover (compiled)
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def matmul_q4(x, P, S, f16, y):  # pragma: no cover (compiled)
+def matmul_q4(x, P, S, f16, y, cols=0):  # pragma: no cover (compiled)
     """y = x W_hat^T for a batch: per block of eight output features, W_hat of the eight is widened
     into an 8 x K tile that stays in the thread's cache (nothing larger than eight rows of W_hat
     ever exists), then every block of 3 rows runs `matmul_f32`'s sums on it (`_block38`): the same
     bits as `matvec_q4`, and as the float32 product on W_hat. x: (M, K16) float32 with M a multiple
     of 3 and K16 the columns rounded up to 16 (`lanes_ready`); P, S, f16 as in `matvec_q4` (any group
     size); y: (M, N) float32, written. A batch of eight with groups of 32 goes through `matmul8_q4`
-    instead (8-row blocks on a tile were tried first: 24.8 against 22.4 ms a pass at batch 8)."""
+    instead (8-row blocks on a tile were tried first: 24.8 against 22.4 ms a pass at batch 8).
+    Where registers hold eight floats the tile's blocks run in passes of `cols` columns (`cols34`,
+    which `product_q4` gives), as `matmul_f32`'s do: SmolLM2's int4 down projection at 513 rows,
+    1 thread, processor D, 28.5-29.1 -> 21.7-22.1 ms a call (31-32 -> 41-42 GFLOP/s)."""
     M, K16 = x.shape
     N = S.shape[0]
     rows = _rows_in_l2(K16)
+    cols = cols or K16
     for mc in range(0, M, rows):  # as in `matmul_f32` (a tile is widened again for each chunk: 1/rows of its work)
         for nb in prange((N + 7) // 8):
             n0 = nb * 8
             tile = np.zeros((min(8, N - n0), K16), dtype=np.float32)
             _widen_tile(P, S, f16, n0, tile)
-            for m0 in range(mc, min(mc + rows, M), ROWS):
-                if WIDE:
+            if WIDE:
+                for m0 in range(mc, min(mc + rows, M), ROWS):
                     _block38(x, m0, tile, 0, y, n0, 0, False)
-                else:  # halves: the tile's two blocks of four features (`_block34`)
-                    _block34(x, m0, tile, 0, y, n0)
-                    _block34(x, m0, tile, 4, y, n0 + 4)
+                continue
+            # halves: the tile's two blocks of four features (`_block34`), in passes of `cols` columns
+            part = np.empty((rows // ROWS * 24 if cols < K16 else 1, LANES), dtype=np.float32)
+            for k0 in range(0, K16, cols):
+                for m0 in range(mc, min(mc + rows, M), ROWS):
+                    i = (m0 - mc) // ROWS * 24  # the two blocks' 12 sums each in `part`
+                    _block34(x, m0, tile, 0, y, n0, 0, False, k0, min(k0 + cols, K16), part, i)
+                    _block34(x, m0, tile, 4, y, n0 + 4, 0, False, k0, min(k0 + cols, K16), part, i + 12)
 
 
 @njit(inline="always", cache=True)
@@ -1591,7 +1592,7 @@ def product_q4(x: np.ndarray, planar: np.ndarray, scales: np.ndarray, f16: np.nd
         return y[:M]
     xp = _whole_steps(padded_rows(x))
     y = np.empty((xp.shape[0], N), dtype=np.float32)
-    matmul_q4(xp, _c(planar), _c(scales), f16, y)
+    matmul_q4(xp, _c(planar), _c(scales), f16, y, cols=0 if WIDE else cols34(xp.shape[1]))
     return y[:M]
 
 
