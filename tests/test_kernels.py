@@ -91,7 +91,6 @@ def test_row_chunks_are_sized_from_the_machines_caches_and_keep_the_bits():
     assert np.array_equal(layer.forward(X).view(np.uint32), rows_f32(X, layer.dequantize()).view(np.uint32))
 
 
-
 @pytest.mark.parametrize("cols", [0, 400, 768])
 def test_matmul_f32_in_passes_of_columns_keeps_the_bits(cols):
     """Where registers hold eight floats `matmul_f32` reads a long K in passes of columns (`cols34`
@@ -112,6 +111,7 @@ def test_matmul_f32_in_passes_of_columns_keeps_the_bits(cols):
     y = np.empty((X.shape[0], W.shape[0]), np.float32)
     kernels.matmul_f32(X, W, y, cols=cols)
     assert np.array_equal(y.view(np.uint32), rows_f32(X, W).view(np.uint32))
+
 
 Q4_SHAPES = [(576, 200, 32), (1536, 9, 32), (64, 7, 64), (8, 5, 4)]  # (K, N, group); N % 4 != 0 included
 

@@ -386,11 +386,17 @@ def _block34(x, m0, W, w0, y, n0, p, ahead, k0, k1, part, i):  # pragma: no cove
     hi = _half34(x, m0, W, r0, r1, r2, r3, HALF, p, False, k0, k1, _kept4h(part, i, HALF, k0),
                  _kept4h(part, i + 4, HALF, k0), _kept4h(part, i + 8, HALF, k0))
     if k1 < K:
-        for r in range(3):
-            for j in range(4):
-                vstore(part, i + 4 * r + j, 0, vjoin(lo[r][j], hi[r][j]))
+        _keep34(part, i, lo, hi)
     else:
         _store34(y, m0, n0, lo, hi)
+
+
+@njit(inline="always", cache=True)
+def _keep34(part, i, lo, hi):  # pragma: no cover (compiled)
+    """part[i .. i + 11] = `_block34`'s 12 sums between passes, halves joined in lanes order (what `_kept4h` reads back)."""
+    for r in range(3):
+        for j in range(4):
+            vstore(part, i + 4 * r + j, 0, vjoin(lo[r][j], hi[r][j]))
 
 
 @njit(inline="always", cache=True)
@@ -958,10 +964,11 @@ def matmul_q4(x, P, S, f16, y, cols=0):  # pragma: no cover (compiled)
             # halves: the tile's two blocks of four features (`_block34`), in passes of `cols` columns
             part = np.empty((rows // ROWS * 24 if cols < K16 else 1, LANES), dtype=np.float32)
             for k0 in range(0, K16, cols):
+                k1 = min(k0 + cols, K16)
                 for m0 in range(mc, min(mc + rows, M), ROWS):
                     i = (m0 - mc) // ROWS * 24  # the two blocks' 12 sums each in `part`
-                    _block34(x, m0, tile, 0, y, n0, 0, False, k0, min(k0 + cols, K16), part, i)
-                    _block34(x, m0, tile, 4, y, n0 + 4, 0, False, k0, min(k0 + cols, K16), part, i + 12)
+                    _block34(x, m0, tile, 0, y, n0, 0, False, k0, k1, part, i)
+                    _block34(x, m0, tile, 4, y, n0 + 4, 0, False, k0, k1, part, i + 12)
 
 
 @njit(inline="always", cache=True)
