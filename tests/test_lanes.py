@@ -5,7 +5,7 @@ import pytest
 from numba import njit
 
 from tl_lab.lanes import (HALF, LANES, vexp, vfma, vfma8, vjoin, vload, vload8, vload_f16_part, vload_part, vmax, vhat,
-                          vq8, vsplat, vstore_part, vstore_sums82, vsum, vsum4, vtop, vtranspose16, vzero, vzero8)
+                          vq8, vsplat, vstore_few, vstore_part, vstore_sums82, vsum, vsum4, vtop, vtranspose16, vzero, vzero8)
 
 
 @njit(cache=True)
@@ -150,6 +150,11 @@ def _part(a, n, out):
 
 
 @njit(cache=True)
+def _few(a, k, n, out):
+    vstore_few(out, 0, k, n, vload(a, 0, 0))
+
+
+@njit(cache=True)
 def _part_f16(bits, n, out):
     vstore_part(out, 0, 0, n, vload_f16_part(bits, 0, 0, n))
 
@@ -170,7 +175,10 @@ def test_masked_steps_read_and_write_only_their_lanes():
     out = np.full((1, LANES), -1.0, np.float32)
     _part_f16(halves.view(np.uint16), 7, out)
     assert out[0, :7].tolist() == halves[0].astype(np.float32).tolist() and (out[0, 7:] == -1.0).all()
-
+    for n in range(5):  # the few sums a store of `vstore_few` writes, from column 3 on
+        out = np.full((1, 2 * LANES), -1.0, np.float32)
+        _few(a, 3, n, out)
+        assert out[0, 3:3 + n].tolist() == a[0, :n].tolist() and (np.delete(out[0], range(3, 3 + n)) == -1.0).all()
 
 
 _HAT_SCRIPT = """

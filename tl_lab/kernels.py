@@ -142,7 +142,7 @@ from numba import njit, prange  # noqa: E402
 
 from tl_lab import lanes  # noqa: E402
 from tl_lab.lanes import (HALF, LANES, prefetch, prefetch_l2, vexp, vfma, vfma8, vhat, vjoin, vload, vload8, vload_f16,  # noqa: E402
-                          vload_f16_part, vload_part, vmax, vmul, vq8, vsplat, vstore, vstore_part, vstore_sums82, vsum, vsum4, vtop,
+                          vload_f16_part, vload_part, vmax, vmul, vq8, vsplat, vstore, vstore_few, vstore_part, vstore_sums82, vsum, vsum4, vtop,
                           vtranspose16, vq8h, vsplat8, vzero, vzero8, wide_registers)
 
 __all__ = ["ROWS", "padded_rows", "lanes_ready", "matmul_f32", "matmul8_f32", "matmul_q4", "matmul8_q4",
@@ -189,8 +189,12 @@ def _four_features(nb, N):  # pragma: no cover (compiled)
 @njit(inline="always", cache=True)
 def _store_lanes(y, m, n0, N, a0, a1, a2, a3):  # pragma: no cover (compiled)
     """y[m, n0 .. n0 + 3] = the folded lanes of a0 .. a3 (`lanes.vsum4`, the same bits as four
-    `vsum`s in a third of the instructions), the features that exist."""
-    vstore_part(y, m, n0, min(4, N - n0), vsum4(a0, a1, a2, a3))
+    `vsum`s in a third of the instructions), the features that exist: one masked store where there
+    are mask registers, else a scalar store each (`lanes.vstore_few`)."""
+    if WIDE:
+        vstore_part(y, m, n0, min(4, N - n0), vsum4(a0, a1, a2, a3))
+    else:
+        vstore_few(y, m, n0, min(4, N - n0), vsum4(a0, a1, a2, a3))
 
 
 @njit(inline="always", cache=True)
@@ -695,7 +699,7 @@ def matvec_q4(x, P, S, f16, y):  # pragma: no cover (compiled)
             n0 = nb * 2
             for m in range(M):
                 a0, a1 = _q4_pair(x, m, P, S, f16, n0, min(n0 + 1, N - 1))
-                vstore_part(y, m, n0, min(2, N - n0), vsum4(a0, a1, a0, a1))
+                vstore_few(y, m, n0, min(2, N - n0), vsum4(a0, a1, a0, a1))
         return
     for nb in prange((N + 3) // 4):
         n0, r0, r1, r2, r3 = _four_features(nb, N)

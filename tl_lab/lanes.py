@@ -384,6 +384,23 @@ def vstore_part(typingctx, arr, i, k, n, v):
 
 
 @intrinsic
+def vstore_few(typingctx, arr, i, k, n, v):
+    """a[i, k : k + n] = lanes 0 .. n - 1 of v for n <= 4, a scalar store each: without mask
+    registers (AVX2) a masked store costs more than the few it replaces."""
+    _check_2d(arr)
+
+    def codegen(context, builder, sig, args):
+        ptr, _ = _item_pointer(context, builder, sig.args[0], args[0], args[1], args[2])
+        n = context.cast(builder, args[3], sig.args[3], types.intp)
+        for lane in range(4):
+            with builder.if_then(builder.icmp_signed("<", ir.Constant(n.type, lane), n)):
+                builder.store(builder.extract_element(args[4], _I32(lane)), cgutils.gep_inbounds(builder, ptr, lane))
+        return context.get_dummy_value()
+
+    return types.void(arr, i, k, n, f32x16), codegen
+
+
+@intrinsic
 def vsplat(typingctx, x):
     """x (float32) in all 16 lanes."""
     def codegen(context, builder, sig, args):
