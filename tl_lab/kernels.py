@@ -449,7 +449,10 @@ def matmul_f32(x, W, y, cols=0):  # pragma: no cover (compiled)
     columns, each block's 12 sums waiting in `part` between passes in `lanes` order (the same
     bits), 1 thread on processor D: the weight in L2, 513 rows 38 -> 59-60 GFLOP/s and 9 rows (a
     batch of 8) 39 -> 52; 30 weights from memory at 9 rows, 458-480 -> 385-389 us a call (passes
-    of 512 columns: 54-57 GFLOP/s in L2; of 384: 38-54)."""
+    of 512 columns: 54-57 GFLOP/s in L2; of 384: 38-54). There a few rows from memory cost the
+    reading plus the arithmetic, not the larger of the two: 3, 6, 9 rows of a 1536 x 576 weight
+    from memory 306, 400, 475 us, each block of rows adding its time in L2; asking for the next
+    rows spread over the passes, two blocks ahead, into L2 or for half the lines changed nothing."""
     M, K = x.shape
     N = W.shape[0]
     if not WIDE:  # halves: 3 rows x 4 features (`_block34`), in passes of `cols` columns
