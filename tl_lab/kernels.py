@@ -194,10 +194,11 @@ def _store_lanes(y, m, n0, N, a0, a1, a2, a3):  # pragma: no cover (compiled)
     old and new interleaved in one process: `matmul_f32`'s 3 x 4 blocks at 513 rows 1.13-1.14x
     faster for K = 576, 1.05x for K = 1536; a 512-token prefill 160-176 -> 187-206 tok/s with the
     softmax's stores below)."""
+    sums, n = vsum4(a0, a1, a2, a3), min(4, N - n0)
     if WIDE:
-        vstore_part(y, m, n0, min(4, N - n0), vsum4(a0, a1, a2, a3))
+        vstore_part(y, m, n0, n, sums)
     else:
-        vstore_few(y, m, n0, min(4, N - n0), vsum4(a0, a1, a2, a3))
+        vstore_few(y, m, n0, n, sums)
 
 
 @njit(inline="always", cache=True)
