@@ -366,11 +366,14 @@ def test_faster_of_keeps_the_kernel_with_the_shortest_best_round_and_restores_th
 
     assert _threads(2) == 2
     a, b = kernel("a", [9, 5, 1, 5, 5]), kernel("b", [0, 2, 2, 2, 2])
-    assert faster_of((a, b), (), rounds=4, clock=lambda: now[0]) is a
+    assert faster_of((a, b), [((), {})], rounds=4, clock=lambda: now[0]) is a
     assert [c for c, _ in calls] == ["a", "b"] * 5 and {t for _, t in calls} == {1}
     assert numba.get_num_threads() == 2
     a, b = kernel("a", [0, 5, 5, 5, 5]), kernel("b", [9, 2, 3, 2, 2])
-    assert faster_of((a, b), (), rounds=4, clock=lambda: now[0]) is b
+    assert faster_of((a, b), [((), {})], rounds=4, clock=lambda: now[0]) is b
+    # a round is every call in turn: a's first call alone is the shortest, b's rounds are
+    a, b = kernel("a", [0, 0] + [1, 5] * 4), kernel("b", [0, 0] + [3, 2] * 4)
+    assert faster_of((a, b), [((), {}), ((), {})], rounds=4, clock=lambda: now[0]) is b
 
 
 def test_the_measured_kernels_are_measured_once_and_are_each_kinds_kernels():
@@ -382,9 +385,14 @@ def test_the_measured_kernels_are_measured_once_and_are_each_kinds_kernels():
         choice = choose()
         assert choice.kernel in kernels and choice.ahead in K.AHEAD
         assert choose() is choice
-        args = K._stream_probe(kind)
-        assert args[0].shape == (rows, 576) and args[-1].shape == (rows, args[1].shape[0])
-        assert 16 << 20 <= args[1].nbytes + 4 * 576 <= (96 << 20) + 4 * 576
+        calls = K._stream_probe(kind)
+        for args, kw in calls:
+            assert args[0].shape == (rows, args[1].shape[1]) and args[-1].shape == (rows, args[1].shape[0])
+            assert kw == ({"cols": K.x_cols(args[1].shape[1])} if rows == 8 else {})
+        size = sum(args[1].nbytes for args, _ in calls)
+        assert 16 << 20 <= size <= (96 << 20) + 4 * sum(N * K for N, K in K.LAYER)
+        if kind != "q8":  # read as a step reads them: a decoder layer's weights in turn
+            assert [args[1].shape for args, _ in calls[:4]] == list(K.LAYER)
 
 
 def test_a_choice_asks_its_bytes_ahead_in_whole_rows_and_never_changes_the_bits():

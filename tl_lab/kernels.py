@@ -1506,10 +1506,12 @@ the L2 cache (`_ask_far`; 0: not at all, only its rows one block ahead into L1).
 the kernel (`one_row`, `eight_rows_f32`): on processor E, SmolLM2's weights at batch 8 and 1 thread
 (8 layers' products, best of 5 interleaved rounds, the same bits) took 11.4 ms asking one block
 ahead only, 6.4 with 16 rows (37 KB) ahead into L2 as well, 6.5 with 8 and 7.1 with 64. The one-row
-pass gained 15.0 -> 12.9 ms (10 layers and the head) in one such microbenchmark, but on the probe
-(`_stream_probe`) and in the model the same hour it read as fast or faster asking nothing ahead
-(`matvec1_f32` at 1 thread: 26-27 GB/s without, 23-28 with): why it is measured, not fixed. The
-int8 head's four-feature pass (`matvec_q8`) needs it on the same processor: 3.2 -> 1.9 ms."""
+pass is the other way round on the same processor, and only a probe shaped like the model shows
+it (`_stream_probe`): reading a layer's four weights in turn, `matvec1_f32` ran 30.7 GB/s asking
+nothing ahead and 22.4 asking 16 KB (SmolLM2 f32 at batch 1, 1 thread, one process, 8 interleaved
+rounds: 23.4 against 30.1 ms a step), while over one 63 MB weight the two were level (35.2, 35.4
+GB/s), so a probe of one long weight picked either by chance. The int8 head's four-feature pass
+(`matvec_q8`) needs it on the same processor: 3.2 -> 1.9 ms."""
 
 
 class Choice(NamedTuple):
@@ -1544,8 +1546,8 @@ def one_row(kind: str) -> Choice:
     """The one-row kernel this machine reads a weight fastest with, of `kind`, and how far ahead it
     asks for the weight (`AHEAD`): "f32", `matvec_f32` (four features a pass) or `matvec1_f32`
     (one); "q8", `matvec_q8` or `matvec1_q8`. Timed on the first call of a process (`faster_of`, on
-    a weight twice the last-level cache, 16 to 96 MB, at 1 thread: 0.2 to 0.5 s on processor E) and
-    kept. The same bits either way."""
+    weights twice the last-level cache, 16 to 96 MB, read as a step reads them (`_stream_probe`), at
+    1 thread: the three kinds 0.6 s on processor E) and kept. The same bits either way."""
     return _measured(kind)
 
 
@@ -1554,28 +1556,39 @@ def eight_rows_f32() -> Choice:
     return _measured("f32x8")
 
 
-def _stream_probe(kind: str) -> tuple:
-    """The arguments of a kernel of `kind` (`_measured`) timed on reads from memory: a weight of 576
-    columns (SmolLM2's d), twice the last-level cache in bytes (16 to 96 MB), every page written
-    (untouched pages of zeros would all read the one zero page, from the cache); x (1, 576), or
-    (8, 576) for "f32x8"; y."""
+LAYER = ((960, 576), (576, 576), (3072, 576), (576, 1536))
+"""A decoder layer's weights (N, K) as the f32 probes read them: SmolLM2-135M's stacked q/k/v, o,
+stacked gate/up and down projections."""
+
+
+def _stream_probe(kind: str) -> list[tuple[tuple, dict]]:
+    """The calls (arguments, keywords) a kernel of `kind` (`_measured`) is timed on, reading from memory:
+    weights twice the last-level cache in bytes (16 to 96 MB), every page written (untouched pages
+    of zeros would all read the one zero page, from the cache). "f32" and "f32x8": as many decoder
+    layers as make that size (`LAYER`), each weight read in turn as a step reads them, x (1, K) or
+    (8, K) and the model's column passes (`x_cols`); "q8": one weight of 576 columns, as the LM head
+    is one long weight."""
     last = max(cache_bytes(3) or 0, cache_bytes(2) or 0)
     size = min(96 << 20, max(16 << 20, 2 * last))
-    x = np.ones((8 if kind == "f32x8" else 1, 576), dtype=np.float32)
-    if kind != "q8":
-        W = np.full((size // (4 * 576), 576), 0.5, dtype=np.float32)
-        return x, W, np.empty((x.shape[0], W.shape[0]), dtype=np.float32)
-    Q = np.ones((size // 576, 576), dtype=np.int8)
-    scales = np.full((Q.shape[0], 576 // 32), 0x3C00, dtype=np.uint16)  # f16 1.0, groups of 32
-    from tl_lab.widening import F16_AS_F32
+    if kind == "q8":
+        from tl_lab.widening import F16_AS_F32
 
-    return x, Q, scales, F16_AS_F32, np.empty((1, Q.shape[0]), dtype=np.float32)
+        Q = np.ones((size // 576, 576), dtype=np.int8)
+        scales = np.full((Q.shape[0], 576 // 32), 0x3C00, dtype=np.uint16)  # f16 1.0, groups of 32
+        x, y = np.ones((1, 576), dtype=np.float32), np.empty((1, Q.shape[0]), dtype=np.float32)
+        return [((x, Q, scales, F16_AS_F32, y), {})]
+    rows = 8 if kind == "f32x8" else 1
+    layers = -(-size // (4 * sum(N * K for N, K in LAYER)))
+    return [((np.ones((rows, K), dtype=np.float32), np.full((N, K), 0.5, dtype=np.float32),
+              np.empty((rows, N), dtype=np.float32)), {"cols": x_cols(K)} if rows == 8 else {})
+            for _ in range(layers) for N, K in LAYER]
 
 
-def faster_of(kernels, args, rounds: int = 4, clock=None):
-    """The kernel of `kernels` whose fastest of `rounds` calls kernel(*args) is the shortest, the
-    calls interleaved round by round (a disturbed round costs every kernel alike) after one call each
-    (compiled or loaded); at 1 thread, the count restored after."""
+def faster_of(kernels, calls, rounds: int = 4, clock=None):
+    """The kernel of `kernels` whose fastest of `rounds` rounds is the shortest, a round being
+    kernel(*args, **keywords) for each call of `calls` in turn; the rounds interleaved kernel by kernel
+    (a disturbed round costs every kernel alike) after one round each (compiled or loaded); at 1
+    thread, the count restored after."""
     import time
 
     import numba
@@ -1586,11 +1599,13 @@ def faster_of(kernels, args, rounds: int = 4, clock=None):
     try:
         best = [math.inf] * len(kernels)
         for k in kernels:
-            k(*args)
+            for args, kw in calls:
+                k(*args, **kw)
         for _ in range(rounds):
             for i, k in enumerate(kernels):
                 t0 = clock()
-                k(*args)
+                for args, kw in calls:
+                    k(*args, **kw)
                 best[i] = min(best[i], clock() - t0)
     finally:
         numba.set_num_threads(before)
