@@ -374,6 +374,11 @@ def test_faster_of_keeps_the_kernel_with_the_shortest_best_round_and_restores_th
     # a round is every call in turn: a's first call alone is the shortest, b's rounds are
     a, b = kernel("a", [0, 0] + [1, 5] * 4), kernel("b", [0, 0] + [3, 2] * 4)
     assert faster_of((a, b), [((), {}), ((), {})], rounds=4, clock=lambda: now[0]) is b
+    # a later kernel must be faster by more than the tie to be chosen over an earlier one
+    a, b = kernel("a", [0, 102, 102, 102, 102]), kernel("b", [0, 100, 100, 100, 100])
+    assert faster_of((a, b), [((), {})], rounds=4, clock=lambda: now[0], tie=0.03) is a
+    a, b = kernel("a", [0, 104, 104, 104, 104]), kernel("b", [0, 100, 100, 100, 100])
+    assert faster_of((a, b), [((), {})], rounds=4, clock=lambda: now[0], tie=0.03) is b
 
 
 def test_the_measured_kernels_are_measured_once_and_are_each_kinds_kernels():

@@ -1561,6 +1561,16 @@ LAYER = ((960, 576), (576, 576), (3072, 576), (576, 1536))
 stacked gate/up and down projections."""
 
 
+TIE = 0.03
+"""How much faster a later candidate of `faster_of` must be to be chosen over an earlier one. The
+candidates come nearest first (`AHEAD` ascending), and asking farther ahead costs what a probe of
+the kernel alone does not see: in a step the rest of the work shares the caches. On processor E,
+`matmul8_f32` read the probe's layers level asking 16 or 32 KB ahead (2 threads: 35.5 and 36.0 GB/s,
+1 thread: 17.8 and 18.0), so it picked either from one process to the next; in the model, SmolLM2
+f32 at batch 8, 2 threads, one process, interleaved rounds, a step took 24.8 and 25.7 ms (best of
+two runs) asking 16 KB ahead against 27.2 and 26.7 asking 32 (1 thread: 34.8 against 35.5)."""
+
+
 def _stream_probe(kind: str) -> list[tuple[tuple, dict]]:
     """The calls (arguments, keywords) a kernel of `kind` (`_measured`) is timed on, reading from memory:
     weights twice the last-level cache in bytes (16 to 96 MB), every page written (untouched pages
@@ -1584,11 +1594,11 @@ def _stream_probe(kind: str) -> list[tuple[tuple, dict]]:
             for _ in range(layers) for N, K in LAYER]
 
 
-def faster_of(kernels, calls, rounds: int = 4, clock=None):
-    """The kernel of `kernels` whose fastest of `rounds` rounds is the shortest, a round being
-    kernel(*args, **keywords) for each call of `calls` in turn; the rounds interleaved kernel by kernel
-    (a disturbed round costs every kernel alike) after one round each (compiled or loaded); at 1
-    thread, the count restored after."""
+def faster_of(kernels, calls, rounds: int = 4, clock=None, tie: float = TIE):
+    """The first kernel of `kernels` whose fastest of `rounds` rounds is within `tie` of the
+    shortest, a round being kernel(*args, **keywords) for each call of `calls` in turn; the rounds
+    interleaved kernel by kernel (a disturbed round costs every kernel alike) after one round each
+    (compiled or loaded); at 1 thread, the count restored after."""
     import time
 
     import numba
@@ -1609,7 +1619,7 @@ def faster_of(kernels, calls, rounds: int = 4, clock=None):
                 best[i] = min(best[i], clock() - t0)
     finally:
         numba.set_num_threads(before)
-    return kernels[best.index(min(best))]
+    return next(k for k, b in zip(kernels, best) if b <= min(best) * (1 + tie))
 
 
 def head_f32(x: np.ndarray, W: np.ndarray) -> np.ndarray:
