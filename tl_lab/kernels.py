@@ -40,7 +40,9 @@ system or measured while running:
   faster here, timed once a process (`one_row`): on processor E one feature a pass read twice as
   fast, on B four had;
 - how far ahead a streaming kernel asks for its weight into the L2 cache (`AHEAD`: not at all,
-  16 or 32 KB), timed with the kernel once a process (`one_row`, `eight_rows_f32`): on processor E
+  16 or 32 KB), timed with the kernel once a process (`one_row`, `eight_rows_f32`) on weights read
+  as a step reads them, a decoder layer's in turn (`_stream_probe`), the nearer distance kept unless
+  a farther one is faster by more than the probe can tell (`TIE`): on processor E
   `matmul8_f32` read 11 GB/s asking one block ahead into L1 only and 18-20 GB/s asking 16 KB ahead
   into L2 as well (now a line a step, `_prefetch_rows`), while the f32 one-row pass read fastest
   asking nothing ahead, and the int8 head's four-feature pass, asking 16 or 32 KB ahead, overtook
