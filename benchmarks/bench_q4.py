@@ -18,10 +18,10 @@ import time
 import numpy as np
 from _common import report
 
-from tl_lab.kernels import product_f32, product_q4, set_threads
+from tl_lab.kernels import LAYER, product_f32, product_q4, set_threads
 from tl_lab.quant import _F16_TABLE, QLinear
 
-SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # (N, K) of one SmolLM2 layer
+SHAPES = LAYER  # (N, K) of one SmolLM2 layer
 LAYERS = 30
 GROUP = 32
 

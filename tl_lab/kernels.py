@@ -1565,8 +1565,9 @@ stacked gate/up and down projections."""
 
 TIE = 0.03
 """How much faster a later candidate of `faster_of` must be to be chosen over an earlier one. The
-candidates come nearest first (`AHEAD` ascending), and asking farther ahead costs what a probe of
-the kernel alone does not see: in a step the rest of the work shares the caches. On processor E,
+candidates come kernel by kernel, each kernel's distances nearest first (`_measured`), and asking
+farther ahead costs what a probe of the kernel alone does not see: in a step the rest of the work
+shares the caches. On processor E,
 `matmul8_f32` read the probe's layers level asking 16 or 32 KB ahead (2 threads: 35.5 and 36.0 GB/s,
 1 thread: 17.8 and 18.0), so it picked either from one process to the next; in the model, SmolLM2
 f32 at batch 8, 2 threads, one process, interleaved rounds, a step took 24.8 and 25.7 ms (best of
