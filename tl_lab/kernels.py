@@ -604,7 +604,9 @@ def matmul8_f32(x, W, y, far=0, cols=0):  # pragma: no cover (compiled)
     while their eight rows of x fit `X_IN_L2`: on processor E (32 KB L1, so SmolLM2's 18 KB of x is
     over `X_IN_L1`) 8 of SmolLM2's layers at batch 8 took 16.2 ms through `matmul_f32` and 12.0
     through this kernel at 1 thread, 9.7 and 7.3 at 2 (best of 7 interleaved rounds); on processor
-    B the gate made no difference (1.00x, 1.01x).
+    B the gate made no difference (1.00x, 1.01x). Why two features a block, not three (24 of the 32
+    registers): on processor E, SmolLM2's layers' weights from memory at batch 8, three ran 14.0 ms
+    against 13.9 at 2 threads and half as fast at 1.
 
     far: weight rows ahead to ask into L2 as well (`_prefetch_rows`; how many is measured,
     `eight_rows_f32`), a line a step rather than a row at a block's start: on processor E, 1
