@@ -512,7 +512,9 @@ for t in (1, 2):
                     ("matmul_f32, passes of 400", run(lambda *a: K.matmul_f32(*a, cols=400), X_long, W.T.copy())),
                     ("matvec_f32", run(K.matvec_f32, X, W)), ("matvec1_f32", run(K.matvec1_f32, X, W)),
                     ("head", head_f32(X, W)),
-                    ("matmul8_f32", product_f32(X[:8], W)), ("matmul_q4", q4.forward(X)),
+                    ("matmul8_f32", product_f32(X[:8], W)),
+                    ("matmul8_f32, passes of 400, odd N", run(lambda *a: K.matmul8_f32(*a, 3, 400), X_long[:8], W.T[:21].copy())),
+                    ("matmul_q4", q4.forward(X)),
                     ("matmul_q4, K = 1536", q4_long.forward(X_long)),
                     ("matmul8_q4", q4.forward(X[:8])), ("attend_paged", PoolKv(data, step).attend(0, q)),
                     ("attend_paged, decodes", PoolKv(data, decodes).attend(0, q[:2])),
@@ -547,7 +549,7 @@ def test_kernels_give_the_same_bits_compiled_or_cached(tmp_path):
 def test_kernels_give_the_same_bits_in_halves_and_in_whole_lanes(tmp_path):
     """Where registers hold 16 floats (AVX-512) the products add 24 sums of whole 16-lane vectors
     side by side; where they hold eight (AVX2) the same sums in halves (`kernels.WIDE`,
-    `_block34`) and attention 32 keys or values at a time: the same bits. This host's target
+    `_block34`, `_half8`) and attention 32 keys or values at a time: the same bits. This host's target
     against one forced to AVX2 through NUMBA_CPU_NAME / NUMBA_CPU_FEATURES, each in a process and
     cache of its own (on a host without AVX-512 both run in halves, and the test says which ran)."""
     import os

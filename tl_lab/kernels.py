@@ -69,8 +69,9 @@ system or measured while running:
   each block's sums in halves (lanes 0 .. 7 over every step, then lanes 8 .. 15: `lanes.vload8`;
   each lane's chain is unchanged, so are the bits) in blocks of 3 x 4 (`_block34`; in passes of
   columns where a block's seven rows overflow three quarters of L1, `cols34`), a batch of five
-  to eight rows goes through `matmul_f32` / `matmul_q4` (whose 3-row blocks reuse the weight rows
-  in L1, one pass over memory), the one-row int4 pass takes two features (`_q4_pair`), the int8
+  to eight rows goes through `matmul8_f32` one feature's eight sums at a time (`_half8`) and through
+  `matmul_q4` for int4 (whose 3-row blocks reuse the weight rows in L1, one pass over memory),
+  the one-row int4 pass takes two features (`_q4_pair`), the int8
   head's batch of eight one feature in halves (`_q8_rows8`), and attention 32 keys or values at a
   time instead of 64;
 - vector width: not a choice. The 16 lanes are part of the order of every sum (`lanes`), so they
@@ -330,7 +331,7 @@ WIDE = wide_registers()
 read from the target numba compiles for): the blocks of 24 sums (`_block38`, `_block64`) and of 16
 (`_block82`, `matmul8_*`) fit there. Where a register holds eight floats (AVX2, NEON) the same
 blocks need twice the registers there are and spill on every step, so the products add their sums
-in halves instead (`_block34`): on processor D (AMD EPYC, Zen 3, AVX2 only) SmolLM2's layer
+in halves instead (`_block34`, `_half8`): on processor D (AMD EPYC, Zen 3, AVX2 only) SmolLM2's layer
 products at 512 rows ran 22-29 GFLOP/s at 1 thread in the wide blocks."""
 
 
@@ -578,6 +579,50 @@ def _block82(x, W, r0, r1, n0, far, c0, c1, a, b):  # pragma: no cover (compiled
 
 
 @njit(inline="always", cache=True)
+def _half8(x, W, r, h, p, far, c0, c1, acc):  # pragma: no cover (compiled)
+    """Lanes h .. h + 7 (h = 0 or HALF) of the steps c0 .. c1 of the eight sums x[m] . W[r] (m < 8),
+    added on to acc (eight accumulators of eight lanes) -> acc. Eight accumulators and a weight half,
+    the x halves read as the multiply-adds need them: half of AVX2's 16 registers. With p >= 0 (the
+    low half's pass, which meets each line of the row first), row p is asked for into L1 and row
+    r + far into L2, a line a step, as `_block82` asks."""
+    a0, a1, a2, a3, a4, a5, a6, a7 = acc
+    for k in range(c0 + h, c1, LANES):
+        if p >= 0:
+            _prefetch_rows(W, p, 1, k - h)
+            if far > 0:
+                _prefetch_rows(W, r + far, 1, k - h, True)
+        w = vload8(W, r, k)
+        a0, a1 = vfma8(vload8(x, 0, k), w, a0), vfma8(vload8(x, 1, k), w, a1)
+        a2, a3 = vfma8(vload8(x, 2, k), w, a2), vfma8(vload8(x, 3, k), w, a3)
+        a4, a5 = vfma8(vload8(x, 4, k), w, a4), vfma8(vload8(x, 5, k), w, a5)
+        a6, a7 = vfma8(vload8(x, 6, k), w, a6), vfma8(vload8(x, 7, k), w, a7)
+    return a0, a1, a2, a3, a4, a5, a6, a7
+
+
+@njit(inline="always", cache=True)
+def _kept8h(part, nb, i, h, c0):  # pragma: no cover (compiled)
+    """Lanes h .. h + 7 of the eight sums block nb keeps in part[nb] rows i .. i + 7 (`_keep8`); zeros at
+    the first column (where a single pass has no part[nb])."""
+    if c0 == 0:
+        return (vzero8(), vzero8(), vzero8(), vzero8(), vzero8(), vzero8(), vzero8(), vzero8())
+    part = part[nb]
+    return (vload8(part, i, h), vload8(part, i + 1, h), vload8(part, i + 2, h), vload8(part, i + 3, h),
+            vload8(part, i + 4, h), vload8(part, i + 5, h), vload8(part, i + 6, h), vload8(part, i + 7, h))
+
+
+@njit(inline="always", cache=True)
+def _feature8h(x, W, r, p, far, c0, c1, part, nb, i):  # pragma: no cover (compiled)
+    """Columns c0 .. c1 - 1 of the eight sums x[m] . W[r] in halves (`_half8`: the low lanes, then the
+    high ones, the row in L1 by then), going on from part[nb] rows i .. i + 7 unless c0 is the first
+    column -> the eight sums, halves joined in `lanes` order (each lane's chain ran on in order:
+    the bits of `_block82`'s)."""
+    lo = _half8(x, W, r, 0, p, far, c0, c1, _kept8h(part, nb, i, 0, c0))
+    hi = _half8(x, W, r, HALF, -1, 0, c0, c1, _kept8h(part, nb, i, HALF, c0))
+    return (vjoin(lo[0], hi[0]), vjoin(lo[1], hi[1]), vjoin(lo[2], hi[2]), vjoin(lo[3], hi[3]),
+            vjoin(lo[4], hi[4]), vjoin(lo[5], hi[5]), vjoin(lo[6], hi[6]), vjoin(lo[7], hi[7]))
+
+
+@njit(inline="always", cache=True)
 def _kept8(part, i):  # pragma: no cover (compiled)
     """Eight lanes vectors kept in part rows i .. i + 7 (part: (16, 16) float32)."""
     return (vload(part, i, 0), vload(part, i + 1, 0), vload(part, i + 2, 0), vload(part, i + 3, 0),
@@ -620,7 +665,17 @@ def matmul8_f32(x, W, y, far=0, cols=0):  # pragma: no cover (compiled)
     passes, still in `lanes` order, so the same bits (SmolLM2's down projection, K = 1536, in 3
     passes of 512 columns on processor E, 1 thread, 30 weights from memory: 56 -> 64-66 GFLOP/s;
     in the model, with the asks a line a step, 296 -> 190 us a call). far then counts in passes'
-    rows: the same bytes ahead."""
+    rows: the same bytes ahead.
+
+    Where registers hold eight floats (AVX2, `WIDE` False) the 16 sums of a block do not fit: each
+    feature's eight sums go in halves instead (`_feature8h`), lanes 0 .. 7 over the pass, then 8 ..
+    15 over the same row, in L1 by then; each lane's chain unchanged, so the same bits. Before,
+    a batch of eight went there through `matmul_f32`'s 3-row blocks (nine rows, three blocks over
+    each weight row). Measured on processor E under the code an AVX2 processor gets (NUMBA_CPU_NAME
+    znver3, AVX2 features only, `benchmarks/bench_targets.py`'s way), SmolLM2's layers' weights from
+    memory at batch 8: 45.4 -> 27.8 ms at 1 thread, 23.6 -> 15.7 at 2, the whole f32 step 71.7 ->
+    44.7-47.1 ms at 1 thread and 42.2-45.8 -> 30.8-34.2 at 2 (asking 16 KB ahead into L2 is most of
+    it: 43.3 ms without)."""
     N, K = W.shape
     cols = cols or K
     far = far * K // cols
@@ -629,11 +684,16 @@ def matmul8_f32(x, W, y, far=0, cols=0):  # pragma: no cover (compiled)
         c1 = min(c0 + cols, K)
         for nb in prange((N + 1) // 2):
             n0 = nb * 2  # an odd N's last block repeats its feature (never stored)
-            if c0 == 0:
-                a, b = _zeros8(), _zeros8()
+            r1 = min(n0 + 1, N - 1)
+            if not WIDE:  # registers of eight floats: each feature's eight sums in halves
+                a = _feature8h(x, W, n0, n0 + 2, far, c0, c1, part, nb, 0)
+                b = _feature8h(x, W, r1, n0 + 3, far, c0, c1, part, nb, 8)
             else:
-                a, b = _kept8(part[nb], 0), _kept8(part[nb], 8)
-            a, b = _block82(x, W, n0, min(n0 + 1, N - 1), n0, far, c0, c1, a, b)
+                if c0 == 0:
+                    a, b = _zeros8(), _zeros8()
+                else:
+                    a, b = _kept8(part[nb], 0), _kept8(part[nb], 8)
+                a, b = _block82(x, W, n0, r1, n0, far, c0, c1, a, b)
             if c1 < K:
                 _keep8(part[nb], 0, a)
                 _keep8(part[nb], 8, b)
@@ -1478,14 +1538,15 @@ def product_f32(x: np.ndarray, W: np.ndarray) -> np.ndarray:
     -> (M, N) float32.
 
     A lone row goes through `matvec_f32` (a decode step is bound by reading the weight, and a row
-    padded to a block of 4 would do 4 times the arithmetic for the same bytes); two rows or more
-    through `matmul_f32`'s blocks. Both add every sum in `lanes` order, so which one runs changes
-    the speed, never the bits: a row's result is the same alone, in any batch, at any thread count.
+    padded to a block of 4 would do 4 times the arithmetic for the same bytes); five to eight rows
+    through `matmul8_f32` (`_eight_rows`); the rest through `matmul_f32`'s blocks. All add every
+    sum in `lanes` order, so which one runs changes the speed, never the bits: a row's result is
+    the same alone, in any batch, at any thread count.
     """
     M = x.shape[0]
     if M == 1:
         return rows_f32(x, W)
-    eight = WIDE and _eight_rows(M, x.shape[1])
+    eight = _eight_rows(M, x.shape[1])
     xp, Wp = lanes_ready(padded_rows(x, 8 if eight else ROWS), W)
     y = np.empty((xp.shape[0], W.shape[0]), dtype=np.float32)
     if eight:
