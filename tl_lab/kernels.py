@@ -72,7 +72,7 @@ system or measured while running:
   to eight rows goes through `matmul8_f32` one feature's eight sums at a time (`_half8`) and through
   `matmul_q4` for int4 (whose 3-row blocks reuse the weight rows in L1, one pass over memory),
   the one-row int4 pass takes two features (`_q4_pair`), the int8
-  head's batch of eight one feature in halves (`_q8_rows8`), and attention 32 keys or values at a
+  head's batch of eight one feature in halves (`_q8_rows8`), and attention 16 keys or values at a
   time instead of 64;
 - vector width: not a choice. The 16 lanes are part of the order of every sum (`lanes`), so they
   are the same on every machine: one AVX-512 register where there is one, two AVX2 halves where
@@ -1343,9 +1343,12 @@ def _scores(q, kT, k0, c0, g, t0, last, scale, w):  # pragma: no cover (compiled
     side by side in the lanes: no fold at the end, so its bits do not depend on how many keys or
     heads run together. The lanes-over-d sums of the products had spent as much on folding each
     score's 16 lanes (four steps of 16 for D = 64) as on its multiply-adds. Three heads of the
-    group by 64 keys at a time (12 accumulators, each key vector serving three heads; by 32 where
-    registers hold eight floats, `WIDE`), 16 keys at a time for a query's last keys; columns past
-    last[i] of w are written and never read."""
+    group by 64 keys at a time (12 accumulators, each key vector serving three heads), 16 keys at a
+    time for a query's last keys, and for all of them where registers hold eight floats (`WIDE`):
+    there 32 at a time, six chains in twelve registers, left the compiler short of registers for
+    the keys and the query's values, and it spilled and shuffled them on every step (processor E
+    running the AVX2 code, SmolLM2's 141 keys, three heads: 1.42 -> 0.64 us a task by 16); columns
+    past last[i] of w are written and never read."""
     nq = last.size
     D = q.shape[2]
     rep = w.shape[0] // nq
@@ -1360,9 +1363,6 @@ def _scores(q, kT, k0, c0, g, t0, last, scale, w):  # pragma: no cover (compiled
             while WIDE and j + 4 * LANES <= seen:
                 _scores64(q, t, h0, h1, h2, kT, k0, c0 + j, D, w, a0, a1, a2, j, s16)
                 j += 4 * LANES
-            while not WIDE and j + 2 * LANES <= seen:
-                _scores32(q, t, h0, h1, h2, kT, k0, c0 + j, D, w, a0, a1, a2, j, s16)
-                j += 2 * LANES
             while j < seen:
                 _scores16(q, t, h0, h1, h2, kT, k0, c0 + j, D, w, a0, a1, a2, j, s16)
                 j += LANES
@@ -1391,25 +1391,6 @@ def _scores64(q, t, h0, h1, h2, kT, k0, c, D, w, a0, a1, a2, j, s16):  # pragma:
 
 
 @njit(inline="always", cache=True)
-def _scores32(q, t, h0, h1, h2, kT, k0, c, D, w, a0, a1, a2, j, s16):  # pragma: no cover (compiled)
-    """`_scores64` for the 32 keys at columns c .. c + 31: six chains side by side (twelve registers
-    of eight floats, where `_scores64`'s twelve chains would need 24 and spill)."""
-    x0, x1, y0, y1, z0, z1 = vzero(), vzero(), vzero(), vzero(), vzero(), vzero()
-    for d in range(D):
-        k_0, k_1 = vload(kT, k0 + d, c), vload(kT, k0 + d, c + LANES)
-        p = vsplat(q[t, h0, d])
-        x0, x1 = vfma(p, k_0, x0), vfma(p, k_1, x1)
-        p = vsplat(q[t, h1, d])
-        y0, y1 = vfma(p, k_0, y0), vfma(p, k_1, y1)
-        p = vsplat(q[t, h2, d])
-        z0, z1 = vfma(p, k_0, z0), vfma(p, k_1, z1)
-    for k, (u, v, x) in enumerate(((x0, y0, z0), (x1, y1, z1))):
-        vstore(w, a0, j + k * LANES, vmul(s16, u))
-        vstore(w, a1, j + k * LANES, vmul(s16, v))
-        vstore(w, a2, j + k * LANES, vmul(s16, x))
-
-
-@njit(inline="always", cache=True)
 def _scores16(q, t, h0, h1, h2, kT, k0, c, D, w, a0, a1, a2, j, s16):  # pragma: no cover (compiled)
     """`_scores64` for the 16 keys at columns c .. c + 15: the same chains, three side by side."""
     x, y, z = vzero(), vzero(), vzero()
@@ -1432,10 +1413,10 @@ def _weighted_values(w, a, b, c, n, values, v0, o, t, ca, cb, cc, tail):  # prag
     on each other's latency (a 512-token prefill's attention, one layer, 1 thread, processor B:
     11.2-12.6 ms -> 8.8-10.4)."""
     D = values.shape[1]
-    chunk = 4 * LANES if WIDE else 2 * LANES  # where registers hold eight floats: 32 values, six chains
+    chunk = 4 * LANES if WIDE else LANES  # where registers hold eight floats: 16 values, three chains
     for d0 in range(0, D, chunk):
         if len(tail) == 0 and d0 + chunk <= D and not WIDE:
-            _values32(w, a, b, c, n, values, v0, o, t, ca + d0, cb + d0, cc + d0, d0)
+            _values16(w, a, b, c, n, values, v0, o, t, ca + d0, cb + d0, cc + d0, d0)
             continue
         if len(tail) == 0 and d0 + chunk <= D:
             a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
@@ -1465,23 +1446,20 @@ def _weighted_values(w, a, b, c, n, values, v0, o, t, ca, cb, cc, tail):  # prag
 
 
 @njit(inline="always", cache=True)
-def _values32(w, a, b, c, n, values, v0, o, t, ca, cb, cc, d0):  # pragma: no cover (compiled)
-    """`_weighted_values` for the 32 values d0 .. d0 + 31 of rows a, b, c into o[t, ca ..], o[t, cb ..],
-    o[t, cc ..]: the same chains in key order, six side by side."""
-    a0, a1, b0, b1, c0, c1 = vzero(), vzero(), vzero(), vzero(), vzero(), vzero()
+def _values16(w, a, b, c, n, values, v0, o, t, ca, cb, cc, d0):  # pragma: no cover (compiled)
+    """`_weighted_values` for the 16 values d0 .. d0 + 15 of rows a, b, c into o[t, ca ..], o[t, cb ..],
+    o[t, cc ..], where registers hold eight floats: the same chains in key order, three side by side.
+    Six, over 32 values, spilled there as `_scores`' 32 keys did (processor E running the AVX2 code,
+    141 keys: 1.05 -> 0.62 us a task)."""
+    x, y, z = vzero(), vzero(), vzero()
     for j in range(n):
-        r = v0 + j
-        v_0, v_1 = vload(values, r, d0), vload(values, r, d0 + LANES)
-        p = vsplat(w[a, j])
-        a0, a1 = vfma(p, v_0, a0), vfma(p, v_1, a1)
-        p = vsplat(w[b, j])
-        b0, b1 = vfma(p, v_0, b0), vfma(p, v_1, b1)
-        p = vsplat(w[c, j])
-        c0, c1 = vfma(p, v_0, c0), vfma(p, v_1, c1)
-    for k, (va, vb, vc) in enumerate(((a0, b0, c0), (a1, b1, c1))):
-        vstore(o, t, ca + k * LANES, va)
-        vstore(o, t, cb + k * LANES, vb)
-        vstore(o, t, cc + k * LANES, vc)
+        v = vload(values, v0 + j, d0)
+        x = vfma(vsplat(w[a, j]), v, x)
+        y = vfma(vsplat(w[b, j]), v, y)
+        z = vfma(vsplat(w[c, j]), v, z)
+    vstore(o, t, ca, x)
+    vstore(o, t, cb, y)
+    vstore(o, t, cc, z)
 
 
 class _Split(threading.local):
