@@ -71,9 +71,8 @@ system or measured while running:
   columns where a block's seven rows overflow three quarters of L1, `cols34`), a batch of five
   to eight rows goes through `matmul8_f32` one feature's eight sums at a time (`_half8`) and through
   `matmul_q4` for int4 (whose 3-row blocks reuse the weight rows in L1, one pass over memory),
-  the one-row int4 pass takes two features (`_q4_pair`), the int8
-  head's batch of eight one feature in halves (`_q8_rows8`), and attention 16 keys or values at a
-  time instead of 64;
+  the one-row int4 pass takes two features (`_q4_pair`), the int8 head's batch of eight one
+  feature in halves (`_q8_rows8`), and attention 16 keys or values at a time instead of 64;
 - vector width: not a choice. The 16 lanes are part of the order of every sum (`lanes`), so they
   are the same on every machine: one AVX-512 register where there is one, two AVX2 halves where
   not; only `lanes.vhat` picks its instructions by the target's features (the same bits either way).
@@ -611,11 +610,16 @@ def _rows8(x):  # pragma: no cover (compiled)
 
 
 @njit(inline="always", cache=True)
+def _zeros8h():  # pragma: no cover (compiled)
+    return (vzero8(), vzero8(), vzero8(), vzero8(), vzero8(), vzero8(), vzero8(), vzero8())
+
+
+@njit(inline="always", cache=True)
 def _kept8h(part, nb, i, h, c0):  # pragma: no cover (compiled)
     """Lanes h .. h + 7 of the eight sums block nb keeps in part[nb] rows i .. i + 7 (`_keep8`); zeros at
     the first column (where a single pass has no part[nb])."""
     if c0 == 0:
-        return (vzero8(), vzero8(), vzero8(), vzero8(), vzero8(), vzero8(), vzero8(), vzero8())
+        return _zeros8h()
     part = part[nb]
     return (vload8(part, i, h), vload8(part, i + 1, h), vload8(part, i + 2, h), vload8(part, i + 3, h),
             vload8(part, i + 4, h), vload8(part, i + 5, h), vload8(part, i + 6, h), vload8(part, i + 7, h))
@@ -957,7 +961,7 @@ def _q8_rows8(x, Q, S, f16, r, h):  # pragma: no cover (compiled)
     halves, each W_hat half (`lanes.vq8h`) made once for the eight rows."""
     G = S.shape[1]
     g = x.shape[1] // G
-    a0, a1, a2, a3, a4, a5, a6, a7 = vzero8(), vzero8(), vzero8(), vzero8(), vzero8(), vzero8(), vzero8(), vzero8()
+    a0, a1, a2, a3, a4, a5, a6, a7 = _zeros8h()
     for grp in range(G):
         s = vsplat8(f16[S[r, grp]])
         for k in range(grp * g + h, grp * g + g, LANES):
