@@ -549,7 +549,7 @@ def test_kernels_give_the_same_bits_compiled_or_cached(tmp_path):
 def test_kernels_give_the_same_bits_in_halves_and_in_whole_lanes(tmp_path):
     """Where registers hold 16 floats (AVX-512) the products add 24 sums of whole 16-lane vectors
     side by side; where they hold eight (AVX2) the same sums in halves (`kernels.WIDE`,
-    `_block34`, `_half8`) and attention 16 keys or values at a time: the same bits. This host's target
+    `_block34`, `_quad2h`) and attention 16 keys or values at a time: the same bits. This host's target
     against one forced to AVX2 through NUMBA_CPU_NAME / NUMBA_CPU_FEATURES, each in a process and
     cache of its own (on a host without AVX-512 both run in halves, and the test says which ran)."""
     import os

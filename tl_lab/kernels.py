@@ -69,7 +69,7 @@ system or measured while running:
   each block's sums in halves (lanes 0 .. 7 over every step, then lanes 8 .. 15: `lanes.vload8`;
   each lane's chain is unchanged, so are the bits) in blocks of 3 x 4 (`_block34`; in passes of
   columns where a block's seven rows overflow three quarters of L1, `cols34`), a batch of five
-  to eight rows goes through `matmul8_f32` one feature's eight sums at a time (`_half8`) and through
+  to eight rows goes through `matmul8_f32` four rows by two features at a time (`_quad2h`) and through
   `matmul_q4` for int4 (whose 3-row blocks reuse the weight rows in L1, one pass over memory),
   the one-row int4 pass takes two features (`_q4_pair`), the int8 head's batch of eight one
   feature in halves (`_q8_rows8`), and attention 16 keys or values at a time instead of 64;
@@ -330,7 +330,7 @@ WIDE = wide_registers()
 read from the target numba compiles for): the blocks of 24 sums (`_block38`, `_block64`) and of 16
 (`_block82`, `matmul8_*`) fit there. Where a register holds eight floats (AVX2, NEON) the same
 blocks need twice the registers there are and spill on every step, so the products add their sums
-in halves instead (`_block34`, `_half8`): on processor D (AMD EPYC, Zen 3, AVX2 only) SmolLM2's layer
+in halves instead (`_block34`, `_quad2h`): on processor D (AMD EPYC, Zen 3, AVX2 only) SmolLM2's layer
 products at 512 rows ran 22-29 GFLOP/s at 1 thread in the wide blocks."""
 
 
@@ -578,26 +578,28 @@ def _block82(x, W, r0, r1, n0, far, c0, c1, a, b):  # pragma: no cover (compiled
 
 
 @njit(inline="always", cache=True)
-def _half8(rows, W, r, h, p, far, c0, c1, acc):  # pragma: no cover (compiled)
-    """Lanes h .. h + 7 (h = 0 or HALF) of the steps c0 .. c1 of the eight sums x[m] . W[r] (m < 8),
-    added on to acc (eight accumulators of eight lanes) -> acc. rows: x's eight rows, each its own
-    (1, K) view (`_rows8`). Eight accumulators and a weight half, the x halves read as the
-    multiply-adds need them: half of AVX2's 16 registers. With p >= 0 (the low half's pass, which
-    meets each line of the row first), row p is asked for into L1 and row r + far into L2, a line a
-    step, as `_block82` asks."""
-    x0, x1, x2, x3, x4, x5, x6, x7 = rows
-    a0, a1, a2, a3, a4, a5, a6, a7 = acc
+def _quad2h(x0, x1, x2, x3, W, r0, r1, h, p, f, c0, c1, acc):  # pragma: no cover (compiled)
+    """Lanes h .. h + 7 (h = 0 or HALF) of the steps c0 .. c1 of the eight sums x[m] . W[r0] and
+    x[m] . W[r1] (m: the four rows x0 .. x3, each a (1, K) view, `_rows8`), added on to acc
+    (a0 .. a3 for r0, b0 .. b3 for r1, eight lanes each) -> acc. Eight accumulators, two weight
+    halves and an x half: 11 of AVX2's 16 registers, and six loads for eight multiply-adds. Row p
+    (p >= 0) is asked for into L1 and row f (f >= 0) into L2, a line a step, as `_block82` asks."""
+    a0, a1, a2, a3, b0, b1, b2, b3 = acc
     for k in range(c0 + h, c1, LANES):
         if p >= 0:
             _prefetch_rows(W, p, 1, k - h)
-            if far > 0:
-                _prefetch_rows(W, r + far, 1, k - h, True)
-        w = vload8(W, r, k)
-        a0, a1 = vfma8(vload8(x0, 0, k), w, a0), vfma8(vload8(x1, 0, k), w, a1)
-        a2, a3 = vfma8(vload8(x2, 0, k), w, a2), vfma8(vload8(x3, 0, k), w, a3)
-        a4, a5 = vfma8(vload8(x4, 0, k), w, a4), vfma8(vload8(x5, 0, k), w, a5)
-        a6, a7 = vfma8(vload8(x6, 0, k), w, a6), vfma8(vload8(x7, 0, k), w, a7)
-    return a0, a1, a2, a3, a4, a5, a6, a7
+        if f >= 0:
+            _prefetch_rows(W, f, 1, k - h, True)
+        v, w = vload8(W, r0, k), vload8(W, r1, k)
+        x = vload8(x0, 0, k)
+        a0, b0 = vfma8(x, v, a0), vfma8(x, w, b0)
+        x = vload8(x1, 0, k)
+        a1, b1 = vfma8(x, v, a1), vfma8(x, w, b1)
+        x = vload8(x2, 0, k)
+        a2, b2 = vfma8(x, v, a2), vfma8(x, w, b2)
+        x = vload8(x3, 0, k)
+        a3, b3 = vfma8(x, v, a3), vfma8(x, w, b3)
+    return a0, a1, a2, a3, b0, b1, b2, b3
 
 
 @njit(inline="always", cache=True)
@@ -615,27 +617,35 @@ def _zeros8h():  # pragma: no cover (compiled)
 
 
 @njit(inline="always", cache=True)
-def _kept8h(part, nb, i, h, c0):  # pragma: no cover (compiled)
-    """Lanes h .. h + 7 of the eight sums block nb keeps in part[nb] rows i .. i + 7 (`_keep8`); zeros at
-    the first column (where a single pass has no part[nb])."""
+def _kept42h(part, nb, i, h, c0):  # pragma: no cover (compiled)
+    """Lanes h .. h + 7 of the sums of x's rows i .. i + 3 with block nb's two features, kept in
+    part[nb] (`_keep8`: rows 0 .. 7 the first feature's, 8 .. 15 the second's); zeros at the first
+    column (where a single pass has no part[nb])."""
     if c0 == 0:
         return _zeros8h()
     part = part[nb]
     return (vload8(part, i, h), vload8(part, i + 1, h), vload8(part, i + 2, h), vload8(part, i + 3, h),
-            vload8(part, i + 4, h), vload8(part, i + 5, h), vload8(part, i + 6, h), vload8(part, i + 7, h))
+            vload8(part, i + 8, h), vload8(part, i + 9, h), vload8(part, i + 10, h), vload8(part, i + 11, h))
 
 
 @njit(inline="always", cache=True)
-def _feature8h(x, W, r, p, far, c0, c1, part, nb, i):  # pragma: no cover (compiled)
-    """Columns c0 .. c1 - 1 of the eight sums x[m] . W[r] in halves (`_half8`: the low lanes, then the
-    high ones, the row in L1 by then), going on from part[nb] rows i .. i + 7 unless c0 is the first
-    column -> the eight sums, halves joined in `lanes` order (each lane's chain ran on in order:
-    the bits of `_block82`'s)."""
-    rows = _rows8(x)
-    lo = _half8(rows, W, r, 0, p, far, c0, c1, _kept8h(part, nb, i, 0, c0))
-    hi = _half8(rows, W, r, HALF, -1, 0, c0, c1, _kept8h(part, nb, i, HALF, c0))
-    return (vjoin(lo[0], hi[0]), vjoin(lo[1], hi[1]), vjoin(lo[2], hi[2]), vjoin(lo[3], hi[3]),
-            vjoin(lo[4], hi[4]), vjoin(lo[5], hi[5]), vjoin(lo[6], hi[6]), vjoin(lo[7], hi[7]))
+def _block82h(x, W, y, n0, r1, far, c0, c1, part, nb):  # pragma: no cover (compiled)
+    """`_block82` where registers hold eight floats: columns c0 .. c1 - 1 of the 16 sums of block nb
+    (features n0 and r1), going on from part[nb] unless c0 is the first column, in four passes over
+    the two rows (`_quad2h`: rows 0 .. 3, then 4 .. 7, low lanes, then high; the rows in L1 after
+    the first), then kept or stored (`_keep_or_store82`). Each lane's chain runs on in order: the
+    same bits."""
+    x0, x1, x2, x3, x4, x5, x6, x7 = _rows8(x)
+    f = n0 + far if far > 0 else -1  # rows far ahead into L2 (none when far is 0)
+    lo = _quad2h(x0, x1, x2, x3, W, n0, r1, 0, n0 + 2, f, c0, c1, _kept42h(part, nb, 0, 0, c0))
+    LO = _quad2h(x4, x5, x6, x7, W, n0, r1, 0, n0 + 3, f + (f >= 0), c0, c1, _kept42h(part, nb, 4, 0, c0))
+    hi = _quad2h(x0, x1, x2, x3, W, n0, r1, HALF, -1, -1, c0, c1, _kept42h(part, nb, 0, HALF, c0))
+    HI = _quad2h(x4, x5, x6, x7, W, n0, r1, HALF, -1, -1, c0, c1, _kept42h(part, nb, 4, HALF, c0))
+    a = (vjoin(lo[0], hi[0]), vjoin(lo[1], hi[1]), vjoin(lo[2], hi[2]), vjoin(lo[3], hi[3]),
+         vjoin(LO[0], HI[0]), vjoin(LO[1], HI[1]), vjoin(LO[2], HI[2]), vjoin(LO[3], HI[3]))
+    b = (vjoin(lo[4], hi[4]), vjoin(lo[5], hi[5]), vjoin(lo[6], hi[6]), vjoin(lo[7], hi[7]),
+         vjoin(LO[4], HI[4]), vjoin(LO[5], HI[5]), vjoin(LO[6], HI[6]), vjoin(LO[7], HI[7]))
+    _keep_or_store82(part, nb, y, n0, a, b, c1 < W.shape[1])
 
 
 @njit(inline="always", cache=True)
@@ -683,15 +693,20 @@ def matmul8_f32(x, W, y, far=0, cols=0):  # pragma: no cover (compiled)
     in the model, with the asks a line a step, 296 -> 190 us a call). far then counts in passes'
     rows: the same bytes ahead.
 
-    Where registers hold eight floats (AVX2, `WIDE` False) the 16 sums of a block do not fit: each
-    feature's eight sums go in halves instead (`_feature8h`), lanes 0 .. 7 over the pass, then 8 ..
-    15 over the same row, in L1 by then; each lane's chain unchanged, so the same bits. Before,
-    a batch of eight went there through `matmul_f32`'s 3-row blocks (nine rows, three blocks over
-    each weight row). Measured on processor E under the code an AVX2 processor gets (NUMBA_CPU_NAME
-    znver3, AVX2 features only, `benchmarks/bench_targets.py`'s way), SmolLM2's layers' weights from
-    memory at batch 8: 45.4 -> 27.8 ms at 1 thread, 23.6 -> 15.7 at 2, the whole f32 step 71.7 ->
-    44.7-47.1 ms at 1 thread and 42.2-45.8 -> 30.8-34.2 at 2 (asking 16 KB ahead into L2 is most of
-    it: 43.3 ms without)."""
+    Where registers hold eight floats (AVX2, `WIDE` False) the 16 sums of a block do not fit: they
+    go in four passes over the block's two rows instead (`_block82h`), each eight half-sums of four
+    rows of x, lanes 0 .. 7 over the pass, then 8 .. 15, the rows in L1 after the first; each
+    lane's chain unchanged, so the same bits. Measured on processor E under the code an AVX2
+    processor gets (NUMBA_CPU_NAME znver3, AVX2 features only, `benchmarks/bench_targets.py`'s
+    way), SmolLM2's layers' weights from memory at batch 8:
+      - before, through `matmul_f32`'s 3-row blocks (nine rows, three blocks over each weight row):
+        45.4 ms at 1 thread, 23.6 at 2; the whole f32 step 71.7 and 42.2-45.8 ms;
+      - one feature's eight half-sums a pass (nine loads for eight multiply-adds): 27.8 and 15.7 ms
+        (asking 16 KB ahead into L2 is most of it: 43.3 ms without);
+      - four rows by two features a pass (`_quad2h`: six loads for eight), in cache 50-69 -> 63-79
+        GFLOP/s on SmolLM2's shapes at 1 thread; the f32 step 43.5-43.7 -> 40.9-41.9 ms at 1
+        thread (best of 5 rounds, two interleaved processes each), the same at 2 (25.6-27.7 ms).
+        Three features a pass (twelve sums, all 16 registers) ran 56-59 GFLOP/s in cache."""
     N, K = W.shape
     cols = cols or K
     far = far * K // cols
@@ -701,20 +716,25 @@ def matmul8_f32(x, W, y, far=0, cols=0):  # pragma: no cover (compiled)
         for nb in prange((N + 1) // 2):
             n0 = nb * 2  # an odd N's last block repeats its feature (never stored)
             r1 = min(n0 + 1, N - 1)
-            if not WIDE:  # registers of eight floats: each feature's eight sums in halves
-                a = _feature8h(x, W, n0, n0 + 2, far, c0, c1, part, nb, 0)
-                b = _feature8h(x, W, r1, n0 + 3, far, c0, c1, part, nb, 8)
+            if not WIDE:  # registers of eight floats: the block's sums in halves
+                _block82h(x, W, y, n0, r1, far, c0, c1, part, nb)
+                continue
+            if c0 == 0:
+                a, b = _zeros8(), _zeros8()
             else:
-                if c0 == 0:
-                    a, b = _zeros8(), _zeros8()
-                else:
-                    a, b = _kept8(part[nb], 0), _kept8(part[nb], 8)
-                a, b = _block82(x, W, n0, r1, n0, far, c0, c1, a, b)
-            if c1 < K:
-                _keep8(part[nb], 0, a)
-                _keep8(part[nb], 8, b)
-            else:
-                _store82(y, n0, a, b)
+                a, b = _kept8(part[nb], 0), _kept8(part[nb], 8)
+            a, b = _block82(x, W, n0, r1, n0, far, c0, c1, a, b)
+            _keep_or_store82(part, nb, y, n0, a, b, c1 < K)
+
+
+@njit(inline="always", cache=True)
+def _keep_or_store82(part, nb, y, n0, a, b, keep):  # pragma: no cover (compiled)
+    """Block nb's 16 sums: kept in part[nb] for the next pass (`_keep8`), or, after the last, stored."""
+    if keep:
+        _keep8(part[nb], 0, a)
+        _keep8(part[nb], 8, b)
+    else:
+        _store82(y, n0, a, b)
 
 
 def x_cols(K: int) -> int:
