@@ -636,15 +636,16 @@ def _block82h(x, W, y, n0, r1, far, c0, c1, part, nb):  # pragma: no cover (comp
     the first), then kept or stored (`_keep_or_store82`). Each lane's chain runs on in order: the
     same bits."""
     x0, x1, x2, x3, x4, x5, x6, x7 = _rows8(x)
-    f = n0 + far if far > 0 else -1  # rows far ahead into L2 (none when far is 0)
-    lo = _quad2h(x0, x1, x2, x3, W, n0, r1, 0, n0 + 2, f, c0, c1, _kept42h(part, nb, 0, 0, c0))
-    LO = _quad2h(x4, x5, x6, x7, W, n0, r1, 0, n0 + 3, f + (f >= 0), c0, c1, _kept42h(part, nb, 4, 0, c0))
-    hi = _quad2h(x0, x1, x2, x3, W, n0, r1, HALF, -1, -1, c0, c1, _kept42h(part, nb, 0, HALF, c0))
-    HI = _quad2h(x4, x5, x6, x7, W, n0, r1, HALF, -1, -1, c0, c1, _kept42h(part, nb, 4, HALF, c0))
-    a = (vjoin(lo[0], hi[0]), vjoin(lo[1], hi[1]), vjoin(lo[2], hi[2]), vjoin(lo[3], hi[3]),
-         vjoin(LO[0], HI[0]), vjoin(LO[1], HI[1]), vjoin(LO[2], HI[2]), vjoin(LO[3], HI[3]))
-    b = (vjoin(lo[4], hi[4]), vjoin(lo[5], hi[5]), vjoin(lo[6], hi[6]), vjoin(lo[7], hi[7]),
-         vjoin(LO[4], HI[4]), vjoin(LO[5], HI[5]), vjoin(LO[6], HI[6]), vjoin(LO[7], HI[7]))
+    f = n0 + far if far > 0 else -1  # the first of the two rows far ahead asked into L2 (none when far is 0)
+    f1 = f + 1 if f >= 0 else -1
+    lo0 = _quad2h(x0, x1, x2, x3, W, n0, r1, 0, n0 + 2, f, c0, c1, _kept42h(part, nb, 0, 0, c0))  # rows 0 .. 3
+    lo4 = _quad2h(x4, x5, x6, x7, W, n0, r1, 0, n0 + 3, f1, c0, c1, _kept42h(part, nb, 4, 0, c0))  # rows 4 .. 7
+    hi0 = _quad2h(x0, x1, x2, x3, W, n0, r1, HALF, -1, -1, c0, c1, _kept42h(part, nb, 0, HALF, c0))
+    hi4 = _quad2h(x4, x5, x6, x7, W, n0, r1, HALF, -1, -1, c0, c1, _kept42h(part, nb, 4, HALF, c0))
+    a = (vjoin(lo0[0], hi0[0]), vjoin(lo0[1], hi0[1]), vjoin(lo0[2], hi0[2]), vjoin(lo0[3], hi0[3]),
+         vjoin(lo4[0], hi4[0]), vjoin(lo4[1], hi4[1]), vjoin(lo4[2], hi4[2]), vjoin(lo4[3], hi4[3]))
+    b = (vjoin(lo0[4], hi0[4]), vjoin(lo0[5], hi0[5]), vjoin(lo0[6], hi0[6]), vjoin(lo0[7], hi0[7]),
+         vjoin(lo4[4], hi4[4]), vjoin(lo4[5], hi4[5]), vjoin(lo4[6], hi4[6]), vjoin(lo4[7], hi4[7]))
     _keep_or_store82(part, nb, y, n0, a, b, c1 < W.shape[1])
 
 
