@@ -564,6 +564,30 @@ def _store82(y, n0, a, b):  # pragma: no cover (compiled)
 
 
 @njit(inline="always", cache=True)
+def _kept8(part, i):  # pragma: no cover (compiled)
+    """Eight lanes vectors kept in part rows i .. i + 7 (part: (16, 16) float32)."""
+    return (vload(part, i, 0), vload(part, i + 1, 0), vload(part, i + 2, 0), vload(part, i + 3, 0),
+            vload(part, i + 4, 0), vload(part, i + 5, 0), vload(part, i + 6, 0), vload(part, i + 7, 0))
+
+
+@njit(inline="always", cache=True)
+def _keep8(part, i, a):  # pragma: no cover (compiled)
+    """Keep the eight lanes vectors a in part rows i .. i + 7 (`_kept8` reads them back)."""
+    for m in range(8):
+        vstore(part, i + m, 0, a[m])
+
+
+@njit(inline="always", cache=True)
+def _keep_or_store82(part, nb, y, n0, a, b, keep):  # pragma: no cover (compiled)
+    """Block nb's 16 sums: kept in part[nb] for the next pass (`_keep8`), or, after the last, stored."""
+    if keep:
+        _keep8(part[nb], 0, a)
+        _keep8(part[nb], 8, b)
+    else:
+        _store82(y, n0, a, b)
+
+
+@njit(inline="always", cache=True)
 def _block82(x, W, r0, r1, n0, far, c0, c1, a, b):  # pragma: no cover (compiled)
     """Columns c0 .. c1 - 1 of the 16 sums x W[r0, r1]^T, added into their lanes a, b (a[m]: row m,
     feature n0; b[m]: row m, feature n0 + 1) in `lanes` order -> (a, b). Each weight vector serves
@@ -649,20 +673,6 @@ def _block82h(x, W, y, n0, r1, far, c0, c1, part, nb):  # pragma: no cover (comp
     _keep_or_store82(part, nb, y, n0, a, b, c1 < W.shape[1])
 
 
-@njit(inline="always", cache=True)
-def _kept8(part, i):  # pragma: no cover (compiled)
-    """Eight lanes vectors kept in part rows i .. i + 7 (part: (16, 16) float32)."""
-    return (vload(part, i, 0), vload(part, i + 1, 0), vload(part, i + 2, 0), vload(part, i + 3, 0),
-            vload(part, i + 4, 0), vload(part, i + 5, 0), vload(part, i + 6, 0), vload(part, i + 7, 0))
-
-
-@njit(inline="always", cache=True)
-def _keep8(part, i, a):  # pragma: no cover (compiled)
-    """Keep the eight lanes vectors a in part rows i .. i + 7 (`_kept8` reads them back)."""
-    for m in range(8):
-        vstore(part, i + m, 0, a[m])
-
-
 @njit(parallel=True, nogil=True, cache=True)
 def matmul8_f32(x, W, y, far=0, cols=0):  # pragma: no cover (compiled)
     """y = x W^T for a batch of eight rows in blocks of 8 rows x 2 features (`_block82`). x: (8, K)
@@ -726,16 +736,6 @@ def matmul8_f32(x, W, y, far=0, cols=0):  # pragma: no cover (compiled)
                 a, b = _kept8(part[nb], 0), _kept8(part[nb], 8)
             a, b = _block82(x, W, n0, r1, n0, far, c0, c1, a, b)
             _keep_or_store82(part, nb, y, n0, a, b, c1 < K)
-
-
-@njit(inline="always", cache=True)
-def _keep_or_store82(part, nb, y, n0, a, b, keep):  # pragma: no cover (compiled)
-    """Block nb's 16 sums: kept in part[nb] for the next pass (`_keep8`), or, after the last, stored."""
-    if keep:
-        _keep8(part[nb], 0, a)
-        _keep8(part[nb], 8, b)
-    else:
-        _store82(y, n0, a, b)
 
 
 def x_cols(K: int) -> int:
