@@ -644,12 +644,11 @@ def _zeros8h():  # pragma: no cover (compiled)
 def _kept42h(part, nb, i, h, c0):  # pragma: no cover (compiled)
     """Lanes h .. h + 7 of the sums of x's rows i .. i + 3 with block nb's two features, kept in
     part[nb] (`_keep8`: rows 0 .. 7 the first feature's, 8 .. 15 the second's); zeros at the first
-    column (where a single pass has no part[nb])."""
+    column (where a single pass has no part[nb]), else each feature's four read by `_kept4h`."""
     if c0 == 0:
         return _zeros8h()
-    part = part[nb]
-    return (vload8(part, i, h), vload8(part, i + 1, h), vload8(part, i + 2, h), vload8(part, i + 3, h),
-            vload8(part, i + 8, h), vload8(part, i + 9, h), vload8(part, i + 10, h), vload8(part, i + 11, h))
+    kept = part[nb]
+    return _kept4h(kept, i, h, c0) + _kept4h(kept, i + 8, h, c0)
 
 
 @njit(inline="always", cache=True)

@@ -81,7 +81,7 @@ KERNEL_MUTANTS = [
     ("matmul8_f32 in halves: rows 4 .. 7 multiplied by x's rows 0 .. 3", "tl_lab/kernels.py",
      "lo4 = _quad2h(x4, x5, x6, x7,", "lo4 = _quad2h(x0, x1, x2, x3,"),
     ("matmul8_f32 in halves: the second feature's kept sums read back from the first's rows", "tl_lab/kernels.py",
-     "vload8(part, i + 8, h)", "vload8(part, i, h)"),
+     "_kept4h(kept, i + 8, h, c0)", "_kept4h(kept, i, h, c0)"),
     ("matmul8_f32 in halves: each pass skips its last step of sixteen columns", "tl_lab/kernels.py",
      "for k in range(c0 + h, c1, LANES):", "for k in range(c0 + h, c1 - LANES, LANES):"),
     ("matmul8_f32's column passes: every pass stores its sums, none kept for the next", "tl_lab/kernels.py",
