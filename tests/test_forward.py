@@ -62,6 +62,17 @@ def test_rms_norm_formula():
     np.testing.assert_allclose(rms_norm(x, w, 1e-5), [[3 / rms, 8 / rms]], rtol=1e-6)
 
 
+def test_rms_norm_normalizes_the_last_axis_whatever_the_leading_shape():
+    """As Hugging Face's LlamaRMSNorm: over the last axis of (d,), (N, d) or (B, T, d) alike, each
+    vector with the bits it has as a row of a 2-D stack."""
+    rng = np.random.default_rng(5)
+    w = (1 + 0.1 * rng.standard_normal(24)).astype(np.float32)
+    X = rng.standard_normal((2, 3, 24)).astype(np.float32) * 4
+    rows = rms_norm(X.reshape(6, 24), w, 1e-5)
+    assert np.array_equal(rms_norm(X, w, 1e-5).reshape(6, 24), rows)
+    assert np.array_equal(rms_norm(X[1, 2], w, 1e-5), rows[5])
+
+
 def test_silu_is_x_sigmoid_x():
     g = np.linspace(-8, 8, 33, dtype=np.float32)
     np.testing.assert_allclose(silu(g), g / (1 + np.exp(-g.astype(np.float64))), rtol=1e-6, atol=1e-7)
@@ -190,8 +201,29 @@ def test_trace_records_the_internals_and_costs_nothing_when_absent(monkeypatch):
     assert np.array_equal(llama_forward(runner.weights, step, runner.pool.data, trace=trace), z)
     L = c.num_hidden_layers
     assert len(trace["x"]) == L + 1 and len(trace["q"]) == len(trace["attn"]) == L and len(calls) == L
+    assert np.array_equal(trace["x"][0], runner.weights.embed[step.tokens])  # the embedding's rows first
     assert trace["q"][0].shape == (8, c.num_attention_heads, c.head_dim)
     assert trace["attn"][0][0].shape == (c.num_attention_heads, 8, 8)
+
+
+def test_the_pool_view_of_a_step_names_each_rows_sequence_block_and_tile():
+    """PoolKv's arrays are what the paged attention kernel trusts without a bounds check: for a step
+    of three sequences (4, 1 and 20 new tokens), each row's block and slot, its sequence, each
+    sequence's first row, and query tiles that never span two sequences."""
+    import tl_lab.forward as fw
+
+    runner = _tiny_runner()
+    B = runner.pool.data.shape[4]
+    tables = [runner.pool.alloc(3), runner.pool.alloc(1), runner.pool.alloc(3)]
+    step = Step.of([(list(b"abcd"), 5, tables[0]), (list(b"e"), 0, tables[1]), (list(range(20)), 3, tables[2])])
+    view = fw.PoolKv(runner.pool.data, step)
+    assert view.seq_of.tolist() == [0] * 4 + [1] + [2] * 20
+    assert view.firsts.tolist() == [0, 4, 5]
+    assert view.tiles.tolist() == [0, 4, 5, 5 + fw.QUERY_TILE, 25]
+    pos = step.pos
+    assert view.blk.tolist() == [int(tables[s][p // B]) for s, p in zip(view.seq_of, pos)]
+    assert view.slot.tolist() == [int(p % B) for p in pos]
+    assert view.tables.shape == (3, 3) and view.tables[1, 0] == tables[1][0]
 
 
 # ------------------------------------------------------------------ stacked q/k/v and gate/up

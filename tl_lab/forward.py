@@ -74,7 +74,8 @@ __all__ = [
 
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    """x / sqrt(mean(x^2) + eps) * w, per row. x: (N, d) float32, w: (d,) -> (N, d) float32.
+    """x / sqrt(mean(x^2) + eps) * w, per row. x: (N, d) float32 (or any shape (..., d): the last
+    axis is the one normalized, as in Hugging Face), w: (d,) -> the shape of x, float32.
 
     Hugging Face's order: the reciprocal square root multiplies x, then the weight. The mean is a
     numpy reduction along the last axis of a C-contiguous array, which sums each row by itself

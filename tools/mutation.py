@@ -48,6 +48,8 @@ MODULES = {
     "fetch": ["tests/test_fetch.py"],
     # the runner's batches and checks; not the hf comparisons nor SmolLM2
     "runner": ["tests/test_runner.py", "-m", "not hf and not smollm2"],
+    # the Llama forward (a learner's module): its own tests and the runner's, which run it whole
+    "forward": ["tests/test_forward.py", "tests/test_runner.py", "-m", "not hf and not smollm2"],
 }
 
 # (name, file, old text, new text): each a mistake a later refactor of a compiled loop could make.
@@ -147,6 +149,11 @@ EQUIVALENT = [
      "d % H is refused just before, so d / H is the integer d // H"),
     ("model", "_check_tensor_count's arithmetic and its message; _check_llama's 'RoPE' in a message",
      "left: killed by tests/test_hardening.py, outside model's fast selection (a full run kills them)"),
+    ("forward", "silu: `np.divide(g, e, out=e)` -> `out=None`",
+     "memory only: the quotient goes into a new array instead of exp's buffer; the same values"),
+    ("forward", "PoolKv.attend: the kernel's `tail` always (0,), the masked loads and stores",
+     "speed only: where D is whole steps of 16 the masks cover all 16 lanes, so every load and store "
+     "moves the same values"),
     ("kernels (hand-written)", "attention: the next block's keys not prefetched",
      "speed only: a prefetch is a hint; the same bits (kept in the list as the harness's own check)"),
 ]
@@ -206,12 +213,13 @@ def run_module(module: str, ref: str, sample: int | None, seed: int, budget: flo
     t0, timed_out = time.time(), False
     try:
         # A filter matching nothing: mutmut generates the mutants, maps tests to functions, then stops.
-        _sh([*MUTMUT, "run", "--max-children", "1", "no-such-mutant"], work, timeout=budget)
+        _sh([*MUTMUT, "run", "--max-children", "1", "no-such-mutant"], work, timeout=budget, env=MUTMUT_ENV)
         chosen = _chosen(work, module, sample, seed)
         if only is not None:
             chosen = [n for n in chosen if n in only]
         if chosen:
-            run = _sh([*MUTMUT, "run", "--max-children", "1", *chosen], work, timeout=max(60.0, budget - (time.time() - t0)))
+            run = _sh([*MUTMUT, "run", "--max-children", "1", *chosen], work, timeout=max(60.0, budget - (time.time() - t0)),
+                      env=MUTMUT_ENV)
     except subprocess.TimeoutExpired:
         timed_out = True
     r = {**score_module(module, ref, sample, seed), "seconds": round(time.time() - t0, 1), "budget_hit": timed_out}
@@ -237,6 +245,11 @@ def rerun_survivors(module: str, ref: str, sample: int | None, seed: int, budget
 
 
 MUTMUT = [sys.executable, "-m", "mutmut"]
+MUTMUT_ENV = dict(os.environ, NUMBA_THREADING_LAYER="workqueue")
+"""mutmut forks each mutant's run from a process that has already run the tests, and GNU OpenMP (numba's
+threading layer here) is not fork-safe: a child's first parallel kernel waited forever, until mutmut's
+timeout ended it with SIGTERM. In the 'forward' module's first sample 24 of 40 mutants ended so, every one
+whose run reached a test with a parallel kernel; numba's own workqueue layer runs them."""
 
 
 def _work(ref: str, module: str) -> Path:
