@@ -349,7 +349,8 @@ def test_forward_refuses_bad_batches():
         "empty sequence": (ForwardSeq([], 0, one), ["seq 1", "no tokens"]),
         "negative start": (ForwardSeq([1], -3, one), ["seq 1", "-3"]),
         "two writers of one block": (ForwardSeq([1, 2], 0, ok_blocks), ["block", "seq 0", "seq 1"]),
-        "a block twice in one table": (ForwardSeq(list(range(20)), 0, [one[0], one[0]]), ["seq 1", "twice"]),
+        "a block twice in one table": (ForwardSeq(list(range(40)), 0, [two[0], one[0], one[0]]),
+                                       ["seq 1", f"block {one[0]} appears twice"]),
     }
     for what, (seq, words) in bad.items():
         before = snapshot(runner)
@@ -359,10 +360,11 @@ def test_forward_refuses_bad_batches():
             assert w in str(exc.value), f"{what}: {w!r} not in {str(exc.value)!r}"
         assert snapshot(runner) == before, f"{what}: the pool changed"
     before = snapshot(runner)
-    with pytest.raises(BatchError, match="empty batch"):
+    with pytest.raises(BatchError, match="empty batch: a ForwardBatch needs at least one sequence"):
         runner.forward(ForwardBatch([]))
     assert snapshot(runner) == before
-    runner.forward(ForwardBatch([ok]))  # the good sequence alone runs, and writes
+    out = runner.forward(ForwardBatch([ok]))  # the good sequence alone runs, and writes
+    assert out.vocab == runner.config.vocab_size and out.data.shape == (1, out.vocab)
     assert snapshot(runner)[0] != before[0]
     assert runner.pool.fill(ok_blocks[0]) == 4
 
@@ -375,6 +377,7 @@ def test_forward_refuses_batches_of_the_wrong_types_and_starts_past_what_the_blo
     runner = tiny(n_blocks=16)
     blocks = runner.pool.alloc(2)
     runner.forward(ForwardBatch([ForwardSeq(list(b"twenty tokens here.."), 0, blocks)]))  # fills 16 + 4
+    fresh = runner.pool.alloc(1)  # fill 0
     bad = {
         "blocks None": (ForwardBatch([ForwardSeq([1], 0, None)]), "blocks must be a sequence of block ids"),
         "an int table": (ForwardBatch([ForwardSeq([1], 0, 5)]), "blocks must be a sequence of block ids, got int"),
@@ -384,6 +387,8 @@ def test_forward_refuses_batches_of_the_wrong_types_and_starts_past_what_the_blo
         "ragged tokens": (ForwardBatch([ForwardSeq([[1, 2], [3]], 0, blocks)]), "seq 0: tokens must be a 1-D"),
         "start past the fill": (ForwardBatch([ForwardSeq([1], 25, blocks)]),
                                 "start 25 is past what its blocks hold: block"),
+        "start one past an empty block": (ForwardBatch([ForwardSeq([1], 1, fresh)]),
+                                          f"block {fresh[0]} (table entry 0) holds 0 of the 1 positions"),
     }
     for what, (batch, words) in bad.items():
         before = snapshot(runner)
@@ -391,7 +396,7 @@ def test_forward_refuses_batches_of_the_wrong_types_and_starts_past_what_the_blo
             runner.forward(batch)
         assert snapshot(runner) == before, what
     runner.forward(ForwardBatch([ForwardSeq([1], 20, blocks)]))  # right after what they hold: fine
-    for b in blocks:
+    for b in blocks + fresh:
         runner.pool.release(b)
     taken = runner.pool.alloc(runner.pool.available())
     again = [b for b in taken if b in blocks]  # the same blocks, the old K and V still in their bytes
@@ -419,7 +424,7 @@ def test_bigram_checkpoint_still_serves():
         toks.append(int(np.argmax(z)))
     assert bytes(toks) == b"abcd"
     hidden, z = runner.run_once(b"ab")
-    assert hidden.shape == (2, 0) and int(np.argmax(z)) == ord("c")
+    assert hidden.shape == (2, 0) and hidden.dtype == np.float32 and int(np.argmax(z)) == ord("c")
     two = runner.forward(ForwardBatch([ForwardSeq(b"xa", 0, []), ForwardSeq(b"b", 5, [3])]))
     assert [int(np.argmax(two.row(i))) for i in range(2)] == [ord("b"), ord("c")]
     with pytest.raises(BatchError, match="seq 0"):
@@ -474,7 +479,10 @@ def test_a_refused_run_once_changes_nothing():
 def test_forward_seq_tokens_that_are_not_ids_are_named():
     runner = tiny(n_blocks=4)
     blocks = runner.pool.alloc(1)
-    for tokens, words in [("abc", ["seq 0", "token ids", "encode"]), ([[1, 2]], ["seq 0", "1-D", "(1, 2)"]),
+    with pytest.raises(BatchError) as info:
+        runner.forward(ForwardBatch([ForwardSeq("abc", 0, blocks)]))
+    assert str(info.value) == "seq 0: tokens must be token ids, got the text 'abc' (encode it with the tokenizer first)"
+    for tokens, words in [([[1, 2]], ["seq 0", "1-D", "(1, 2)"]),
                           (np.zeros((2, 3), dtype=np.int64), ["1-D", "(2, 3)"]), ([], ["no tokens"])]:
         with pytest.raises(BatchError) as info:
             runner.forward(ForwardBatch([ForwardSeq(tokens, 0, blocks)]))
@@ -491,6 +499,22 @@ def test_forward_seq_tokens_that_are_not_ids_are_named():
 def test_engine_config_refuses_bad_values_at_construction(field, value):
     with pytest.raises(ValueError, match=field):
         EngineConfig(**{field: value})
+
+
+def test_a_sequence_may_end_exactly_at_the_context():
+    """Positions 0 .. max_position_embeddings - 1 all run; one more is refused (above)."""
+    runner = tiny(n_blocks=40)
+    maxpos = runner.config.max_position_embeddings
+    hidden, _ = runner.run_once([i % 200 for i in range(maxpos)])
+    assert hidden.shape[0] == maxpos
+
+
+@pytest.mark.parametrize("prefix_cache", [True, False])
+def test_the_engine_configs_prefix_cache_reaches_the_pool(prefix_cache):
+    runner = tiny(n_blocks=4, prefix_cache=prefix_cache)
+    block = runner.pool.alloc(1)[0]
+    runner.pool.set_fill(block, runner.block_tokens)
+    assert runner.pool.register(block, 12345) is prefix_cache  # with it off nothing is ever indexed
 
 
 def test_kv_config_completes_into_the_pools_kv_cfg():

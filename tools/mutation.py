@@ -154,6 +154,9 @@ EQUIVALENT = [
     ("forward", "PoolKv.attend: the kernel's `tail` always (0,), the masked loads and stores",
      "speed only: where D is whole steps of 16 the masks cover all 16 lanes, so every load and store "
      "moves the same values"),
+    ("runner", "ModelRunner.__init__: `self._scratch = Scratch()` -> None",
+     "memory only: the plain product of an int4 model widens W_hat into a new array each call instead "
+     "of the runner's reused buffer; the same values"),
     ("kernels (hand-written)", "attention: the next block's keys not prefetched",
      "speed only: a prefetch is a hint; the same bits (kept in the list as the harness's own check)"),
 ]
@@ -213,13 +216,13 @@ def run_module(module: str, ref: str, sample: int | None, seed: int, budget: flo
     t0, timed_out = time.time(), False
     try:
         # A filter matching nothing: mutmut generates the mutants, maps tests to functions, then stops.
-        _sh([*MUTMUT, "run", "--max-children", "1", "no-such-mutant"], work, timeout=budget, env=MUTMUT_ENV)
+        _sh([*MUTMUT, "run", "--max-children", "1", "no-such-mutant"], work, timeout=budget, env=_mutmut_env(module))
         chosen = _chosen(work, module, sample, seed)
         if only is not None:
             chosen = [n for n in chosen if n in only]
         if chosen:
             run = _sh([*MUTMUT, "run", "--max-children", "1", *chosen], work, timeout=max(60.0, budget - (time.time() - t0)),
-                      env=MUTMUT_ENV)
+                      env=_mutmut_env(module))
     except subprocess.TimeoutExpired:
         timed_out = True
     r = {**score_module(module, ref, sample, seed), "seconds": round(time.time() - t0, 1), "budget_hit": timed_out}
@@ -245,11 +248,18 @@ def rerun_survivors(module: str, ref: str, sample: int | None, seed: int, budget
 
 
 MUTMUT = [sys.executable, "-m", "mutmut"]
-MUTMUT_ENV = dict(os.environ, NUMBA_THREADING_LAYER="workqueue")
-"""mutmut forks each mutant's run from a process that has already run the tests, and GNU OpenMP (numba's
-threading layer here) is not fork-safe: a child's first parallel kernel waited forever, until mutmut's
-timeout ended it with SIGTERM. In the 'forward' module's first sample 24 of 40 mutants ended so, every one
-whose run reached a test with a parallel kernel; numba's own workqueue layer runs them."""
+FORK_SAFE = {"generate": {"NUMBA_THREADING_LAYER": "workqueue", "NUMBA_NUM_THREADS": "1"}}
+"""What each module's mutmut run sets for numba. mutmut forks each mutant's run from a process that has
+already run the tests, and GNU OpenMP (numba's threading layer here) is not fork-safe: a child's first
+parallel kernel waited forever, until mutmut's timeout ended it with SIGTERM (in the 'forward' module's
+first sample, 24 of 40 mutants, every one whose run reached a parallel kernel). So the runs use numba's
+own workqueue layer; where a module's tests launch kernels from two Python threads at once, which
+workqueue refuses at two kernel threads (it aborts), with one kernel thread ('generate', whose tests need
+no second one; GNU OpenMP at one thread still hung there, in a test that streams from a Python thread)."""
+
+
+def _mutmut_env(module: str) -> dict[str, str]:
+    return dict(os.environ, **FORK_SAFE.get(module, {"NUMBA_THREADING_LAYER": "workqueue"}))
 
 
 def _work(ref: str, module: str) -> Path:
