@@ -451,3 +451,81 @@ def test_two_streams_made_before_either_runs_cannot_both_run():
         next(b)
     list(a)
     assert_pool_idle(e.pool)
+
+
+# ------------------------------------------------------------------ defaults, callbacks, counts
+
+
+def test_an_engine_on_a_byte_model_needs_no_config_and_no_tokenizer():
+    """Engine(runner) alone: the default EngineConfig and, for a byte model, its ByteTokenizer (the
+    text comes back decoded); a cfg of another type is refused naming it."""
+    runner = ModelRunner.load(TINY, EngineConfig(kv=KvConfig(n_blocks=16, block_tokens=B)))
+    e = Engine(runner)
+    assert e.cfg == EngineConfig() and e.tokenizer is not None
+    (r,) = e.generate([req("Hello", max_tokens=6)])
+    assert r.text == e.tokenizer.decode(r.output_ids) and len(r.output_ids) == 6
+    with pytest.raises(ValueError, match="Engine cfg must be an EngineConfig, got int"):
+        Engine(runner, cfg=5)
+
+
+def test_without_a_tokenizer_events_carry_no_text():
+    """A model whose tokenizer is not bytes, given none: ids and logprobs, empty text and pieces."""
+    from test_runner import smollm2_shaped
+
+    cfg = EngineConfig(kv=KvConfig(n_blocks=8, block_tokens=B))
+    e = Engine(ModelRunner(smollm2_shaped(n_layers=1), cfg), cfg=cfg)
+    assert e.tokenizer is None
+    events = list(e.stream([Request([5, 6, 7], GREEDY, 0, 3)]))
+    assert [ev.token for ev in events] == e.results[0].output_ids and len(events) == 3
+    assert all(ev.text == "" and ev.piece == "" for ev in events) and e.results[0].text == ""
+
+
+def test_on_token_sees_every_event_and_results_hold_their_prompts():
+    e = engine()
+    reqs = [req("Hello", max_tokens=5), req(SYSTEM, max_tokens=4)]
+    seen = []
+    out = e.generate(reqs, on_token=seen.append)
+    assert [(ev.request, ev.token) for ev in seen] == [(ev.request, ev.token) for ev in e.stream(reqs)]
+    assert sorted((ev.request, ev.token) for ev in seen) == sorted((r.request, t) for r in out for t in r.output_ids)
+    assert [r.prompt_ids for r in out] == [q.prompt_ids for q in reqs]
+    stream = e.stream(reqs)
+    next(stream)
+    stream.close()  # stopped early: the unfinished requests' results still name their prompts
+    assert [r.prompt_ids for r in e.results] == [q.prompt_ids for q in reqs]
+    assert_pool_idle(e.pool)
+
+
+def test_stats_count_prompt_and_fed_output_tokens():
+    """prefill_tokens: the prompt tokens computed; decode_tokens: the sampled tokens fed back, every
+    output token but each request's last."""
+    e = engine(prefix_cache=False)
+    reqs = [req("Hello", max_tokens=5), req("a longer prompt of some forty bytes or so!", max_tokens=3)]
+    out = e.generate(reqs)
+    assert e.stats["prefill_tokens"] == sum(len(q.prompt_ids) for q in reqs)
+    assert e.stats["decode_tokens"] == sum(len(r.output_ids) - 1 for r in out)
+
+
+def test_a_decode_row_takes_one_token_of_the_step_budget():
+    """max_batch_tokens 33: a running decode (1 token) and a 32-token prompt chunk share a step."""
+    e = engine(max_seqs=2, prefill_chunk=32, max_batch_tokens=33)
+    records = []
+    e.generate([req("short", max_tokens=4), req("y" * 40, max_tokens=2)], on_step=records.append)
+    assert [(r.request, r.n) for r in records[0].rows] == [(0, 5)]  # 5 + 32 > 33: the chunk waits
+    assert [(r.request, r.n) for r in records[1].rows] == [(0, 1), (1, 32)]
+
+
+def test_a_pool_taken_by_someone_else_between_requests_is_a_clear_error():
+    """The pool shrank under the engine (blocks taken outside it) while nothing of its own runs: the
+    waiting request is refused naming its sizes, instead of waiting forever."""
+    e = engine(n_blocks=6, max_seqs=1)
+    taken = []
+
+    def grab(rec):
+        if rec.finished and not taken:
+            taken.extend(e.pool.alloc(e.pool.available()))
+
+    with pytest.raises(KvError, match=r"request 1 needs up to 2 KV blocks \(20 prompt tokens \+ max_tokens 3"):
+        e.generate([req("x" * 10, max_tokens=2), req("z" * 20, max_tokens=3)], on_step=grab)
+    for b in taken:
+        e.pool.release(b)
+    assert_pool_idle(e.pool)

@@ -157,6 +157,8 @@ EQUIVALENT = [
     ("runner", "ModelRunner.__init__: `self._scratch = Scratch()` -> None",
      "memory only: the plain product of an int4 model widens W_hat into a new array each call instead "
      "of the runner's reused buffer; the same values"),
+    ("generate", "Engine.load: `load_tokenizer(directory, runner.config)` -> `load_tokenizer(directory, None)`",
+     "load_tokenizer reads the same directory's config.json when given none: the same tokenizer"),
     ("kernels (hand-written)", "attention: the next block's keys not prefetched",
      "speed only: a prefetch is a hint; the same bits (kept in the list as the harness's own check)"),
 ]
