@@ -238,6 +238,8 @@ def rerun_survivors(module: str, ref: str, sample: int | None, seed: int, budget
     run again (a mutant the old tests killed, they still kill: the code and those tests are the same),
     the rest of the sample counted as the earlier run found it."""
     r = run_module(module, ref, sample, seed, budget, only=list(earlier["survivors"]))
+    if "mutmut_said" in r:  # mutmut stopped before any mutant: there is no score to give
+        raise SystemExit(f"{module}: mutmut ran no mutant at {ref}:\n{r['mutmut_said']}")
     if r["mutants_in_module"] != earlier["mutants_in_module"]:
         raise SystemExit(f"{module}: {r['mutants_in_module']} mutants at {ref}, {earlier['mutants_in_module']} "
                          "before: the module changed, so its survivors are not the same mutants; run it whole")
