@@ -178,7 +178,12 @@ METHOD = (
     "tests killed stays killed); 'after-rerun' does the same for the 40-mutant 'after' sample "
     "(tokenizer). sample changed since its 'after' run, so 'after-2' is a new 40 at 35a1786 and "
     "'after-2-rerun' its survivors at 076c00c. Mutants mutmut ended with SIGTERM (its timeout, on a host "
-    "at load 5 to 9) count in neither."
+    "at load 5 to 9) count in neither. Those SIGTERMs were mostly not the load: GNU OpenMP is not "
+    "fork-safe, and a mutant's run forked by mutmut waited forever at its first parallel kernel (FORK_SAFE "
+    "says what the runs set since). With it, on processor E: 'forward' added to the modules (its own and "
+    "the runner's tests), 's43-forward' a seeded 40 (seed 20) at 1d36fac and 's43-forward-rerun' its "
+    "survivors at 132e6bb with new tests; 's43-fork-safe' runner and generate, a new 60 each (seed 21) "
+    "at 132e6bb, and 's43-fork-safe-rerun' their survivors at 4fadeb0 with new tests."
 )
 
 
