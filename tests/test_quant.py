@@ -440,3 +440,48 @@ def test_a_bit_pattern_that_is_not_an_integer_is_named(widen):
 
     with pytest.raises(ValueError, match=r"^h must be an integer bit pattern, got float 2.5$"):
         getattr(q, widen)(2.5)
+
+
+# ------------------------------------------------------------------ refusals and records, in words
+
+
+def test_bit_patterns_of_any_integer_dtype_widen_when_in_range():
+    """f16 / bf16 bits may come as int64 (a Python list, a file's wider ints): in range they widen
+    like uint16; out of range or not integers, a ValueError names the argument."""
+    assert f16_to_f32(np.array([0x3C00, 0xC000], dtype=np.int64)).tolist() == [1.0, -2.0]
+    assert bf16_to_f32(np.array([0x3F80], dtype=np.int32)).tolist() == [1.0]
+    with pytest.raises(ValueError, match=r"h holds values outside the 16-bit range"):
+        f16_to_f32(np.array([0x10000], dtype=np.int64))
+    with pytest.raises(ValueError, match=r"h must hold uint16 bit patterns, got dtype float32"):
+        f16_to_f32(np.array([1.0], dtype=np.float32))
+    with pytest.raises(ValueError, match=r"^h must be a 16-bit pattern in \[0, 0xFFFF\], got 70000$"):
+        f16_to_f32_scalar(70000)
+
+
+@pytest.mark.parametrize("out, inp, group, name, value", [(0, 8, 4, "out", 0), (2, 0, 4, "inp", 0),
+                                                          (2, 8, 0, "group", 0), (2, -8, 4, "inp", -8)])
+def test_int4_sizes_must_be_positive_and_the_refusal_names_which(out, inp, group, name, value):
+    with pytest.raises(ValueError, match=rf"^{name} must be a positive integer, got {value}$"):
+        QLinear(out, inp, group, np.zeros((2, 4), np.uint8), np.zeros((2, 2), np.uint16))
+
+
+def test_a_scale_too_large_for_f16_names_the_first_group_holding_it():
+    w = np.ones((3, 8), dtype=np.float32)
+    w[1, 5] = w[2, 1] = 1e6  # row 1 group 1 comes before row 2 group 0
+    with pytest.raises(ValueError, match=r"max\|w\| = 1000000.0 in row 1, group 1 "):
+        QLinear.quantize(w, group=4)
+
+
+def test_pack_int4_refuses_a_negative_row_or_column_count():
+    for rows, cols in ((-1, 2), (1, -2)):
+        with pytest.raises(ValueError, match=f"rows and cols must be non-negative, got rows={rows}, cols={cols}"):
+            pack_int4([], rows, cols)
+
+
+def test_bf16_narrowing_records_its_format_and_rounding():
+    """explain_f32_to_bf16 says what it made: the format always, the rounding for finite values
+    (None only for infinities and NaN, where nothing is rounded)."""
+    finite, nan = explain_f32_to_bf16(1.0 + 2**-10), explain_f32_to_bf16(float("nan"))
+    assert finite.fmt == nan.fmt == "bf16"
+    assert finite.rounding is not None and finite.rounding.result == finite.bits & 0x7FFF
+    assert nan.rounding is None

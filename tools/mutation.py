@@ -102,6 +102,10 @@ EQUIVALENT = [
     ("kv", "KvPool.export: `payload[...] = self._data[blocks]` -> None",
      "the big-endian branch: on a little-endian machine np.take gathers straight into place and this "
      "line never runs"),
+    ("quant", "_bits16: `h.dtype.kind not in \"iu\"` -> `not in \"XXiuXX\"`",
+     "a dtype's kind is one letter, and no kind is X"),
+    ("quant", "_int4_pair_table: any change to its table (s43: the low nibble's value - 9 for - 8)",
+     "the table is built once at import, before mutmut switches a mutant on (as the entry below)"),
     ("quant", "_int4_pair_table: `lo, hi = byte & 0xF, byte >> 4` -> None",
      "runs once at import, before mutmut switches a mutant on; any import of the module would fail"),
     ("sample", "_exp_battery: a constant of the exp self-check changed (-0.693.. -> -1.693.., arange from 2)",
