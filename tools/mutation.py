@@ -187,7 +187,8 @@ METHOD = (
     "says what the runs set since). With it, on processor E: 'forward' added to the modules (its own and "
     "the runner's tests), 's43-forward' a seeded 40 (seed 20) at 1d36fac and 's43-forward-rerun' its "
     "survivors at 132e6bb with new tests; 's43-fork-safe' runner and generate, a new 60 each (seed 21) "
-    "at 132e6bb, and 's43-fork-safe-rerun' their survivors at 4fadeb0 with new tests."
+    "at 132e6bb, and 's43-fork-safe-rerun' their survivors at 4fadeb0 with new tests; quant the same, "
+    "its 60 at 4ec9f4c (2 reached by no test), its survivors again at 691952e."
 )
 
 
