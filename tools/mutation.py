@@ -50,6 +50,10 @@ MODULES = {
     "runner": ["tests/test_runner.py", "-m", "not hf and not smollm2"],
     # the Llama forward (a learner's module): its own tests and the runner's, which run it whole
     "forward": ["tests/test_forward.py", "tests/test_runner.py", "-m", "not hf and not smollm2"],
+    # the numpy products (the reference the kernels are held to), the int8 head, the comparisons
+    "products": ["tests/test_products.py"],
+    "q8": ["tests/test_q8.py"],
+    "compare": ["tests/test_compare.py"],
 }
 
 # (name, file, old text, new text): each a mistake a later refactor of a compiled loop could make.
