@@ -9,6 +9,7 @@ from tl_lab.compare import first_divergence, kl_divergence, log_softmax
 
 def test_first_divergence_finds_where_paths_part():
     assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 2, 3], [1, 2]) == first_divergence([1, 2], [1, 2, 3]) == 2  # one ends first
     assert first_divergence([1, 2, 3], [1, 5, 3]) == 1
     assert first_divergence([1, 2], [1, 2, 3]) == 2  # stopping early is a choice too
     assert first_divergence([], [7]) == 0

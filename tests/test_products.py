@@ -217,3 +217,23 @@ def test_plan_rows_splits_short_and_long():
     assert plan.n_rows == LONG_ROWS + 3
     assert plan.short.tolist() == [0, LONG_ROWS + 1, LONG_ROWS + 2]
     assert plan.spans == ((1, LONG_ROWS + 1),)
+
+
+def test_the_tiled_products_are_float32_tile_by_tile():
+    """matmul_rows: each row the float32 product of its zero-padded 8-row tile (one BLAS call per
+    tile, nothing widened to float64); matvec_rows and product_rows without a plan: float32 too."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((11, 24)).astype(np.float32)
+    W_T = rng.standard_normal((24, 40)).astype(np.float32)
+    tiles = np.zeros((2 * TILE, 24), dtype=np.float32)
+    tiles[:11] = x
+    want = np.concatenate([tiles[i : i + TILE] @ W_T for i in range(0, 2 * TILE, TILE)])[:11]
+    got = matmul_rows(x, W_T)
+    assert got.dtype == np.float32 and np.array_equal(got, want)
+    assert np.array_equal(product_rows(x, W_T), want)  # plan=None: every row tiled
+    assert matvec_rows(x, W_T).dtype == np.float32
+
+
+def test_a_plan_of_long_sequences_only_has_an_integer_empty_short_list():
+    plan = plan_rows([LONG_ROWS, LONG_ROWS + 2])
+    assert plan.short.size == 0 and plan.short.dtype == np.intp

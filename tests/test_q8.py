@@ -50,3 +50,28 @@ def test_q8_linear_refuses_bad_input():
         Q8Linear(q, np.array([[0, 0xBC00], [0, 0]], np.uint16), 32)
     with pytest.raises(ValueError, match=r"x must be \(m, 64\)"):
         Q8Linear(q, sc, 32).forward(np.ones((1, 63), np.float32))
+
+
+def test_q8_quantizes_every_block_of_rows_and_stays_float32():
+    """More rows than Q8Linear.quantize takes at a time (Q8_ROWS): every row quantized; W_hat float32;
+    an all-zero group (scale 0, its 0 / 0 masked) raises no warning."""
+    import warnings
+
+    from tl_lab.q8 import Q8_ROWS
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((Q8_ROWS + 3, 32)).astype(np.float32)
+    w[-1, :16] = 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        layer = Q8Linear.quantize(w, group=16)
+    w_hat = layer.dequantize()
+    assert w_hat.dtype == np.float32 and np.all(w_hat[-1, :16] == 0)
+    assert np.abs(w_hat - w).max() <= np.abs(w).max() / 127  # every row, the last block's too
+
+
+def test_q8_refuses_weights_too_large_for_its_f16_scales_naming_the_bound():
+    w = np.ones((2, 16), dtype=np.float32)
+    w[1, 3] = 1e7
+    with pytest.raises(ValueError, match=r"max\|w\| must stay below 8319008"):
+        Q8Linear.quantize(w, group=16)

@@ -167,6 +167,10 @@ EQUIVALENT = [
      "of the runner's reused buffer; the same values"),
     ("generate", "Engine.load: `load_tokenizer(directory, runner.config)` -> `load_tokenizer(directory, None)`",
      "load_tokenizer reads the same directory's config.json when given none: the same tokenizer"),
+    ("q8", "_check_q8_group: `group <= 0` -> `group <= 1`",
+     "a group of 1 is refused by `group % 16` just after; the same refusals"),
+    ("q8", "Q8Linear.quantize: `reshape(-1, ...)` -> `reshape(-2, ...)`",
+     "numpy infers a dimension given any negative size: the same shape"),
     ("kernels (hand-written)", "attention: the next block's keys not prefetched",
      "speed only: a prefetch is a hint; the same bits (kept in the list as the harness's own check)"),
 ]
