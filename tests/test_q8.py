@@ -60,7 +60,7 @@ def test_q8_quantizes_every_block_of_rows_and_stays_float32():
     from tl_lab.q8 import Q8_ROWS
 
     rng = np.random.default_rng(3)
-    w = rng.standard_normal((Q8_ROWS + 3, 32)).astype(np.float32)
+    w = rng.standard_normal((2 * Q8_ROWS + 3, 32)).astype(np.float32)  # three blocks, the last of 3 rows
     w[-1, :16] = 0.0
     with warnings.catch_warnings():
         warnings.simplefilter("error")
