@@ -196,7 +196,10 @@ METHOD = (
     "the runner's tests), 's43-forward' a seeded 40 (seed 20) at 1d36fac and 's43-forward-rerun' its "
     "survivors at 132e6bb with new tests; 's43-fork-safe' runner and generate, a new 60 each (seed 21) "
     "at 132e6bb, and 's43-fork-safe-rerun' their survivors at 4fadeb0 with new tests; quant the same, "
-    "its 60 at 4ec9f4c (2 reached by no test), its survivors again at 691952e."
+    "its 60 at 4ec9f4c (2 reached by no test), its survivors again at 691952e. 's43-new-modules': "
+    "products, q8 and compare mutated for the first time, 40 each (seed 21) at 785151d (products 6 and "
+    "compare 17 reached by no test), their survivors again at 4985be9 ('s43-new-modules-rerun') and q8's "
+    "once more at the next commit ('s43-new-modules-rerun2')."
 )
 
 
