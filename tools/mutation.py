@@ -54,6 +54,9 @@ MODULES = {
     "products": ["tests/test_products.py"],
     "q8": ["tests/test_q8.py"],
     "compare": ["tests/test_compare.py"],
+    # what the machine is (the figures every speed choice starts from), and BLAS's threads
+    "machine": ["tests/test_machine.py"],
+    "tuning": ["tests/test_tuning.py"],
 }
 
 # (name, file, old text, new text): each a mistake a later refactor of a compiled loop could make.
