@@ -46,7 +46,57 @@ def test_cache_sizes_are_the_systems():
     assert machine.cache_bytes(9) is None
 
 
-def test_read_bandwidth_is_measured_and_the_thread_count_restored():
+def test_read_bandwidth_is_measured_and_the_thread_count_restored(monkeypatch):
     before = numba.get_num_threads()
+    monkeypatch.setattr(machine, "read_megabytes", lambda last: pytest.fail("a size given was replaced"))
     gbps = machine.read_gbps(1, rounds=1, megabytes=16)
     assert 0.1 < gbps < 10_000 and numba.get_num_threads() == before
+
+
+CPUINFO = """processor\t: 0
+model name\t: Test CPU
+cpu family\t: 25
+model\t\t: 17
+flags\t\t: fpu sse4_2 avx avx2 fma avx512f
+
+processor\t: 1
+model name\t: Another CPU
+flags\t\t: fpu
+"""
+CACHES = [{"level": 1, "type": "Data", "bytes": 32 << 10, "shared_by": 1},
+          {"level": 1, "type": "Instruction", "bytes": 64 << 10, "shared_by": 1},
+          {"level": 2, "type": "Unified", "bytes": 1 << 20, "shared_by": 1},
+          {"level": 3, "type": "Unified", "bytes": 32 << 20, "shared_by": 16}]
+
+
+def test_the_first_processors_block_is_the_one_read():
+    info = machine._first_processor(CPUINFO)
+    assert info["model name"] == "Test CPU" and info["model"] == "17" and "avx2" in info["flags"].split()
+
+
+def test_sizes_in_every_unit():
+    assert [machine._size(t) for t in ("48K", "2M", "2G", "512\n")] == [48 << 10, 2 << 20, 2 << 30, 512]
+
+
+def test_describe_reads_a_described_machine(monkeypatch):
+    """describe() on a given /proc/cpuinfo block and cache list: the fields it builds from them."""
+    monkeypatch.setattr(machine, "_cpuinfo", lambda: machine._first_processor(CPUINFO))
+    monkeypatch.setattr(machine, "caches", lambda: CACHES)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    monkeypatch.setenv("NUMBA_CPU_NAME", "znver3")
+    d = machine.describe()
+    assert d["cpu_model"] == "Test CPU" and d["cpu_family_model"] == "25/17"
+    assert d["isa"] == ["sse4_2", "avx", "avx2", "fma", "avx512f"]
+    assert d["caches"] == {"L1d": "32 KB", "L1i": "64 KB", "L2": "1024 KB", "L3": "32768 KB shared by 16"}
+    assert d["cores"] == 1 and d["env"]["NUMBA_CPU_NAME"] == "znver3"
+    assert machine.cache_bytes(1) == 32 << 10 and machine.cache_bytes(2) == 1 << 20
+    assert machine.cache_bytes(1, "Instruction") == 64 << 10 and machine.cache_bytes(4) is None
+    monkeypatch.setattr(machine, "_cpuinfo", lambda: {"Features": "fp asimd sve"})  # an Arm processor's key
+    monkeypatch.delattr(os, "sched_getaffinity")  # macOS has none: the CPU count
+    d = machine.describe()
+    assert d["isa"] == ["asimd", "sve"] and d["cores"] == os.cpu_count()
+
+
+def test_the_read_buffer_is_twice_the_last_cache_within_256_mb_and_1_gb():
+    assert [machine.read_megabytes(b) for b in (0, 32 << 20, 300 << 20, 4 << 30)] == [256, 256, 600, 1024]
+    assert isinstance(machine.read_megabytes(300 << 20 | 1), int)

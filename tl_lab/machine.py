@@ -50,9 +50,13 @@ _CACHE = Path("/sys/devices/system/cpu/cpu0/cache")
 def _cpuinfo() -> dict[str, str]:
     """The first processor's block of /proc/cpuinfo (empty where there is none)."""
     try:
-        text = Path("/proc/cpuinfo").read_text()
+        return _first_processor(Path("/proc/cpuinfo").read_text())
     except OSError:
         return {}
+
+
+def _first_processor(text: str) -> dict[str, str]:
+    """/proc/cpuinfo's text -> the keys and values of its first block (one block per processor)."""
     out = {}
     for line in text.split("\n\n")[0].splitlines():
         key, _, value = line.partition(":")
@@ -138,6 +142,12 @@ def _read_kernel():
 _READ = []
 
 
+def read_megabytes(last: int) -> int:
+    """The size `read_gbps` reads by default, in MB: twice the last cache level (`last` bytes), at
+    least 256 and at most 1024."""
+    return min(1024, max(256, 2 * last // 2**20))
+
+
 def read_gbps(threads: int, rounds: int = 3, megabytes: int | None = None) -> float:
     """GB/s (10^9 bytes) of the best of `rounds` passes reading a float32 buffer on `threads` threads.
 
@@ -148,8 +158,7 @@ def read_gbps(threads: int, rounds: int = 3, megabytes: int | None = None) -> fl
 
     if not _READ:
         _READ.append(_read_kernel())
-    last = max((c["bytes"] for c in caches()), default=0)
-    mb = megabytes or min(1024, max(256, 2 * last // 2**20))
+    mb = megabytes or read_megabytes(max((c["bytes"] for c in caches()), default=0))
     buf = np.ones((mb * 2**20 // 4096, 1024), dtype=np.float32)
     out = np.empty(buf.shape[0], dtype=np.float32)
     before = numba.get_num_threads()
