@@ -54,6 +54,7 @@ def test_read_bandwidth_is_measured_and_the_thread_count_restored(monkeypatch):
 
 
 CPUINFO = """processor\t: 0
+vendor_id\t: Test:Vendor
 model name\t: Test CPU
 cpu family\t: 25
 model\t\t: 17
@@ -72,6 +73,7 @@ CACHES = [{"level": 1, "type": "Data", "bytes": 32 << 10, "shared_by": 1},
 def test_the_first_processors_block_is_the_one_read():
     info = machine._first_processor(CPUINFO)
     assert info["model name"] == "Test CPU" and info["model"] == "17" and "avx2" in info["flags"].split()
+    assert info["vendor_id"] == "Test:Vendor"  # split at the first colon: a value may hold one
 
 
 def test_sizes_in_every_unit():

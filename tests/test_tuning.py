@@ -9,3 +9,41 @@ def test_keep_freed_memory_tunes_glibc_and_only_glibc():
     from tl_lab.tuning import keep_freed_memory
 
     assert keep_freed_memory() is (platform.libc_ver()[0] == "glibc")
+
+
+def test_keep_freed_memory_asks_for_both_thresholds(monkeypatch):
+    """The two mallopt calls, each with its parameter's number and size: the mmap threshold (-3) at
+    KEEP_FREED_BYTES, the trim threshold (-1) at twice that; -> True only when both are accepted."""
+    from tl_lab import tuning
+
+    calls = []
+
+    class Libc:
+        def __init__(self, accept):
+            self.accept = accept
+
+        def mallopt(self, param, value):
+            calls.append((param, value))
+            return self.accept
+
+    monkeypatch.setattr(tuning.ctypes, "CDLL", lambda name: Libc(1))
+    assert tuning.keep_freed_memory() is True
+    assert calls == [(-3, tuning.KEEP_FREED_BYTES), (-1, 2 * tuning.KEEP_FREED_BYTES)]
+    calls.clear()
+    monkeypatch.setattr(tuning.ctypes, "CDLL", lambda name: Libc(0))
+    assert tuning.keep_freed_memory() is False and calls == [(-3, tuning.KEEP_FREED_BYTES)]
+
+
+def test_blas_threads_are_set_and_read_back():
+    from tl_lab.tuning import blas_threads, set_blas_threads
+
+    before = blas_threads()
+    if before is None:
+        import pytest
+
+        pytest.fail("numpy's bundled OpenBLAS was not found (a numpy wheel from PyPI bundles it)")
+    try:
+        assert set_blas_threads(1) and blas_threads() == 1
+    finally:
+        set_blas_threads(before)
+    assert blas_threads() == before

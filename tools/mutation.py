@@ -177,6 +177,11 @@ EQUIVALENT = [
     ("runner", "_check_tokens: text added around the hint of the text-tokens refusal (\"XX(encode ...)XX\")",
      "message only: the refusal still names the sequence, the text and the hint; the tests of a learner's "
      "runner check those words, not the whole sentence"),
+    ("machine", "read_gbps: the default of the largest cache 0 -> 1 byte, or rows of 4097 bytes' worth",
+     "the same size to the MB (256 at least either way), and the bandwidth is the bytes read over the time"),
+    ("machine", "read_gbps: `_READ.append(_read_kernel())` -> None",
+     "the compiled read is built once a process, and mutmut's forked runs inherit the one built before "
+     "the mutant is switched on (a fresh process would call None and fail)"),
     ("kernels (hand-written)", "attention: the next block's keys not prefetched",
      "speed only: a prefetch is a hint; the same bits (kept in the list as the harness's own check)"),
 ]
@@ -205,7 +210,9 @@ METHOD = (
     "57adb19); quant the same, its 60 at 4ec9f4c (2 reached by no test), its survivors again at 57adb19. 's43-new-modules': "
     "products, q8 and compare mutated for the first time, 40 each (seed 21) at 785151d (products 6 and "
     "compare 17 reached by no test), their survivors again at 4985be9 ('s43-new-modules-rerun') and q8's "
-    "once more at the next commit ('s43-new-modules-rerun2')."
+    "once more at the next commit ('s43-new-modules-rerun2'); machine and tuning the same at ecd2783, "
+    "machine's parsing then given a function of its own, so a new 40 at 43d4d80 "
+    "('s43-new-modules-after') and its survivors again, tuning's survivors again ('s43-new-modules-rerun')."
 )
 
 
