@@ -47,3 +47,29 @@ def test_blas_threads_are_set_and_read_back():
     finally:
         set_blas_threads(before)
     assert blas_threads() == before
+
+
+def test_blas_threads_find_each_openblas_builds_names(monkeypatch):
+    """numpy's OpenBLAS names its functions by build (scipy-openblas, 64-bit ints, plain): each is
+    found; with no OpenBLAS, setting says False and reading None."""
+    from tl_lab import tuning
+
+    class Fn:  # a ctypes function: argtypes and restype are set on it before the call
+        def __init__(self, body):
+            self.body = body
+
+        def __call__(self, *args):
+            return self.body(*args)
+
+    names = [("scipy_openblas_set_num_threads64_", "scipy_openblas_get_num_threads64_"),
+             ("openblas_set_num_threads64_", "openblas_get_num_threads64_"),
+             ("openblas_set_num_threads", "openblas_get_num_threads")]
+    for set_name, get_name in names:
+        state = {}
+        lib = type("Lib", (), {})()
+        setattr(lib, set_name, Fn(lambda n: state.update(n=n)))
+        setattr(lib, get_name, Fn(lambda: state["n"]))
+        monkeypatch.setattr(tuning, "_openblas", lambda: lib)
+        assert tuning.set_blas_threads(3) and tuning.blas_threads() == 3, set_name
+    monkeypatch.setattr(tuning, "_openblas", lambda: None)
+    assert tuning.set_blas_threads(3) is False and tuning.blas_threads() is None

@@ -182,6 +182,8 @@ EQUIVALENT = [
     ("machine", "read_gbps: `_READ.append(_read_kernel())` -> None",
      "the compiled read is built once a process, and mutmut's forked runs inherit the one built before "
      "the mutant is switched on (a fresh process would call None and fail)"),
+    ("tuning", "_blas_fn: `... if lib is not None else None` -> `... if (lib is not None) or True else None`",
+     "getattr(None, name, None) is None too: the same answer"),
     ("kernels (hand-written)", "attention: the next block's keys not prefetched",
      "speed only: a prefetch is a hint; the same bits (kept in the list as the harness's own check)"),
 ]
@@ -212,7 +214,8 @@ METHOD = (
     "compare 17 reached by no test), their survivors again at 4985be9 ('s43-new-modules-rerun') and q8's "
     "once more at the next commit ('s43-new-modules-rerun2'); machine and tuning the same at ecd2783, "
     "machine's parsing then given a function of its own, so a new 40 at 43d4d80 "
-    "('s43-new-modules-after') and its survivors again, tuning's survivors again ('s43-new-modules-rerun')."
+    "('s43-new-modules-after') and its survivors again, tuning's survivors again ('s43-new-modules-rerun'), then a new 40 at 179ad9c with the tests reaching all of "
+    "it ('s43-new-modules-after') and its survivors again."
 )
 
 
