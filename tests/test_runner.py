@@ -498,20 +498,12 @@ def test_engine_config_refuses_bad_values_at_construction(field, value):
         EngineConfig(**{field: value})
 
 
-def test_a_sequence_may_end_exactly_at_the_context():
+def test_a_sequence_may_end_exactly_at_the_context(restore_threads):
     """Positions 0 .. max_position_embeddings - 1 all run; one more is refused (above). (At one kernel
     thread: not pipelined, so mutation testing's fork-safe threading layer can run it.)"""
-    import numba
-
-    from tl_lab.kernels import set_threads
-
-    before = numba.get_num_threads()
-    try:
-        runner = tiny(n_blocks=40, threads=1)
-        maxpos = runner.config.max_position_embeddings
-        hidden, _ = runner.run_once([i % 200 for i in range(maxpos)])
-    finally:
-        set_threads(before)
+    runner = tiny(n_blocks=40, threads=1)
+    maxpos = runner.config.max_position_embeddings
+    hidden, _ = runner.run_once([i % 200 for i in range(maxpos)])
     assert hidden.shape[0] == maxpos
 
 

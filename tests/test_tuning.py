@@ -35,17 +35,16 @@ def test_keep_freed_memory_asks_for_both_thresholds(monkeypatch):
 
 
 def test_blas_threads_are_set_and_read_back():
-    from tl_lab.tuning import blas_threads, set_blas_threads
+    from conftest import blas_threads_set
+    from tl_lab.tuning import blas_threads
 
     before = blas_threads()
     if before is None:
         import pytest
 
         pytest.fail("numpy's bundled OpenBLAS was not found (a numpy wheel from PyPI bundles it)")
-    try:
-        assert set_blas_threads(1) and blas_threads() == 1
-    finally:
-        set_blas_threads(before)
+    with blas_threads_set(1):
+        assert blas_threads() == 1
     assert blas_threads() == before
 
 

@@ -209,13 +209,14 @@ METHOD = (
     "the runner's tests), 's43-forward' a seeded 40 (seed 20) at 1d36fac and 's43-forward-rerun' its "
     "survivors at 132e6bb with new tests; 's43-fork-safe' runner and generate, a new 60 each (seed 21) "
     "at 132e6bb, and 's43-fork-safe-rerun' their survivors with new tests (generate at 4fadeb0, runner at "
-    "57adb19); quant the same, its 60 at 4ec9f4c (2 reached by no test), its survivors again at 57adb19. 's43-new-modules': "
-    "products, q8 and compare mutated for the first time, 40 each (seed 21) at 785151d (products 6 and "
-    "compare 17 reached by no test), their survivors again at 4985be9 ('s43-new-modules-rerun') and q8's "
-    "once more at the next commit ('s43-new-modules-rerun2'); machine and tuning the same at ecd2783, "
-    "machine's parsing then given a function of its own, so a new 40 at 43d4d80 "
-    "('s43-new-modules-after') and its survivors again, tuning's survivors again ('s43-new-modules-rerun'), then a new 40 at 179ad9c with the tests reaching all of "
-    "it ('s43-new-modules-after') and its survivors again."
+    "57adb19); quant the same, its 60 at 4ec9f4c (2 reached by no test), its survivors again at "
+    "57adb19. 's43-new-modules': products, q8 and compare mutated for the first time, 40 each (seed 21) "
+    "at 785151d (products 6 and compare 17 reached by no test), their survivors again at 4985be9 "
+    "('s43-new-modules-rerun') and q8's once more at the next commit ('s43-new-modules-rerun2'); "
+    "machine and tuning the same at ecd2783, machine's parsing then given a function of its own, so a "
+    "new 40 at 43d4d80 ('s43-new-modules-after') and its survivors again, tuning's survivors again "
+    "('s43-new-modules-rerun'), then a new 40 at 179ad9c with the tests reaching all of it "
+    "('s43-new-modules-after') and its survivors again."
 )
 
 
@@ -252,16 +253,16 @@ def run_module(module: str, ref: str, sample: int | None, seed: int, budget: flo
     work = _work(ref, module)
     _checkout(ref, work)
     (work / "setup.cfg").write_text(_setup_cfg(module, MODULES[module]))
-    t0, timed_out = time.time(), False
+    t0, timed_out, env = time.time(), False, _mutmut_env(module)
     try:
         # A filter matching nothing: mutmut generates the mutants, maps tests to functions, then stops.
-        _sh([*MUTMUT, "run", "--max-children", "1", "no-such-mutant"], work, timeout=budget, env=_mutmut_env(module))
+        _sh([*MUTMUT, "run", "--max-children", "1", "no-such-mutant"], work, timeout=budget, env=env)
         chosen = _chosen(work, module, sample, seed)
         if only is not None:
             chosen = [n for n in chosen if n in only]
         if chosen:
-            run = _sh([*MUTMUT, "run", "--max-children", "1", *chosen], work, timeout=max(60.0, budget - (time.time() - t0)),
-                      env=_mutmut_env(module))
+            run = _sh([*MUTMUT, "run", "--max-children", "1", *chosen], work,
+                      timeout=max(60.0, budget - (time.time() - t0)), env=env)
     except subprocess.TimeoutExpired:
         timed_out = True
     r = {**score_module(module, ref, sample, seed), "seconds": round(time.time() - t0, 1), "budget_hit": timed_out}
