@@ -57,6 +57,12 @@ MODULES = {
     # what the machine is (the figures every speed choice starts from), and BLAS's threads
     "machine": ["tests/test_machine.py"],
     "tuning": ["tests/test_tuning.py"],
+    # a long prefill as two overlapped stages (the same bits), the fp8 numbers, the input checks every
+    # module's errors go through, and the load's parallel widening (run by the reader's tests)
+    "pipeline": ["tests/test_pipeline.py"],
+    "fp8": ["tests/test_fp8.py"],
+    "checks": ["tests/test_quant.py", "tests/test_sample.py", "tests/test_runner.py", "-m", "not hf and not smollm2"],
+    "widening": ["tests/test_model.py", "-m", "not hf and not smollm2", "-k", "not random and not imports_no"],
 }
 
 # (name, file, old text, new text): each a mistake a later refactor of a compiled loop could make.
@@ -290,18 +296,26 @@ def rerun_survivors(module: str, ref: str, sample: int | None, seed: int, budget
 
 
 MUTMUT = [sys.executable, "-m", "mutmut"]
-FORK_SAFE = {"generate": {"NUMBA_THREADING_LAYER": "workqueue", "NUMBA_NUM_THREADS": "1"}}
+TBB_LIB = Path(sys.prefix) / "lib"
+FORK_SAFE = {"generate": {"NUMBA_THREADING_LAYER": "workqueue", "NUMBA_NUM_THREADS": "1"},
+             "pipeline": {"NUMBA_THREADING_LAYER": "tbb", "LD_LIBRARY_PATH": str(TBB_LIB)}}
 """What each module's mutmut run sets for numba. mutmut forks each mutant's run from a process that has
 already run the tests, and GNU OpenMP (numba's threading layer here) is not fork-safe: a child's first
 parallel kernel waited forever, until mutmut's timeout ended it with SIGTERM (in the 'forward' module's
 first sample, 24 of 40 mutants, every one whose run reached a parallel kernel). So the runs use numba's
 own workqueue layer; where a module's tests launch kernels from two Python threads at once, which
 workqueue refuses at two kernel threads (it aborts), with one kernel thread ('generate', whose tests need
-no second one; GNU OpenMP at one thread still hung there, in a test that streams from a Python thread)."""
+no second one; GNU OpenMP at one thread still hung there, in a test that streams from a Python thread).
+'pipeline' needs both, two kernel threads launched from two Python threads (its two stages): there TBB,
+numba's one layer both fork-safe and safe from several Python threads (`pip install 'tbb<2023'`, whose
+libraries land in the environment's lib/, off the loader's path, hence LD_LIBRARY_PATH)."""
 
 
 def _mutmut_env(module: str) -> dict[str, str]:
-    return dict(os.environ, **FORK_SAFE.get(module, {"NUMBA_THREADING_LAYER": "workqueue"}))
+    env = FORK_SAFE.get(module, {"NUMBA_THREADING_LAYER": "workqueue"})
+    if env["NUMBA_THREADING_LAYER"] == "tbb" and not any(TBB_LIB.glob("libtbb.so.12*")):
+        raise SystemExit(f"{module}: its mutants run on numba's TBB layer (FORK_SAFE): pip install 'tbb<2023'")
+    return dict(os.environ, **env)
 
 
 def _work(ref: str, module: str) -> Path:
