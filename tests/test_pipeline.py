@@ -219,3 +219,18 @@ def test_a_forward_whose_attention_bypasses_the_gate_is_run_again_in_one_step(tw
         runner, long_batch(runner, np.random.default_rng(4), [PIPELINE_ROWS + 3]), monkeypatch)
     assert ran == 0 and pipeline_of(runner).off
     assert np.array_equal(z, z1) and np.array_equal(pool, pool1)
+
+
+def test_a_bypassed_gate_gives_run_once_its_hidden_states_and_turns_the_pipeline_off(two_threads, monkeypatch):
+    """The fallback of a forward that bypassed the gate runs the step again as the caller asked,
+    hidden states included; from then on the runner's long steps are not split at all."""
+    monkeypatch.setattr(forward_module.PoolKv, "attend", lambda self, layer, q: attend_reference(self, layer, q))
+    runner = tiny()
+    toks = np.random.default_rng(5).integers(0, 256, size=PIPELINE_ROWS + 7).tolist()
+    hidden, z = runner.run_once(toks)
+    assert pipeline_of(runner).off and pipeline_of(runner).steps == 0
+    step = Step.of([(np.asarray(toks), 0, list(range(32)))])
+    assert split_step(step) is not None and pipeline_module.pipeline_parts(runner, step) is None
+    monkeypatch.setattr(pipeline_module, "PIPELINE_ROWS", 10 ** 9)
+    hidden1, z1 = runner.run_once(toks)
+    assert hidden.shape == (len(toks), 64) and np.array_equal(hidden, hidden1) and np.array_equal(z, z1)

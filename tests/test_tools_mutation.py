@@ -37,3 +37,18 @@ def test_the_summary_has_every_labels_score_per_module():
     assert mutation.summary(results) == {
         "fetch": {"after": 1.0, "after_killed_of_tried": "2/2", "before": 0.5, "before_killed_of_tried": "1/2"},
         "runner": {"after": None, "after_killed_of_tried": "0/0"}}
+
+
+def test_every_module_runs_its_mutants_on_a_fork_safe_threading_layer(tmp_path, monkeypatch):
+    """GNU OpenMP hangs a forked run at its first parallel kernel: every module gets workqueue, or TBB
+    where its tests launch kernels from two Python threads at two kernel threads (the pipeline), and a
+    missing TBB is named with what to install."""
+    for module in mutation.MODULES:
+        env = mutation._mutmut_env(module) if module != "pipeline" else mutation.FORK_SAFE[module]
+        assert env["NUMBA_THREADING_LAYER"] in ("workqueue", "tbb"), module
+    assert mutation.FORK_SAFE["pipeline"]["NUMBA_THREADING_LAYER"] == "tbb"
+    monkeypatch.setattr(mutation, "TBB_LIB", tmp_path)
+    with pytest.raises(SystemExit, match="pip install 'tbb<2023'"):
+        mutation._mutmut_env("pipeline")
+    (tmp_path / "libtbb.so.12").touch()
+    assert mutation._mutmut_env("pipeline")["NUMBA_THREADING_LAYER"] == "tbb"

@@ -192,6 +192,14 @@ EQUIVALENT = [
      "getattr(None, name, None) is None too: the same answer"),
     ("kernels (hand-written)", "attention: the next block's keys not prefetched",
      "speed only: a prefetch is a hint; the same bits (kept in the list as the harness's own check)"),
+    ("pipeline", "_stage: `llama_forward(..., product=runner.product, ...)` -> without the product",
+     "a step runs pipelined only with the invariant product (`pipeline_parts`), which is llama_forward's "
+     "default; the plain product is never pipelined (tested)"),
+    ("pipeline", "pipelined: stage A's thread named None instead of \"tl_lab prefill stage A\"",
+     "a thread's name, seen only in a debugger or a profiler"),
+    ("pipeline", "Handoff._stop_if_failed: _Abandoned's message decorated",
+     "never shown: a stage that stops with _Abandoned does so because the other raised, and that first, "
+     "real error is the one raised to the caller (tested)"),
 ]
 METHOD = (
     "mutmut 3.8.1 per module, each in a scratch copy (git archive) with only that module mutated "
