@@ -73,3 +73,12 @@ def test_rounding_matches_torch(fmt, dtype):
                         rng.standard_normal(50_000) * 2.0 ** rng.integers(-20, 8, 50_000)]).astype(np.float32)
     want = torch.from_numpy(x).to(getattr(torch, dtype)).view(torch.uint8).numpy()
     assert np.array_equal(f32_to_fp8(x, fmt), want)
+
+
+def test_the_default_format_is_e4m3():
+    """The notebook's calls leave the format out: e4m3, the KV cache's usual fp8."""
+    x = np.array([0.3, -7.0, 300.0, 1e-3], np.float32)
+    codes = f32_to_fp8(x, "e4m3")
+    assert np.array_equal(f32_to_fp8(x), codes) and np.array_equal(fp8_round(x), fp8_round(x, E4M3))
+    assert np.array_equal(fp8_to_f32(codes), fp8_to_f32(codes, "e4m3"))
+    assert not np.array_equal(fp8_to_f32(codes), fp8_to_f32(codes, "e5m2"))

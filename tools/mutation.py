@@ -61,8 +61,10 @@ MODULES = {
     # module's errors go through, and the load's parallel widening (run by the reader's tests)
     "pipeline": ["tests/test_pipeline.py"],
     "fp8": ["tests/test_fp8.py"],
-    "checks": ["tests/test_quant.py", "tests/test_sample.py", "tests/test_runner.py", "-m", "not hf and not smollm2"],
-    "widening": ["tests/test_model.py", "-m", "not hf and not smollm2", "-k", "not random and not imports_no"],
+    "checks": ["tests/test_checks.py", "tests/test_quant.py", "tests/test_sample.py", "tests/test_runner.py",
+               "-m", "not hf and not smollm2"],
+    "widening": ["tests/test_widening.py", "tests/test_model.py", "-m", "not hf and not smollm2",
+                 "-k", "not random and not imports_no"],
 }
 
 # (name, file, old text, new text): each a mistake a later refactor of a compiled loop could make.
@@ -190,6 +192,11 @@ EQUIVALENT = [
      "the mutant is switched on (a fresh process would call None and fail)"),
     ("tuning", "_blas_fn: `... if lib is not None else None` -> `... if (lib is not None) or True else None`",
      "getattr(None, name, None) is None too: the same answer"),
+    ("widening", "Arena.__init__: the map's flags (private, anonymous) left to mmap's default (shared)",
+     "the same zeroed memory either way; private is what lets the kernel back it with 2 MiB pages, a "
+     "speed no test times (benchmarks/ measure it)"),
+    ("checks", "rows_of: the fast path's `type(x) is np.ndarray` -> `type(None) is np.ndarray`",
+     "speed only: the general path returns the same float32 array, uncopied (tested)"),
     ("kernels (hand-written)", "attention: the next block's keys not prefetched",
      "speed only: a prefetch is a hint; the same bits (kept in the list as the harness's own check)"),
     ("pipeline", "_stage: `llama_forward(..., product=runner.product, ...)` -> without the product",
