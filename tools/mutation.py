@@ -237,7 +237,9 @@ METHOD = (
     "machine and tuning the same at ecd2783, machine's parsing then given a function of its own, so a "
     "new 40 at 43d4d80 ('s43-new-modules-after') and its survivors again, tuning's survivors again "
     "('s43-new-modules-rerun'), then a new 40 at 179ad9c with the tests reaching all of it "
-    "('s43-new-modules-after') and its survivors again."
+    "('s43-new-modules-after') and its survivors again. 's44-new-modules': pipeline (its mutants on "
+    "numba's TBB layer, FORK_SAFE), fp8, widening and checks mutated for the first time, 40 each "
+    "(seed 22) at ca1ef5b; 's44-new-modules-rerun' their survivors at 073546c with new tests."
 )
 
 

@@ -7,7 +7,7 @@
 #
 # LABEL names the results (before / after), REF is the git commit mutated (its tests included),
 # SAMPLE the seeded number of mutants per module ("all" for every one). Needs mutmut:
-#   pip install mutmut   (3.8.1 was used)
+#   pip install mutmut   (3.8.1 was used); the pipeline module's mutants also need pip install 'tbb<2023'.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
@@ -17,4 +17,4 @@ sample=${3:-40}
 "$PY" -c 'import mutmut' 2>/dev/null || { echo "mutation.sh needs mutmut: pip install mutmut" >&2; exit 2; }
 args=(--label "$label" --ref "$ref" --budget "${TL_LAB_MUTATION_BUDGET:-600}")
 [ "$sample" = all ] || args+=(--sample "$sample")
-nice -n 10 "$PY" tools/mutation.py "${args[@]}" --kernels kv blocks sample quant model forward runner generate tokenizer fetch products q8 compare machine tuning
+nice -n 10 "$PY" tools/mutation.py "${args[@]}" --kernels kv blocks sample quant model forward runner generate tokenizer fetch products q8 compare machine tuning pipeline fp8 widening checks
