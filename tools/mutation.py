@@ -65,6 +65,11 @@ MODULES = {
                "-m", "not hf and not smollm2"],
     "widening": ["tests/test_widening.py", "tests/test_model.py", "-m", "not hf and not smollm2",
                  "-k", "not random and not imports_no"],
+    # the sampler as plain loops (the reference the learner's sampler is held to), config.json's
+    # schema, and the kernels' lazy entry points
+    "sample_reference": ["tests/test_sample.py"],
+    "schema": ["tests/test_model.py", "-m", "not hf and not smollm2", "-k", "not random and not imports_no"],
+    "lazy_kernels": ["tests/test_lazy_kernels.py"],
 }
 
 # (name, file, old text, new text): each a mistake a later refactor of a compiled loop could make.
