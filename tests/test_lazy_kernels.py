@@ -1,5 +1,6 @@
 """tl_lab.lazy_kernels: reading a checkpoint imports no compiler; the products are the kernels' own."""
 
+import math
 import subprocess
 import sys
 
@@ -7,6 +8,7 @@ import numpy as np
 
 from tl_lab import kernels, lazy_kernels
 from tl_lab.paths import REPO_ROOT
+from tl_lab.q8 import Q8Linear
 from tl_lab.quant import _F16_TABLE, QLinear
 
 
@@ -28,3 +30,23 @@ def test_the_products_are_the_kernels_bit_for_bit():
     q = QLinear.quantize(W, 32)
     args = (q.planar, q.scales, _F16_TABLE)
     assert np.array_equal(lazy_kernels.product_q4(x, *args).view(np.uint32), kernels.product_q4(x, *args).view(np.uint32))
+
+
+def test_the_int8_head_and_the_samplers_exp_are_the_kernels_and_math_exp():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3, 64), dtype=np.float32)
+    head = Q8Linear.quantize(rng.standard_normal((40, 64), dtype=np.float32), group=32)
+    args = (head.q, head.scales, _F16_TABLE)
+    assert np.array_equal(lazy_kernels.product_q8(x, *args).view(np.uint32), kernels.product_q8(x, *args).view(np.uint32))
+    z = rng.standard_normal((2, 5)) * 30
+    e = lazy_kernels.exp_f64(z)
+    assert e.shape == (2, 5) and e.dtype == np.float64
+    assert e.tolist() == [[math.exp(v) for v in row] for row in z.tolist()]
+
+
+def test_the_kernels_are_imported_at_the_first_call_and_held(monkeypatch):
+    """A fresh process's first product imports tl_lab.kernels and keeps it for the next."""
+    monkeypatch.setattr(lazy_kernels, "_kernels", None)
+    x = np.ones((1, 16), np.float32)
+    assert np.array_equal(lazy_kernels.product_f32(x, np.ones((2, 16), np.float32)), [[16.0, 16.0]])
+    assert lazy_kernels._kernels is kernels

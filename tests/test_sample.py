@@ -322,6 +322,9 @@ def test_rounding_below_u_takes_the_last_kept_id_with_mass(fn):
     assert tr.kept.tolist() == [0, 1, 2] and tr.probs[2] == 0.0 and tr.cdf[-1] == U_MAX
     assert fn(y, SamplingParams(), [], [], FixedU(U_MAX))[0] == 1
     assert fn(y, SamplingParams(), [], [], FixedU(0.5))[0] == 0
+    # ten probabilities of 0.1 add up to 1 - 2^-53 too: the last of the ten, not any other
+    # (mutation testing: the second one with mass went unnoticed)
+    assert fn(np.zeros(10, np.float32), SamplingParams(), [], [], FixedU(U_MAX))[0] == 9
 
 
 def test_off_values_are_exactly_off():
@@ -592,7 +595,7 @@ def test_a_scaled_logit_exactly_at_the_limit_is_sampled(fn):
 def test_out_of_range_arithmetic_is_refused(fn):
     with pytest.raises(ValueError, match=r"temperature 1e-300 is too small: the scaled logit of id 1"):
         fn(np.array([0.0, 1e30], np.float32), SamplingParams(temperature=1e-300), [], [], stream(0, 4))
-    with pytest.raises(ValueError, match=r"penalised logit of id 1"):
+    with pytest.raises(ValueError, match=r"penalised logit of id 1 is inf, beyond the sampler's range of 2\*\*1000"):
         fn(np.array([0.0, 1e30], np.float32), SamplingParams(repetition_penalty=1e-300), [1], [], stream(0, 4))
     with pytest.raises(ValueError, match=r"^z must be an integer in \[0, 2\*\*64\), got -1$"):  # mutation testing
         mix64(-1)

@@ -68,7 +68,7 @@ MODULES = {
     # the sampler as plain loops (the reference the learner's sampler is held to), config.json's
     # schema, and the kernels' lazy entry points
     "sample_reference": ["tests/test_sample.py"],
-    "schema": ["tests/test_model.py", "-m", "not hf and not smollm2", "-k", "not random and not imports_no"],
+    "schema": ["tests/test_schema.py", "tests/test_model.py", "-m", "not hf and not smollm2", "-k", "not random and not imports_no"],
     "lazy_kernels": ["tests/test_lazy_kernels.py"],
 }
 
@@ -202,6 +202,18 @@ EQUIVALENT = [
      "speed no test times (benchmarks/ measure it)"),
     ("checks", "rows_of: the fast path's `type(x) is np.ndarray` -> `type(None) is np.ndarray`",
      "speed only: the general path returns the same float32 array, uncopied (tested)"),
+    ("sample_reference", "_ref_penalise: `if l[i] > 0` -> `>= 0`",
+     "a logit of 0 (or -0.0) is 0 divided or multiplied by the penalty alike, and its sign is made + after"),
+    ("sample_reference", "top_p: `if params.top_p != 1.0` -> `!= 2.0` (the walk run at p = 1)",
+     "the walk at p = 1 stops early only where the running sum rounds up to 1, dropping ids whose mass "
+     "is below that rounding, which no draw reaches (u < 1); the numpy sampler's trace is tested for it"),
+    ("schema", "_describe: `missing.group(1) if missing else \"?\"` -> `if (missing) or True`",
+     "jsonschema's 'required' message always begins with the property's name in quotes"),
+    ("schema", "_describe: `schema.get(\"properties\", {})` -> `schema.get(\"properties\", )`",
+     "config.schema.json always has properties: the same dict"),
+    ("schema", "_import_validator: a blocked package set to \"\" instead of None in sys.modules",
+     "the block is read only by jsonschema's first import, once a process; mutmut's runs fork from one "
+     "that imported it already"),
     ("kernels (hand-written)", "attention: the next block's keys not prefetched",
      "speed only: a prefetch is a hint; the same bits (kept in the list as the harness's own check)"),
     ("pipeline", "_stage: `llama_forward(..., product=runner.product, ...)` -> without the product",
@@ -244,7 +256,10 @@ METHOD = (
     "('s43-new-modules-rerun'), then a new 40 at 179ad9c with the tests reaching all of it "
     "('s43-new-modules-after') and its survivors again. 's44-new-modules': pipeline (its mutants on "
     "numba's TBB layer, FORK_SAFE), fp8, widening and checks mutated for the first time, 40 each "
-    "(seed 22) at ca1ef5b; 's44-new-modules-rerun' their survivors at 073546c with new tests."
+    "(seed 22) at ca1ef5b; 's44-new-modules-rerun' their survivors at 073546c with new tests. "
+    "'s44-more-modules': sample_reference, schema and lazy_kernels, 40 each (lazy_kernels: 25 of its 39 "
+    "reached by no test), at 9fc90a6 and e06ca38 (a page of docs apart); 's44-more-modules-rerun' their "
+    "survivors with new tests."
 )
 
 

@@ -1,0 +1,61 @@
+"""tl_lab/schema.py: config.json against docs/formats/config.schema.json, each violation said as
+"field what is wrong — why the engine refuses it", all of them in one ConfigError."""
+
+import json
+import sys
+
+import pytest
+
+from tl_lab import schema
+from tl_lab.errors import ConfigError
+from tl_lab.schema import config_schema, validate_config
+
+LLAMA = {"tl_arch": "llama", "tl_tokenizer": "bpe", "vocab_size": 8, "hidden_size": 4, "intermediate_size": 8,
+         "num_hidden_layers": 1, "num_attention_heads": 2}
+
+
+def refusal(raw) -> str:
+    with pytest.raises(ConfigError) as e:
+        validate_config(raw)
+    assert str(e.value).startswith("config.json refused: ")
+    return str(e.value).removeprefix("config.json refused: ")
+
+
+def why(field: str) -> str:
+    return " \N{EM DASH} " + config_schema()["properties"][field]["description"]
+
+
+def test_a_valid_config_passes():
+    validate_config(LLAMA)
+
+
+def test_each_kind_of_violation_names_its_field_and_says_why():
+    assert refusal({**LLAMA, "sliding_window": 4096}) == "sliding_window must be null, got 4096" + why("sliding_window")
+    assert refusal({**LLAMA, "hidden_act": "gelu"}) == 'hidden_act must be "silu", got "gelu"' + why("hidden_act")
+    without = dict(LLAMA)
+    del without["tl_arch"]
+    assert refusal(without) == "tl_arch is missing (required)" + why("tl_arch")
+    assert refusal({**LLAMA, "hidden_size": 0}) == "hidden_size 0 is less than the minimum of 1"  # no description: no why
+    assert refusal([]) == "(the whole file) [] is not of type 'object'"
+
+
+def test_every_violation_is_listed_in_the_order_of_the_fields():
+    assert refusal({**LLAMA, "hidden_size": 0, "attention_bias": True}) == (
+        "attention_bias must be false, got true" + why("attention_bias") + "; hidden_size 0 is less than the minimum of 1")
+
+
+def test_a_long_value_is_shortened_to_80_characters():
+    def said(value):
+        return refusal({**LLAMA, "hidden_act": value}).removeprefix('hidden_act must be "silu", got ').removesuffix(why("hidden_act"))
+
+    assert said("g" * 78) == json.dumps("g" * 78)  # 80 characters with its quotes: whole
+    assert said("g" * 79) == '"' + "g" * 76 + "..."  # 81: the first 77, then ...
+
+
+def test_the_validator_is_imported_without_the_format_only_packages_and_they_stay_importable(monkeypatch):
+    """jsonschema is imported with those packages blocked (one of them costs 0.75 s at import), and
+    the block is lifted after: sys.modules as it was."""
+    monkeypatch.setattr(schema, "_FORMAT_ONLY_PACKAGES", ("tl_lab_no_such_package",))
+    before = set(sys.modules)
+    assert schema._import_validator().__name__ == "Draft202012Validator"
+    assert "tl_lab_no_such_package" not in sys.modules and set(sys.modules) >= before
