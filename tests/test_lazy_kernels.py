@@ -42,6 +42,9 @@ def test_the_int8_head_and_the_samplers_exp_are_the_kernels_and_math_exp():
     e = lazy_kernels.exp_f64(z)
     assert e.shape == (2, 5) and e.dtype == np.float64
     assert e.tolist() == [[math.exp(v) for v in row] for row in z.tolist()]
+    z32 = z.astype(np.float32)  # taken as float64 first: the exp of each float32 value, in float64
+    e32 = lazy_kernels.exp_f64(z32)
+    assert e32.dtype == np.float64 and e32.tolist() == [[math.exp(v) for v in row] for row in z32.astype(np.float64).tolist()]
 
 
 def test_the_kernels_are_imported_at_the_first_call_and_held(monkeypatch):

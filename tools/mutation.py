@@ -214,6 +214,8 @@ EQUIVALENT = [
     ("schema", "_import_validator: a blocked package set to \"\" instead of None in sys.modules",
      "the block is read only by jsonschema's first import, once a process; mutmut's runs fork from one "
      "that imported it already"),
+    ("lazy_kernels", "exp_f64: `x.reshape(-1)` or `out.reshape(-1)` -> `reshape(-2)`",
+     "numpy infers a dimension given as any negative number: the same flat view"),
     ("kernels (hand-written)", "attention: the next block's keys not prefetched",
      "speed only: a prefetch is a hint; the same bits (kept in the list as the harness's own check)"),
     ("pipeline", "_stage: `llama_forward(..., product=runner.product, ...)` -> without the product",
@@ -259,7 +261,8 @@ METHOD = (
     "(seed 22) at ca1ef5b; 's44-new-modules-rerun' their survivors at 073546c with new tests. "
     "'s44-more-modules': sample_reference, schema and lazy_kernels, 40 each (lazy_kernels: 25 of its 39 "
     "reached by no test), at 9fc90a6 and e06ca38 (a page of docs apart); 's44-more-modules-rerun' their "
-    "survivors with new tests."
+    "survivors with new tests; 's44-lazy-all' all 39 of lazy_kernels' mutants at ac367bb, and "
+    "'s44-lazy-all-rerun' its survivors with one more test."
 )
 
 
