@@ -35,18 +35,21 @@ def test_each_kind_of_violation_names_its_field_and_says_why():
     without = dict(LLAMA)
     del without["tl_arch"]
     assert refusal(without) == "tl_arch is missing (required)" + why("tl_arch")
-    assert refusal({**LLAMA, "hidden_size": 0}) == "hidden_size 0 is less than the minimum of 1"  # no description: no why
+    # a field the schema gives no description: no why
+    assert refusal({**LLAMA, "hidden_size": 0}) == "hidden_size 0 is less than the minimum of 1"
     assert refusal([]) == "(the whole file) [] is not of type 'object'"
 
 
 def test_every_violation_is_listed_in_the_order_of_the_fields():
     assert refusal({**LLAMA, "hidden_size": 0, "attention_bias": True}) == (
-        "attention_bias must be false, got true" + why("attention_bias") + "; hidden_size 0 is less than the minimum of 1")
+        "attention_bias must be false, got true" + why("attention_bias")
+        + "; hidden_size 0 is less than the minimum of 1")
 
 
 def test_a_long_value_is_shortened_to_80_characters():
     def said(value):
-        return refusal({**LLAMA, "hidden_act": value}).removeprefix('hidden_act must be "silu", got ').removesuffix(why("hidden_act"))
+        said = refusal({**LLAMA, "hidden_act": value})
+        return said.removeprefix('hidden_act must be "silu", got ').removesuffix(why("hidden_act"))
 
     assert said("g" * 78) == json.dumps("g" * 78)  # 80 characters with its quotes: whole
     assert said("g" * 79) == '"' + "g" * 76 + "..."  # 81: the first 77, then ...

@@ -11,7 +11,8 @@ import pytest
 
 from tl_lab import widening
 from tl_lab.errors import FormatError
-from tl_lab.widening import MAX_WIDEN_THREADS, Arena, Widening, drop_pages, f32_out, parallel_for, widen_all, widen_threads
+from tl_lab.widening import (MAX_WIDEN_THREADS, Arena, Widening, drop_pages, f32_out, parallel_for, widen_all,
+                              widen_threads)
 
 
 def test_widen_threads_are_the_cores_this_process_may_run_on_capped(monkeypatch):

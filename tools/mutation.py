@@ -68,7 +68,8 @@ MODULES = {
     # the sampler as plain loops (the reference the learner's sampler is held to), config.json's
     # schema, and the kernels' lazy entry points
     "sample_reference": ["tests/test_sample.py"],
-    "schema": ["tests/test_schema.py", "tests/test_model.py", "-m", "not hf and not smollm2", "-k", "not random and not imports_no"],
+    "schema": ["tests/test_schema.py", "tests/test_model.py", "-m", "not hf and not smollm2",
+               "-k", "not random and not imports_no"],
     "lazy_kernels": ["tests/test_lazy_kernels.py"],
 }
 
@@ -216,8 +217,6 @@ EQUIVALENT = [
      "that imported it already"),
     ("lazy_kernels", "exp_f64: `x.reshape(-1)` or `out.reshape(-1)` -> `reshape(-2)`",
      "numpy infers a dimension given as any negative number: the same flat view"),
-    ("kernels (hand-written)", "attention: the next block's keys not prefetched",
-     "speed only: a prefetch is a hint; the same bits (kept in the list as the harness's own check)"),
     ("pipeline", "_stage: `llama_forward(..., product=runner.product, ...)` -> without the product",
      "a step runs pipelined only with the invariant product (`pipeline_parts`), which is llama_forward's "
      "default; the plain product is never pipelined (tested)"),
@@ -226,6 +225,8 @@ EQUIVALENT = [
     ("pipeline", "Handoff._stop_if_failed: _Abandoned's message decorated",
      "never shown: a stage that stops with _Abandoned does so because the other raised, and that first, "
      "real error is the one raised to the caller (tested)"),
+    ("kernels (hand-written)", "attention: the next block's keys not prefetched",
+     "speed only: a prefetch is a hint; the same bits (kept in the list as the harness's own check)"),
 ]
 METHOD = (
     "mutmut 3.8.1 per module, each in a scratch copy (git archive) with only that module mutated "
@@ -338,7 +339,8 @@ def rerun_survivors(module: str, ref: str, sample: int | None, seed: int, budget
 MUTMUT = [sys.executable, "-m", "mutmut"]
 TBB_LIB = Path(sys.prefix) / "lib"
 FORK_SAFE = {"generate": {"NUMBA_THREADING_LAYER": "workqueue", "NUMBA_NUM_THREADS": "1"},
-             "pipeline": {"NUMBA_THREADING_LAYER": "tbb", "LD_LIBRARY_PATH": str(TBB_LIB)}}
+             "pipeline": {"NUMBA_THREADING_LAYER": "tbb", "LD_LIBRARY_PATH": os.pathsep.join(
+                 filter(None, (str(TBB_LIB), os.environ.get("LD_LIBRARY_PATH"))))}}
 """What each module's mutmut run sets for numba. mutmut forks each mutant's run from a process that has
 already run the tests, and GNU OpenMP (numba's threading layer here) is not fork-safe: a child's first
 parallel kernel waited forever, until mutmut's timeout ended it with SIGTERM (in the 'forward' module's
