@@ -48,8 +48,8 @@ def test_every_violation_is_listed_in_the_order_of_the_fields():
 
 def test_a_long_value_is_shortened_to_80_characters():
     def said(value):
-        said = refusal({**LLAMA, "hidden_act": value})
-        return said.removeprefix('hidden_act must be "silu", got ').removesuffix(why("hidden_act"))
+        text = refusal({**LLAMA, "hidden_act": value})
+        return text.removeprefix('hidden_act must be "silu", got ').removesuffix(why("hidden_act"))
 
     assert said("g" * 78) == json.dumps("g" * 78)  # 80 characters with its quotes: whole
     assert said("g" * 79) == '"' + "g" * 76 + "..."  # 81: the first 77, then ...
