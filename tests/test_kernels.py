@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+from conftest import AVX2
 
 from tl_lab.forward import PoolKv, Step, attend_reference, write_kv
 from tl_lab.kernels import (QUERY_TILE, ROWS, faster_of, head_f32, lanes_ready, matmul8_f32, matvec1_f32, matvec_f32,
@@ -525,48 +526,62 @@ np.savez(sys.argv[1], **out)
 """
 
 
-def test_kernels_give_the_same_bits_compiled_or_cached(tmp_path):
-    """The first process after a change compiles the kernels, every later one loads them from
-    numba's cache, and both must give the same bits (numba optimizes the two differently, issue
-    #10617). It broke twice: attention's softmax sum under `reassoc` and a version of `matmul_q4`
-    whose fastmath sum crossed its loop over groups. Two fresh processes share an empty cache
-    directory of their own: the first compiles, the second loads."""
+@pytest.fixture(scope="module")
+def bits_runs(tmp_path_factory):
+    """`_BITS_SCRIPT`'s outputs in three fresh processes: "compiled", this host's target compiling into
+    an empty cache of its own; "cached", the same target loading what that one left; "halves", the
+    target forced to AVX2 (`conftest.AVX2`) compiling into another. The two that compile are mostly numba's
+    compiler on one core each, so they run side by side (on processor E the two tests that use these
+    runs took 173 s one process after another)."""
     import os
     import subprocess
     import sys
 
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
-    runs = []
-    for i in (0, 1):
-        out = tmp_path / f"run{i}.npz"
-        subprocess.run([sys.executable, "-c", _BITS_SCRIPT, str(out)], env=env, check=True, timeout=600)
-        runs.append(np.load(out))
-    assert any((tmp_path / "numba").rglob("*.nbi")), "the first run left nothing in numba's cache"
-    differ = [k for k in runs[0].files if not np.array_equal(runs[0][k], runs[1][k])]
+    where = tmp_path_factory.mktemp("bits")
+    envs = {"compiled": {"NUMBA_CACHE_DIR": str(where / "numba")},
+            "halves": {"NUMBA_CACHE_DIR": str(where / "numba-avx2"), **AVX2}}
+    envs["cached"] = envs["compiled"]
+
+    def start(name):
+        return subprocess.Popen([sys.executable, "-c", _BITS_SCRIPT, str(where / f"{name}.npz")],
+                                env={**os.environ, **envs[name]}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+
+    def finish(name, proc):
+        out, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, f"the {name} run of the kernels failed:\n{out[-3000:]}"
+        return np.load(where / f"{name}.npz")
+
+    side_by_side = {name: start(name) for name in ("compiled", "halves")}
+    runs = {name: finish(name, proc) for name, proc in side_by_side.items()}
+    assert any((where / "numba").rglob("*.nbi")), "the compiling run left nothing in numba's cache"
+    runs["cached"] = finish("cached", start("cached"))
+    return runs
+
+
+def _differ(a, b) -> list[str]:
+    return [k for k in a.files if not np.array_equal(a[k], b[k])]
+
+
+def test_kernels_give_the_same_bits_compiled_or_cached(bits_runs):
+    """The first process after a change compiles the kernels, every later one loads them from
+    numba's cache, and both must give the same bits (numba optimizes the two differently, issue
+    #10617). It broke twice: attention's softmax sum under `reassoc` and a version of `matmul_q4`
+    whose fastmath sum crossed its loop over groups. Two fresh processes share an empty cache
+    directory of their own: the first compiles, the second loads (`bits_runs`)."""
+    differ = _differ(bits_runs["compiled"], bits_runs["cached"])
     assert not differ, f"compiled and cached kernels give different bits: {differ}"
 
 
-def test_kernels_give_the_same_bits_in_halves_and_in_whole_lanes(tmp_path):
+def test_kernels_give_the_same_bits_in_halves_and_in_whole_lanes(bits_runs):
     """Where registers hold 16 floats (AVX-512) the products add 24 sums of whole 16-lane vectors
     side by side; where they hold eight (AVX2) the same sums in halves (`kernels.WIDE`,
     `_block34`, `_quad2h`) and attention 16 keys or values at a time: the same bits. This host's target
     against one forced to AVX2 through NUMBA_CPU_NAME / NUMBA_CPU_FEATURES, each in a process and
     cache of its own (on a host without AVX-512 both run in halves, and the test says which ran)."""
-    import os
-    import subprocess
-    import sys
-
     from tl_lab.kernels import WIDE
 
-    runs = []
-    for name, features in ((None, None), ("haswell", "+64bit,+avx,+avx2,+fma,+f16c,+sse4.2,+popcnt,+bmi,+bmi2")):
-        env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / f"numba-{name}")}
-        if name:
-            env.update(NUMBA_CPU_NAME=name, NUMBA_CPU_FEATURES=features)
-        out = tmp_path / f"{name}.npz"
-        subprocess.run([sys.executable, "-c", _BITS_SCRIPT, str(out)], env=env, check=True, timeout=600)
-        runs.append(np.load(out))
-    differ = [k for k in runs[0].files if not np.array_equal(runs[0][k], runs[1][k])]
+    differ = _differ(bits_runs["compiled"], bits_runs["halves"])
     assert not differ, f"{'whole lanes' if WIDE else 'halves on this host'} and halves give other bits: {differ}"
 
 
