@@ -95,6 +95,12 @@ def cache_bytes(level: int, kind: str = "Data") -> int | None:
     return None
 
 
+def cores() -> int:
+    """The cores this process may run on: its CPU affinity where the system keeps one (Linux; a
+    container or `taskset` may give fewer than the machine has), else every core the system counts."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def describe() -> dict:
     """What the machine is: processor, LLVM's and numba's names for it, ISA features, cores, caches."""
     import numba
@@ -102,14 +108,13 @@ def describe() -> dict:
 
     info = _cpuinfo()
     flags = set(info.get("flags", info.get("Features", "")).split())
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {
         "cpu_model": info.get("model name") or platform.processor() or platform.machine(),
         "cpu_family_model": f"{info.get('cpu family', '?')}/{info.get('model', '?')}",
         "llvm_host_cpu": binding.get_host_cpu_name(),
         "numba_target_cpu": numba.config.CPU_NAME or binding.get_host_cpu_name(),
         "isa": [f for f in FEATURES if f in flags],
-        "cores": cores,
+        "cores": cores(),
         "caches": {f"L{c['level']}{c['type'][0].lower() if c['type'] != 'Unified' else ''}":
                    f"{c['bytes'] // 1024} KB" + (f" shared by {c['shared_by']}" if c["shared_by"] > 1 else "")
                    for c in caches()},

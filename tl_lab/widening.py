@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import mmap
-import os
 import threading
 from dataclasses import dataclass
 from typing import Callable
@@ -19,6 +18,7 @@ from typing import Callable
 import numpy as np
 
 from tl_lab.errors import FormatError
+from tl_lab.machine import cores
 
 # Every f16 widened once, by numpy's exact cast: a 256 KB table that stays in cache. Looking a bit
 # pattern up is about 3x faster than casting it again (the KV read-back widens on every step), and
@@ -40,8 +40,7 @@ def widen_threads() -> int:
     kernel zeroes the page, and those faults, not the arithmetic, are most of a load; they run in
     parallel on every core as transformers' loader runs them. Widening is elementwise, so the bits
     do not depend on the count."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(cores, MAX_WIDEN_THREADS))
+    return max(1, min(cores(), MAX_WIDEN_THREADS))
 
 
 def parallel_for(work, items, n: int) -> None:
