@@ -99,6 +99,26 @@ def test_describe_reads_a_described_machine(monkeypatch):
     assert d["isa"] == ["asimd", "sve"] and d["cores"] == os.cpu_count()
 
 
+def test_read_bandwidth_by_default_sizes_its_buffer_by_the_largest_cache(monkeypatch):
+    """Without a size, the buffer comes from the largest cache the system lists (`read_megabytes`)."""
+    asked = []
+    monkeypatch.setattr(machine, "caches", lambda: CACHES)
+    monkeypatch.setattr(machine, "read_megabytes", lambda last: asked.append(last) or 8)
+    assert machine.read_gbps(1, rounds=1) > 0 and asked == [32 << 20]
+
+
+def test_describe_records_each_setting_that_changes_the_kernels(monkeypatch):
+    """The environment a figure was measured under: numba's target, OpenBLAS's kernels, how the
+    kernels' threads wait; each recorded where set, none made up where not."""
+    names = ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "OPENBLAS_CORETYPE", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+    for k, name in enumerate(names):
+        monkeypatch.setenv(name, f"value {k}")
+    assert machine.describe()["env"] == {name: f"value {k}" for k, name in enumerate(names)}
+    for name in names:
+        monkeypatch.delenv(name)
+    assert machine.describe()["env"] == {}
+
+
 def test_the_read_buffer_is_twice_the_last_cache_within_256_mb_and_1_gb():
     assert [machine.read_megabytes(b) for b in (0, 32 << 20, 300 << 20, 4 << 30)] == [256, 256, 600, 1024]
     assert isinstance(machine.read_megabytes(300 << 20 | 1), int)
