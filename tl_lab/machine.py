@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["describe", "cache_bytes", "read_gbps", "FEATURES", "POOL_DEFAULTS", "pool_settings"]
+__all__ = ["describe", "cores", "cache_bytes", "read_gbps", "FEATURES", "POOL_DEFAULTS", "pool_settings"]
 
 POOL_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "3000"}
 """How the kernels' OpenMP threads wait between parallel loops, unless the user's environment says
