@@ -71,6 +71,9 @@ MODULES = {
     "schema": ["tests/test_schema.py", "tests/test_model.py", "-m", "not hf and not smollm2",
                "-k", "not random and not imports_no"],
     "lazy_kernels": ["tests/test_lazy_kernels.py"],
+    # where the data and the model cache are and how a file is opened; the refusals' clipped messages
+    "paths": ["tests/test_paths.py"],
+    "errors": ["tests/test_errors.py"],
 }
 
 # (name, file, old text, new text): each a mistake a later refactor of a compiled loop could make.
