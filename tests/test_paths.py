@@ -1,6 +1,7 @@
 """tl_lab/paths.py: where the bundled data and the model cache are, and how a file is opened (regular
 files only, promptly, within a size)."""
 
+import errno
 import os
 import threading
 from pathlib import Path
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tl_lab import paths
-from tl_lab.errors import ConfigError, FormatError
+from tl_lab.errors import ConfigError, FormatError, KvError
 
 
 def test_the_shipped_folder_is_the_packages_own_when_installed_else_the_checkouts(tmp_path, monkeypatch):
@@ -30,11 +31,14 @@ def test_the_cache_is_tl_lab_cache_else_xdg_else_the_home(tmp_path, monkeypatch)
     assert paths.cache_dir() == tmp_path / "home" / ".cache" / "tl_lab"
 
 
-def test_a_user_that_does_not_exist_is_a_config_error_naming_where_it_came_from():
+def test_a_user_that_does_not_exist_is_a_config_error_naming_where_it_came_from(monkeypatch):
     with pytest.raises(ConfigError) as e:
         paths.expand_user("~no_such_user_tl_lab/models", "--model-dir")
     assert str(e.value).startswith("--model-dir ~no_such_user_tl_lab/models: cannot expand '~no_such_user_tl_lab'")
     assert paths.expand_user("plain/path", "x") == Path("plain/path")
+    monkeypatch.setenv("TL_LAB_CACHE", "~no_such_user_tl_lab/c")
+    with pytest.raises(ConfigError, match=r"^TL_LAB_CACHE ~no_such_user_tl_lab/c: cannot expand"):
+        paths.cache_dir()
 
 
 def test_a_regular_file_is_opened_and_read_whole(tmp_path):
@@ -50,6 +54,30 @@ def test_what_is_not_a_regular_file_is_refused_by_name_and_kind(tmp_path):
         paths.open_regular(tmp_path / "missing", "config.json", ConfigError)
     with pytest.raises(FormatError, match=r"^the file: .* is a directory, not a regular file$"):
         paths.open_regular(tmp_path, "the file", FormatError)
+    with pytest.raises(KvError, match=r"^the envelope: no such file"):  # read_regular's refusals are open_regular's
+        paths.read_regular(tmp_path / "missing", "the envelope", KvError, limit=10)
+
+
+def test_a_kind_of_file_without_a_name_is_still_a_sentence(tmp_path, monkeypatch):
+    monkeypatch.setattr(paths, "_KINDS", ())  # as a kind this list does not name (a door, a port) is met
+    with pytest.raises(FormatError, match=r" is a file of another kind, not a regular file$"):
+        paths.open_regular(tmp_path, "the file", FormatError)
+
+
+def test_a_read_that_fails_is_refused_with_the_systems_reason(tmp_path, monkeypatch):
+    f = tmp_path / "f.bin"
+    f.write_bytes(b"abc")
+    real = paths.open_regular
+
+    def failing_read(path, what, error):
+        opened = real(path, what, error)
+        opened.read = lambda n: (_ for _ in ()).throw(OSError(errno.EIO, "Input/output error"))
+        return opened
+
+    monkeypatch.setattr(paths, "open_regular", failing_read)
+    with pytest.raises(FormatError) as e:
+        paths.read_regular(f, "the file", FormatError, limit=10)
+    assert str(e.value) == f"the file: cannot read {f}: Input/output error"
 
 
 def test_a_named_pipe_is_refused_at_once_not_waited_on(tmp_path):

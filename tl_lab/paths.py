@@ -63,7 +63,7 @@ def open_regular(path, what: str, error: type[Exception]):
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
-        kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+        kind = next((name for test, name in _KINDS if test(mode)), "a file of another kind")
         raise error(f"{what}: {path} is {kind}, not a regular file")
     return os.fdopen(fd, "rb")
 

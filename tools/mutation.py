@@ -194,6 +194,11 @@ EQUIVALENT = [
     ("runner", "_check_tokens: text added around the hint of the text-tokens refusal (\"XX(encode ...)XX\")",
      "message only: the refusal still names the sequence, the text and the hint; the tests of a learner's "
      "runner check those words, not the whole sentence"),
+    ("paths", "open_regular: `getattr(os, \"O_NONBLOCK\", 0)`'s default 0 -> 1, None or none",
+     "the default is read only where os has no O_NONBLOCK (Windows, where the commands do not run)"),
+    ("paths", "read_regular: `f.read(size + 1)` -> `f.read(size + 2)` or `f.read(None)`",
+     "the same bytes from a file that does not grow while it is read: all of them; the one byte past "
+     "size only shows a file grown since its fstat, which no test can make happen between two lines"),
     ("machine", "read_gbps: the default of the largest cache 0 -> 1 byte, or rows of 4097 bytes' worth",
      "the same size to the MB (256 at least either way), and the bandwidth is the bytes read over the time"),
     ("machine", "read_gbps: `_READ.append(_read_kernel())` -> None",
