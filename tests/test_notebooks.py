@@ -204,30 +204,32 @@ SIDE_BY_SIDE = max(1, min(cores(), 4))
 process may use, at most four (a notebook's kernel works on one core most of the time). On processor
 E's two cores this file's Run Alls and re-runs took 168 s one after another, 110 s two at a time."""
 
-_RUNS: dict[str, Future] = {}
+
+@pytest.fixture(scope="module")
+def runs(request):
+    """name -> the Future of its `execute`, for every notebook a selected test asks for, SIDE_BY_SIDE at
+    a time in NOTEBOOKS' order (a `-k` that picks one notebook runs that one only)."""
+    wanted = {item.callspec.params["name"] for item in request.session.items if "runs" in getattr(item, "fixturenames", ())}
+    with ThreadPoolExecutor(SIDE_BY_SIDE, thread_name_prefix="notebook") as pool:
+        yield {n: pool.submit(execute, n) for n in NOTEBOOKS if n in wanted}
 
 
-def executed(name: str) -> Executed:
-    """One Run All and re-run per notebook for both tests. The first test to ask starts every notebook,
-    SIDE_BY_SIDE at a time in NOTEBOOKS' order; each test then waits for its own."""
-    if not _RUNS:
-        pool = ThreadPoolExecutor(SIDE_BY_SIDE, thread_name_prefix="notebook")
-        _RUNS.update((n, pool.submit(execute, n)) for n in NOTEBOOKS)
-        pool.shutdown(wait=False)
-    found = _RUNS[name].result()
+def executed(runs: dict[str, Future], name: str) -> Executed:
+    """One Run All and re-run per notebook for both tests: each waits for its notebook's."""
+    found = runs[name].result()
     print(f"\n{name}: Run All {found.run_all_s:.1f} s, every cell again {found.rerun_s:.1f} s, {found.figures} figures")
     return found
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
-def test_every_cell_that_draws_shows_a_picture(name):
-    missing = executed(name).missing_pictures
+def test_every_cell_that_draws_shows_a_picture(runs, name):
+    missing = executed(runs, name).missing_pictures
     assert not missing, "\n".join(missing)
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
-def test_every_cell_runs_again_after_run_all(name):
-    found = executed(name)
+def test_every_cell_runs_again_after_run_all(runs, name):
+    found = executed(runs, name)
     assert not found.rerun_errors, "\n".join(found.rerun_errors)
     assert found.left_alive == 0, f"{found.left_alive} widgets of earlier runs of their cells are still alive"
 

@@ -293,7 +293,7 @@ def _checkout(ref: str, where: Path) -> None:
 
 def _setup_cfg(module: str, selection: list[str]) -> str:
     tests = "\n".join(f"    {a}" for a in selection)
-    return (f"[mutmut]\nsource_paths = tl_lab\nonly_mutate = tl_lab/{module}.py\nalso_copy =\n    data\n    docs\n"
+    return (f"[mutmut]\nsource_paths = tl_lab\nonly_mutate = tl_lab/{module}.py\nalso_copy =\n    data\n    docs\n    notebooks\n"
             f"pytest_add_cli_args_test_selection =\n{tests}\n"
             "pytest_add_cli_args =\n    -p\n    no:cacheprovider\n    -q\n    -x\n")
 
