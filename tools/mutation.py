@@ -75,7 +75,7 @@ MODULES = {
     "paths": ["tests/test_paths.py"],
     # the import hook that serves a pitfall's edited reference or a learner's file; not the check of all 22
     # (each pitfall's test in a process of its own, which a mutant in this process does not reach)
-    "switch": ["tests/test_pitfalls.py", "-k", "not every_pitfall_is_caught"],
+    "switch": ["tests/test_switch.py", "tests/test_pitfalls.py", "-k", "not every_pitfall_is_caught"],
     "errors": ["tests/test_errors.py"],
 }
 
