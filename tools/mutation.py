@@ -197,6 +197,8 @@ EQUIVALENT = [
     ("runner", "_check_tokens: text added around the hint of the text-tokens refusal (\"XX(encode ...)XX\")",
      "message only: the refusal still names the sequence, the text and the hint; the tests of a learner's "
      "runner check those words, not the whole sentence"),
+    ("switch", "SourceFinder.find_spec: spec_from_file_location's location `origin` -> None, or left out",
+     "without a location importlib asks the loader for it (get_filename), which is the same path"),
     ("paths", "open_regular: `getattr(os, \"O_NONBLOCK\", 0)`'s default 0 -> 1, None or none",
      "the default is read only where os has no O_NONBLOCK (Windows, where the commands do not run)"),
     ("paths", "read_regular: `f.read(size + 1)` -> `f.read(size + 2)` or `f.read(None)`",
