@@ -21,9 +21,11 @@ def test_every_kernel_mutant_applies_once_and_changes_the_text(name, file, old, 
 
 def test_each_module_is_mutated_alone_with_its_own_tests():
     for module, selection in mutation.MODULES.items():
-        assert (REPO_ROOT / "tl_lab" / f"{module}.py").is_file() and (REPO_ROOT / selection[0]).is_file()
+        assert (REPO_ROOT / mutation._source(module)).is_file() and (REPO_ROOT / selection[0]).is_file()
         cfg = mutation._setup_cfg(module, selection)
-        assert f"only_mutate = tl_lab/{module}.py" in cfg and f"    {selection[0]}\n" in cfg
+        assert f"only_mutate = {mutation._source(module)}\n" in cfg and f"    {selection[0]}\n" in cfg
+    assert mutation._source("kv") == "tl_lab/kv.py"
+    assert mutation._source("widgets.int4") == "tl_lab/widgets/int4.py"  # a module of a subpackage
 
 
 def test_mutmut_exit_codes_are_scored():

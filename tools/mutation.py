@@ -76,6 +76,11 @@ MODULES = {
     # the import hook that serves a pitfall's edited reference or a learner's file; not the check of all 22
     # (each pitfall's test in a process of its own, which a mutant in this process does not reach)
     "switch": ["tests/test_switch.py", "tests/test_pitfalls.py", "-k", "not every_pitfall_is_caught"],
+    # the widgets: what a learner sees after any order of clicks
+    "widgets.blockmap": ["tests/test_widgets_blockmap.py"],
+    "widgets.int4": ["tests/test_widgets_int4.py"],
+    "widgets.numbers": ["tests/test_widgets_numbers.py"],
+    "widgets.common": ["tests/test_widgets_common.py"],
     "errors": ["tests/test_errors.py"],
 }
 
@@ -293,22 +298,27 @@ def _checkout(ref: str, where: Path) -> None:
     subprocess.run(["tar", "-x"], cwd=where, input=archive, check=True)
 
 
+def _source(module: str) -> str:
+    """The file of a module name as MODULES gives it: "kv" -> tl_lab/kv.py, "widgets.int4" -> tl_lab/widgets/int4.py."""
+    return f"tl_lab/{module.replace('.', '/')}.py"
+
+
 def _setup_cfg(module: str, selection: list[str]) -> str:
     tests = "\n".join(f"    {a}" for a in selection)
-    return (f"[mutmut]\nsource_paths = tl_lab\nonly_mutate = tl_lab/{module}.py\nalso_copy =\n    data\n    docs\n    notebooks\n"
+    return (f"[mutmut]\nsource_paths = tl_lab\nonly_mutate = {_source(module)}\nalso_copy =\n    data\n    docs\n    notebooks\n"
             f"pytest_add_cli_args_test_selection =\n{tests}\n"
             "pytest_add_cli_args =\n    -p\n    no:cacheprovider\n    -q\n    -x\n")
 
 
 def _meta(work: Path, module: str) -> dict[str, int | None]:
     """mutant name -> mutmut's exit code for it (None: not run yet)."""
-    path = work / "mutants" / "tl_lab" / f"{module}.py.meta"
+    path = work / "mutants" / f"{_source(module)}.meta"
     return json.loads(path.read_text())["exit_code_by_key"] if path.exists() else {}
 
 
 def run_module(module: str, ref: str, sample: int | None, seed: int, budget: float,
                only: list[str] | None = None) -> dict:
-    """Mutate tl_lab/<module>.py at `ref`: its score over all or a seeded sample of its mutants
+    """Mutate the module's file (`_source`) at `ref`: its score over all or a seeded sample of its mutants
     (`only`: run just these of them, the rest of the sample stays not run)."""
     work = _work(ref, module)
     _checkout(ref, work)
