@@ -116,3 +116,19 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(
             f"{len(_hf_deselected)} hf tests (in {', '.join(f.removeprefix('tests/') for f in files)}) "
             "not run here: `bash tools/quickstart.sh hf` runs them (torch, transformers)")
+
+
+def svg_outside(svg: str) -> list[str]:
+    """The elements of a widget's SVG drawn (in part) outside its own width and height: each x, x1, x2
+    and y, y1, y2 must lie in [0, width] and [0, height]. A misplaced bar or label a learner never sees."""
+    import re
+
+    box = re.search(r"<svg[^>]*\swidth='([\d.]+)'[^>]*\sheight='([\d.]+)'", svg)
+    assert box, "no <svg width=... height=...>"
+    width, height = float(box.group(1)), float(box.group(2))
+    bad = []
+    for element in re.findall(r"<(?:rect|text|line|circle)\b[^>]*>", svg):
+        for name, value in re.findall(r"\s(x[12]?|y[12]?)='(-?[\d.]+)'", element):
+            if not 0 <= float(value) <= (width if name[0] == "x" else height):
+                bad.append(f"{name}={value} in {element[:90]}")
+    return bad

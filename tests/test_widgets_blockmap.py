@@ -5,6 +5,7 @@ import re
 
 import numpy as np
 
+from conftest import svg_outside
 from tl_lab.kv import KvCfg, KvPool, prefix_hashes
 from tl_lab.widgets.blockmap import PROMPTS, STORY, BlockMap, key_value, short_hash
 
@@ -277,3 +278,19 @@ def test_a_map_of_any_pool_takes_no_learners_pool():
     pool = KvPool(KvCfg(n_blocks=2, block_tokens=4, n_layers=1, n_kv_heads=1, head_dim=2))
     bm = BlockMap.from_pool(pool, {"s": []})
     assert bm.yours is None and bm.compare.value == ""
+
+
+def test_every_pools_drawing_lies_inside_its_box_and_an_empty_lru_says_so():
+    """Each size's grid (one row, 6, 8 and 16 columns) with hashes, fills and a table below it."""
+    for n, cols in ((5, 5), (12, 6), (40, 8), (100, 16)):
+        pool = KvPool(KvCfg(n_blocks=n, block_tokens=4, n_layers=1, n_kv_heads=1, head_dim=2))
+        assert "LRU, oldest first (evicted first): empty" in plain(BlockMap.from_pool(pool).grid.value)
+        ids = pool.alloc(min(n, 9))
+        for b in ids:
+            pool.set_fill(b, 3)
+        pool.set_fill(ids[0], 4)
+        pool.register(ids[0], 12345)  # a full block with its prefix hash drawn
+        grid = BlockMap.from_pool(pool, {"a much longer name": ids}).grid.value
+        assert svg_outside(grid) == [], n
+        columns = {int(x) for x in re.findall(r"<g class='tl-block'[^>]*>\s*<rect x='(\d+)'", grid)}
+        assert len(columns) == cols, (n, sorted(columns))

@@ -6,6 +6,7 @@ import re
 import numpy as np
 import pytest
 
+from conftest import svg_outside
 from tl_lab.quant import QLinear, unpack_int4
 from tl_lab.widgets.int4 import NIBBLE_ORDERS, PRESETS, SCALE_RULES, Int4Widget
 
@@ -150,3 +151,24 @@ def test_int4_widget_shows_the_learners_bytes_beside_the_reference(tmp_path):
     w = Int4Widget(yours=load(tmp_path / "quant.py", "yours_quant_i4c"))
     assert w.yours_result is None and "not written yet" in w.compare.value and w.view is not None
     assert re.search(r"your quant\.py raised at \S*quant\.py:\d+ in \S+: NotImplementedError: .*hint: .*exercise hint quant", w.compare.value)
+
+
+def test_the_chart_lies_inside_its_box_on_a_level_axis_and_the_table_colours_what_breaks():
+    w = Int4Widget("0.7, -1.4, 0, 0.29995, 1e-9, 0, 0.5, 0.25", 4)
+    w.scale_rule.value = SCALE_RULES[1]  # s10: the last weight of the first group breaks s/2
+    svg = w.chart.value
+    assert svg_outside(svg) == []
+    (axis,) = re.findall(r"<line x1='48' x2='\d+' y1='([\d.]+)' y2='([\d.]+)' stroke='#888'/>", svg)
+    assert axis[0] == axis[1]  # the zero line is level
+    bars = [float(x) for x in re.findall(r"<rect class='err' x='([\d.]+)'", svg)]
+    assert bars == sorted(bars) and len(set(bars)) == 8  # one bar a column, left to right
+    bands = re.findall(r"<line class='half' x1='([\d.]+)' x2='([\d.]+)'", svg)
+    assert [(float(a), float(b)) for a, b in bands] == [(bars[0], bars[3] + 18), (bars[4], bars[7] + 18)]  # each group's s/2
+    labels = re.findall(r"<text x='[\d.]+' y='([\d.]+)' font-size='9' text-anchor='middle'>(\d+)</text>", svg)
+    assert [int(j) for _, j in labels] == list(range(8)) and all(float(y) > float(axis[0]) for y, _ in labels)
+    rows = re.findall(r"<tr style='color:([^']+)'>", w.table.value)
+    assert w.view.broken.tolist()[:4] == [False, False, False, True] and not w.view.underflow.any()
+    assert rows == ["#c0392b" if b else "inherit" for b in w.view.broken]  # red where |W - W_hat| > s/2
+    w = Int4Widget("1e-9, 0", 2)  # a group whose scale underflows: its rows orange, its note grey
+    assert re.findall(r"<tr style='color:([^']+)'>", w.table.value) == ["#e67e22"] * 2
+    assert "<p class='tl-message' style='color:#555'><b>" in w.summary.value

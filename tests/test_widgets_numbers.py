@@ -3,6 +3,8 @@
 import html as html_module
 import re
 
+import numpy as np
+
 from tl_lab.quant import f32_to_bf16, f32_to_f16
 from tl_lab.widgets.numbers import NumbersWidget
 
@@ -79,3 +81,22 @@ def test_numbers_widget_shows_the_learners_bits_beside_the_reference(tmp_path):
     w = NumbersWidget("0.1", yours=load(tmp_path / "quant.py", "yours_quant_c"))
     assert w.yours_bits == {} and "not written yet" in w.compare.value and w.narrowings
     assert re.search(r"your quant\.py raised at \S*quant\.py:\d+ in \S+: NotImplementedError: .*hint: .*exercise hint quant", w.compare.value)
+
+
+def test_underflow_infinity_and_the_kept_bits_of_each_format_are_named():
+    w = NumbersWidget()
+    assert w.text.value == "0.1" and w.x == np.float32(0.1) and w.text.description == "x ="
+    assert w.compare.value == "" and w.yours_bits == {}  # no learner's quant.py: no line for it
+    w.text.value = "1.0"
+    shown = plain(w.html.value)
+    assert "f32 → f16: keep (significand, implicit 1 included) 10000000000 drop 0000000000000 (13 bits" in shown
+    assert "f32 → bf16: keep (exponent and mantissa) 011111110000000 drop 0000000000000000 (16 bits" in shown
+    w.text.value = "1e-8"  # below f16's smallest subnormal: every kept bit is gone
+    shown = plain(w.html.value)
+    assert "keep (significand, implicit 1 included) (none) drop" in shown and "0x0000" in shown
+    assert "below f16's normal range (6.1e-05): underflow to zero;" in shown and "f16 subnormal" not in shown
+    w.text.value = "1e-6"
+    assert "below f16's normal range (6.1e-05): f16 subnormal;" in plain(w.html.value)
+    w.text.value = "inf"
+    shown = plain(w.html.value)
+    assert shown.count("infinity stays infinity") == 2 and shown.count("0 (infinity)") == 3
