@@ -50,7 +50,7 @@ def test_a_cell_run_again_drops_its_closed_widgets_from_the_output_history(monke
     first = CellWidget()
     ns = {"Out": {1: first, 2: "other"}, "_1": first, "_2": "other", "_": first, "__": "other"}
     hidden = {"_1": first, "_2": "other", "_": first, "__": "other"}  # the displayhook pushes to both
-    hook = types.SimpleNamespace(_="other", __=first, ___="")  # the displayhook's own copies, pushed again later
+    hook = types.SimpleNamespace(_=first, __=first, ___="other")  # the displayhook's own copies, pushed again later
     monkeypatch.setattr(IPython, "get_ipython",
                         lambda: types.SimpleNamespace(user_ns=ns, user_ns_hidden=hidden, displayhook=hook))
     running["cell"] = ("cell A", 3)
@@ -58,7 +58,7 @@ def test_a_cell_run_again_drops_its_closed_widgets_from_the_output_history(monke
     assert first.comm is None and again.comm is not None
     assert ns == {"Out": {2: "other"}, "_2": "other", "_": "", "__": "other"}
     assert hidden == {"_2": "other", "_": "", "__": "other"}
-    assert (hook._, hook.__, hook.___) == ("other", "", "")
+    assert (hook._, hook.__, hook.___) == ("", "", "other")
 
 
 def test_outside_a_notebook_cell_nothing_is_closed():
@@ -72,6 +72,33 @@ def test_left_table_aligns_every_cell_left_and_escapes_its_header():
     """JupyterLab aligns rendered table cells right (10_pitfalls' tables of sentences read ragged)."""
     html = left_table(["id", "a < b"], [["s01", "<code>x</code>"]])
     assert html.count("text-align:left") == 4 and "a &lt; b" in html and "<code>x</code>" in html
+    cell = "text-align:left; vertical-align:top; padding:2px 10px"
+    assert left_table(["h1", "h2"], [["a", "b"], ["c", "d"]]) == (
+        f"<table class='tl-table'><tr><th style='{cell}'>h1</th><th style='{cell}'>h2</th></tr>"
+        f"<tr><td style='{cell}'>a</td><td style='{cell}'>b</td></tr><tr><td style='{cell}'>c</td><td style='{cell}'>d</td></tr></table>")
+
+
+def test_the_running_cell_is_the_execute_requests_cell_id_else_its_code(monkeypatch):
+    """What `_one_per_cell` keys a widget by: the front end's cell id (JupyterLab sends it in the
+    request's metadata), else the cell's source (nbclient sends none), with this run's count."""
+    import types
+
+    import IPython
+
+    parent = {}
+    kernel = types.SimpleNamespace(get_parent=lambda: parent)
+    ip = types.SimpleNamespace(kernel=kernel, execution_count=7)
+    monkeypatch.setattr(IPython, "get_ipython", lambda: ip)
+    parent.update(header={"msg_type": "execute_request"}, metadata={"cellId": "c-1"}, content={"code": "x = 1"})
+    assert common._running_cell() == ("c-1", 7)
+    parent["metadata"] = {}
+    assert common._running_cell() == ("x = 1", 7)
+    parent["content"] = {"code": ""}
+    assert common._running_cell() is None  # nothing to know the cell by
+    parent.update(header={"msg_type": "comm_msg"}, content={"code": "x = 1"})  # a widget's callback
+    assert common._running_cell() is None
+    ip.kernel = None  # IPython without a kernel (a terminal)
+    assert common._running_cell() is None
 
 
 def test_breakable_lets_a_long_test_name_wrap():

@@ -1,12 +1,14 @@
 """Tests for tl_lab/widgets/int4.py: type weights and a group size, check what the widget shows."""
 
 import html as html_module
+import json
 import re
 
 import numpy as np
 import pytest
 
 from conftest import svg_outside
+from tl_lab.paths import REPO_ROOT
 from tl_lab.quant import QLinear, unpack_int4
 from tl_lab.widgets.int4 import NIBBLE_ORDERS, PRESETS, SCALE_RULES, Int4Widget
 
@@ -172,3 +174,20 @@ def test_the_chart_lies_inside_its_box_on_a_level_axis_and_the_table_colours_wha
     w = Int4Widget("1e-9, 0", 2)  # a group whose scale underflows: its rows orange, its note grey
     assert re.findall(r"<tr style='color:([^']+)'>", w.table.value) == ["#e67e22"] * 2
     assert "<p class='tl-message' style='color:#555'><b>" in w.summary.value
+
+
+def test_the_controls_carry_the_names_notebook_06_calls_them():
+    w = Int4Widget()
+    labels = [c.description for c in (w.preset, w.weights_text, w.group, w.scale_rule, w.nibble_order)]
+    assert labels == ["weights preset", "weights W", "group size g", "round with", "pack"]
+    text = " ".join("".join(c["source"]) for c in json.loads((REPO_ROOT / "notebooks" / "06_int4.ipynb").read_text())["cells"]
+                    if c["cell_type"] == "markdown")
+    assert "pack" in text and "group size" in text
+
+
+def test_the_tables_headers_are_one_row_of_cells_and_nothing_else():
+    """Text between a table's tags is drawn above the table by the browser: a header holds cells only."""
+    w = Int4Widget()
+    assert re.search(r"<table[^>]*><tr><th>col</th><th>group</th>.*<th>within s/2</th></tr><tr style=", w.table.value)
+    assert re.search(r"<table[^>]*><tr><th>group</th><th>max\|W\|</th><th>max\|W\| / 7 \(f32\)</th>"
+                     r"<th>stored f16 bits</th><th>s \(stored value\)</th></tr><tr><td>0</td>", w.summary.value)

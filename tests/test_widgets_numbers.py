@@ -70,6 +70,7 @@ def test_numbers_widget_shows_the_learners_bits_beside_the_reference(tmp_path):
     (tmp_path / "quant.py").write_text(reference_source("quant"))
     w = NumbersWidget("0.1", yours=load(tmp_path / "quant.py", "yours_quant_a"))
     assert w.yours_bits == {"f16": 0x2E66, "bf16": 0x3DCD} and "DIFFERENT" not in w.compare.value
+    assert "f16 0x2E66 (the reference's) &middot; bf16 0x3DCD (the reference's)" in w.compare.value
     src = reference_source("quant")
     for e in get("s08").edits:
         src = apply_edit(src, e, "s08")
@@ -98,5 +99,7 @@ def test_underflow_infinity_and_the_kept_bits_of_each_format_are_named():
     w.text.value = "1e-6"
     assert "below f16's normal range (6.1e-05): f16 subnormal;" in plain(w.html.value)
     w.text.value = "inf"
-    shown = plain(w.html.value)
-    assert shown.count("infinity stays infinity") == 2 and shown.count("0 (infinity)") == 3
+    assert w.html.value.count(": infinity stays infinity</p>") == 2 and w.html.value.count(">0 (infinity)<") == 3
+    w.text.value = "70000"
+    assert w.html.value.count(">overflow: infinity<") == 1  # f16's row; bf16 keeps the range
+    assert "<th>hex</th><th>value stored</th><th>relative error</th></tr>" in w.html.value

@@ -202,6 +202,16 @@ EQUIVALENT = [
     ("runner", "_check_tokens: text added around the hint of the text-tokens refusal (\"XX(encode ...)XX\")",
      "message only: the refusal still names the sequence, the text and the hint; the tests of a learner's "
      "runner check those words, not the whole sentence"),
+    ("widgets.blockmap", "a colour or a CSS length in other letters (#ffffff -> #FFFFFF, 90px -> 90PX), the reset "
+     "button's width left to the browser, a bar a pixel lower or a table's line ending a third of a box along",
+     "the same colours and lengths (both are case-blind), or a few pixels inside the drawing, whose box and "
+     "columns are tested (`svg_outside`): presentation a test should not pin"),
+    ("widgets.int4", "__init__: `_quiet` left False while a given W and g are put in, `observe` of every trait, "
+     "`view` first \"\" (then refresh sets it); _on_change: `str(g)` -> `str(None)`",
+     "each only adds refreshes that end in the same view; a change event comes only when a value changed, so "
+     "the typed values never equal the preset's there and the preset becomes \"typed\" either way"),
+    ("widgets.numbers", "__init__: `narrowings` first None (set by the first refresh); the placeholder in capitals",
+     "refresh runs in __init__ before anything reads it; a placeholder's case is presentation"),
     ("switch", "SourceFinder.find_spec: spec_from_file_location's location `origin` -> None, or left out",
      "without a location importlib asks the loader for it (get_filename), which is the same path"),
     ("paths", "open_regular: `getattr(os, \"O_NONBLOCK\", 0)`'s default 0 -> 1, None or none",

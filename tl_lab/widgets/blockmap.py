@@ -85,7 +85,7 @@ def prefill(pool: KvPool, st: StoryState, name: str, tokens: list[int]) -> None:
         write_tokens(pool, b, tokens[j * B:(j + 1) * B])
     blocks.written(seq, tokens, len(tokens))
     st.seqs[name] = seq
-    st.last = {"seq": name, "hits": seq.table[:seq.hits], "new": new,
+    st.last = {"hits": seq.table[:seq.hits], "new": new,
                "evicted": [b for b in new if b in cached_before]}
 
 
@@ -104,7 +104,7 @@ def finish(pool: KvPool, st: StoryState, name: str) -> None:
     so the tail is evicted before the shared head)."""
     released = BlockManager(pool).release(st.seqs.pop(name))
     by = {k: [b for b in released if pool.state(b) == k] for k in ("free", "cached", "in_use")}
-    st.last = {"seq": name, "released": released, **by}
+    st.last = {"released": released, **by}
 
 
 @dataclass(frozen=True)
