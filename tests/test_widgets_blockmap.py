@@ -283,7 +283,7 @@ def test_a_map_of_any_pool_takes_no_learners_pool():
 
 def test_every_pools_drawing_lies_inside_its_box_and_an_empty_lru_says_so():
     """Each size's grid (one row, 6, 8 and 16 columns) with hashes, fills and a table below it."""
-    for n, cols in ((5, 5), (12, 6), (40, 8), (100, 16)):
+    for n, cols in ((5, 5), (8, 8), (12, 6), (40, 8), (100, 16)):
         pool = KvPool(KvCfg(n_blocks=n, block_tokens=4, n_layers=1, n_kv_heads=1, head_dim=2))
         assert "LRU, oldest first (evicted first): empty" in plain(BlockMap.from_pool(pool).grid.value)
         ids = pool.alloc(min(n, 9))
@@ -296,3 +296,8 @@ def test_every_pools_drawing_lies_inside_its_box_and_an_empty_lru_says_so():
         assert svg_outside(grid) == [], n
         columns = {int(x) for x in re.findall(r"<g class='tl-block'[^>]*>\s*<rect x='(\d+)'", grid)}
         assert len(columns) == cols, (n, sorted(columns))
+
+
+def test_the_storys_keys_read_as_the_token_plus_a_quarter_per_kv_head():
+    """K = token + h / 4 (V its negative): exact in f16, so a learner finds 7.25 in head 1's slab for token 7."""
+    assert [key_value(7, h) for h in range(3)] == [7.0, 7.25, 7.5]

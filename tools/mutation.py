@@ -203,9 +203,12 @@ EQUIVALENT = [
      "message only: the refusal still names the sequence, the text and the hint; the tests of a learner's "
      "runner check those words, not the whole sentence"),
     ("widgets.blockmap", "a colour or a CSS length in other letters (#ffffff -> #FFFFFF, 90px -> 90PX), the reset "
-     "button's width left to the browser, a bar a pixel lower or a table's line ending a third of a box along",
+     "button's width left to the browser, a bar a pixel lower, a hash's label 12 pixels to the left or a table's "
+     "line ending a third of a box along",
      "the same colours and lengths (both are case-blind), or a few pixels inside the drawing, whose box and "
      "columns are tested (`svg_outside`): presentation a test should not pin"),
+    ("widgets.blockmap", "__init__: `self.step = 0` -> 1",
+     "a story's map goes to step 0 (`goto`) before anything reads it; a map of a given pool has no story buttons"),
     ("widgets.int4", "__init__: `_quiet` left False while a given W and g are put in, `observe` of every trait, "
      "`view` first \"\" (then refresh sets it); _on_change: `str(g)` -> `str(None)`",
      "each only adds refreshes that end in the same view; a change event comes only when a value changed, so "
