@@ -210,9 +210,11 @@ EQUIVALENT = [
     ("widgets.blockmap", "__init__: `self.step = 0` -> 1",
      "a story's map goes to step 0 (`goto`) before anything reads it; a map of a given pool has no story buttons"),
     ("widgets.int4", "__init__: `_quiet` left False while a given W and g are put in, `observe` of every trait, "
-     "`view` first \"\" (then refresh sets it); _on_change: `str(g)` -> `str(None)`",
+     "`view` first \"\" (then refresh sets it), the labels' width an invalid CSS length; _on_change: `str(g)` -> "
+     "`str(None)`",
      "each only adds refreshes that end in the same view; a change event comes only when a value changed, so "
-     "the typed values never equal the preset's there and the preset becomes \"typed\" either way"),
+     "the typed values never equal the preset's there and the preset becomes \"typed\" either way; a CSS length "
+     "the browser cannot read leaves its default label width (presentation)"),
     ("widgets.numbers", "__init__: `narrowings` first None (set by the first refresh); the placeholder in capitals",
      "refresh runs in __init__ before anything reads it; a placeholder's case is presentation"),
     ("switch", "SourceFinder.find_spec: spec_from_file_location's location `origin` -> None, or left out",
