@@ -16,12 +16,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import re
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 NB_DIR = ROOT / "notebooks"
 NOTEBOOKS = sorted(p.name for p in NB_DIR.glob("[0-9][0-9]_*.ipynb"))
+KERNEL_LOGS = Path(tempfile.gettempdir()) / "tl_lab-kernels"  # each kernel's own output, kept where its block raised
 CELL_TIMEOUT = 600  # seconds; the slowest cell (10's pitfall checks on a busy machine) takes about a minute
 
 
@@ -39,11 +41,21 @@ class NotebookKernel:
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> NotebookKernel:
-        self._stack.enter_context(self.client.setup_kernel())
+        # The kernel's own output (its start-up warnings, a crash's traceback) goes to a file, not to the
+        # terminal: a kernel started from a thread (test_notebooks runs several at a time) printed over
+        # pytest's report whenever its capture was paused. The file stays where the block using the kernel
+        # raised, for the reason, and goes otherwise.
+        KERNEL_LOGS.mkdir(parents=True, exist_ok=True)
+        self.log = tempfile.NamedTemporaryFile("w", prefix=f"{Path(self.name).stem}-", suffix=".log", dir=KERNEL_LOGS,
+                                               delete=False)
+        self._stack.callback(self.log.close)
+        self._stack.enter_context(self.client.setup_kernel(stdout=self.log, stderr=self.log))
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, kind, *exc) -> None:
         self._stack.close()
+        if kind is None:
+            Path(self.log.name).unlink(missing_ok=True)
 
     def run_all(self) -> float:
         """Every cell in order (CellExecutionError at the first that raises); -> seconds. The
