@@ -2,6 +2,7 @@
 choosing (a pitfall's edited reference, a learner's file), and refuses imports after a bad setting."""
 
 import importlib
+import importlib.util
 import inspect
 import sys
 import traceback
