@@ -54,3 +54,14 @@ def test_every_module_runs_its_mutants_on_a_fork_safe_threading_layer(tmp_path, 
         mutation._mutmut_env("pipeline")
     (tmp_path / "libtbb.so.12").touch()
     assert mutation._mutmut_env("pipeline")["NUMBA_THREADING_LAYER"] == "tbb"
+
+
+def test_all_mutates_every_module_of_the_table(tmp_path, monkeypatch):
+    """tools/mutation.sh passes `all`: the module list lives in MODULES alone."""
+    ran = []
+    monkeypatch.setattr(mutation, "_machine", lambda: {})
+    monkeypatch.setattr(mutation, "run_module", lambda module, *a: ran.append(module) or
+                        {"killed": 0, "tried": 0, "score": None, "mutants_in_module": 0, "seconds": 0})
+    assert mutation.main(["all", "--label", "t", "--out", str(tmp_path / "m.json")]) == 0
+    assert ran == list(mutation.MODULES)
+    assert "tools/mutation.py \"${args[@]}\" --kernels all" in (REPO_ROOT / "tools" / "mutation.sh").read_text()

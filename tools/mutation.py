@@ -500,7 +500,8 @@ def _machine() -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("modules", nargs="*", help=f"modules to mutate, of {', '.join(MODULES)} (default: none)")
+    p.add_argument("modules", nargs="*", help=f"modules to mutate, of {', '.join(MODULES)}, or all of them: all "
+                                                 "(default: none)")
     p.add_argument("--label", required=True, help="where the scores go in the results, e.g. before / after")
     p.add_argument("--ref", default="HEAD", help="the git commit to mutate (default HEAD)")
     p.add_argument("--sample", type=int, help="run a seeded random sample of this many mutants per module")
@@ -513,6 +514,8 @@ def main(argv: list[str] | None = None) -> int:
                    "sample (after adding tests: the rest stay killed)")
     p.add_argument("--out", type=Path, default=RESULTS, help=f"the results file (default {RESULTS.relative_to(REPO)})")
     args = p.parse_args(argv)
+    if args.modules == ["all"]:
+        args.modules = list(MODULES)
     unknown = [m for m in args.modules if m not in MODULES]
     if unknown:
         p.error(f"no test selection for {unknown}; known: {', '.join(MODULES)}")

@@ -17,4 +17,4 @@ sample=${3:-40}
 "$PY" -c 'import mutmut' 2>/dev/null || { echo "mutation.sh needs mutmut: pip install mutmut" >&2; exit 2; }
 args=(--label "$label" --ref "$ref" --budget "${TL_LAB_MUTATION_BUDGET:-600}")
 [ "$sample" = all ] || args+=(--sample "$sample")
-nice -n 10 "$PY" tools/mutation.py "${args[@]}" --kernels kv blocks sample quant model forward runner generate tokenizer fetch products q8 compare machine tuning pipeline fp8 widening checks sample_reference schema lazy_kernels paths errors switch widgets.blockmap widgets.int4 widgets.numbers widgets.common
+nice -n 10 "$PY" tools/mutation.py "${args[@]}" --kernels all
