@@ -28,9 +28,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import report  # noqa: E402
+from tl_lab.machine import AVX2_ONLY  # noqa: E402
 
 SHAPES = [(1152, 576), (576, 576), (3072, 576), (576, 1536)]  # (N, K): stacked q/k/v, o, gate/up, down
-AVX2 = "+64bit,+avx,+avx2,+fma,+f16c,+sse4.2,+popcnt,+bmi,+bmi2,+lzcnt,+movbe"
 
 
 def measure(rounds: int) -> dict:
@@ -96,7 +96,7 @@ def main() -> None:
                 if name != "native":
                     env["NUMBA_CPU_NAME"] = name
                 if "AVX2 only" in t:
-                    env["NUMBA_CPU_FEATURES"] = AVX2
+                    env["NUMBA_CPU_FEATURES"] = AVX2_ONLY["NUMBA_CPU_FEATURES"]
                 p = subprocess.run([sys.executable, __file__, "--one", "--rounds", str(args.rounds)], env=env,
                                    capture_output=True, text=True, check=False)
                 if p.returncode != 0:

@@ -22,11 +22,6 @@ INSTALL_HINT = {
 }
 
 
-AVX2 = {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+64bit,+avx,+avx2,+fma,+f16c,+sse4.2,+popcnt,+bmi,+bmi2"}
-"""numba's environment for a target of AVX2 only, whatever this host has: the code processor D gets,
-for the tests that hold it to the same bits as this host's own (each in a process and cache of its own)."""
-
-
 def need(module: str):
     """Import `module` or fail the test with the install command (never skip: a skip hides a gap)."""
     try:

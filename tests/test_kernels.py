@@ -8,11 +8,11 @@ import math
 
 import numpy as np
 import pytest
-from conftest import AVX2
 
 from tl_lab.forward import PoolKv, Step, attend_reference, write_kv
 from tl_lab.kernels import (QUERY_TILE, ROWS, faster_of, head_f32, lanes_ready, matmul8_f32, matvec1_f32, matvec_f32,
                             product_f32, rows_f32, set_threads)
+from tl_lab.machine import AVX2_ONLY
 from tl_lab.q8 import Q8Linear
 from tl_lab.quant import QLinear, f32_to_f16
 
@@ -530,7 +530,7 @@ np.savez(sys.argv[1], **out)
 def bits_runs(tmp_path_factory):
     """`_BITS_SCRIPT`'s outputs in three fresh processes: "compiled", this host's target compiling into
     an empty cache of its own; "cached", the same target loading what that one left; "halves", the
-    target forced to AVX2 (`conftest.AVX2`) compiling into another. The two that compile are mostly numba's
+    target forced to AVX2 (`machine.AVX2_ONLY`) compiling into another. The two that compile are mostly numba's
     compiler on one core each, so they run side by side (on processor E the two tests that use these
     runs took 173 s one process after another)."""
     import os
@@ -539,7 +539,7 @@ def bits_runs(tmp_path_factory):
 
     where = tmp_path_factory.mktemp("bits")
     envs = {"compiled": {"NUMBA_CACHE_DIR": str(where / "numba")},
-            "halves": {"NUMBA_CACHE_DIR": str(where / "numba-avx2"), **AVX2}}
+            "halves": {"NUMBA_CACHE_DIR": str(where / "numba-avx2"), **AVX2_ONLY}}
     envs["cached"] = envs["compiled"]
 
     def start(name):

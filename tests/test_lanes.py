@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 from numba import njit
-from conftest import AVX2
 
 from tl_lab.lanes import (HALF, LANES, vexp, vfma, vfma8, vjoin, vload, vload8, vload_f16_part, vload_part, vmax, vhat,
                           vq8, vsplat, vstore_few, vstore_part, vstore_sums82, vsum, vsum4, vtop, vtranspose16, vzero, vzero8)
+from tl_lab.machine import AVX2_ONLY
 
 
 @njit(cache=True)
@@ -220,7 +220,7 @@ def test_hat_gives_the_same_bits_without_avx512(tmp_path):
     import sys
 
     outs = []
-    for name, target in (("native", {}), ("avx2", AVX2)):
+    for name, target in (("native", {}), ("avx2", AVX2_ONLY)):
         env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / f"numba-{name}"), **target}
         out = tmp_path / f"{name}.npy"
         subprocess.run([sys.executable, "-c", _HAT_SCRIPT, "0.01171875", str(out)], env=env, check=True, timeout=300)

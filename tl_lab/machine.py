@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["describe", "cores", "cache_bytes", "read_gbps", "FEATURES", "POOL_DEFAULTS", "pool_settings"]
+__all__ = ["describe", "cores", "AVX2_ONLY", "cache_bytes", "read_gbps", "FEATURES", "POOL_DEFAULTS", "pool_settings"]
 
 POOL_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "3000"}
 """How the kernels' OpenMP threads wait between parallel loops, unless the user's environment says
@@ -43,6 +43,11 @@ def pool_settings() -> dict[str, str]:
 FEATURES = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
             "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve")
 """The instruction-set flags `describe` reports, when the processor has them (Linux's names)."""
+
+AVX2_ONLY = {"NUMBA_CPU_NAME": "haswell",
+             "NUMBA_CPU_FEATURES": "+64bit,+avx,+avx2,+fma,+f16c,+sse4.2,+popcnt,+bmi,+bmi2,+lzcnt,+movbe"}
+"""numba's environment for the code a processor of AVX2 and no AVX-512 gets (processor D), on any
+host: what the tests hold to the same bits as the host's own code and `bench_targets.py` times."""
 
 _CACHE = Path("/sys/devices/system/cpu/cpu0/cache")
 
