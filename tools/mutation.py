@@ -81,6 +81,15 @@ MODULES = {
     "widgets.int4": ["tests/test_widgets_int4.py"],
     "widgets.numbers": ["tests/test_widgets_numbers.py"],
     "widgets.common": ["tests/test_widgets_common.py"],
+    "widgets.checkpoint": ["tests/test_widgets_checkpoint.py"],
+    "widgets.enginesteps": ["tests/test_widgets_enginesteps.py"],
+    "widgets.exercise": ["tests/test_widgets_exercise.py"],
+    "widgets.pitfalls": ["tests/test_widgets_pitfalls.py"],
+    # the sampler's three modules share one test file; its SmolLM2 test is a second's run of the
+    # fetched model, kept: it is the one that drives the playground on a real vocabulary
+    "widgets.sampler_charts": ["tests/test_widgets_sampler.py"],
+    "widgets.sampler_playground": ["tests/test_widgets_sampler.py"],
+    "widgets.model_playground": ["tests/test_widgets_sampler.py"],
     "errors": ["tests/test_errors.py"],
 }
 
