@@ -5,6 +5,8 @@ still applies (its text found exactly once, as a pitfall's edit must be), the mu
 module gets, and how mutmut's exit codes are scored.
 """
 
+import json
+
 import pytest
 
 from conftest import tool
@@ -53,15 +55,36 @@ def test_every_module_runs_its_mutants_on_a_fork_safe_threading_layer(tmp_path, 
     with pytest.raises(SystemExit, match="pip install 'tbb<2023'"):
         mutation._mutmut_env("pipeline")
     (tmp_path / "libtbb.so.12").touch()
-    assert mutation._mutmut_env("pipeline")["NUMBA_THREADING_LAYER"] == "tbb"
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/elsewhere")  # set after import: the run still keeps it, after TBB's
+    env = mutation._mutmut_env("pipeline")
+    assert env["NUMBA_THREADING_LAYER"] == "tbb" and env["LD_LIBRARY_PATH"] == f"{tmp_path}:/elsewhere"
+    monkeypatch.delenv("LD_LIBRARY_PATH")
+    assert mutation._mutmut_env("pipeline")["LD_LIBRARY_PATH"] == str(tmp_path)
+
+
+def _no_runs(monkeypatch, ran: list, machine: dict) -> None:
+    """main() with mutmut's runs replaced by a note of the module asked for, on `machine`."""
+    monkeypatch.setattr(mutation, "_machine", lambda: machine)
+    monkeypatch.setattr(mutation, "run_module", lambda module, *a: ran.append(module) or
+                        {"killed": 0, "tried": 0, "score": None, "mutants_in_module": 0, "seconds": 0})
 
 
 def test_all_mutates_every_module_of_the_table(tmp_path, monkeypatch):
     """tools/mutation.sh passes `all`: the module list lives in MODULES alone."""
     ran = []
-    monkeypatch.setattr(mutation, "_machine", lambda: {})
-    monkeypatch.setattr(mutation, "run_module", lambda module, *a: ran.append(module) or
-                        {"killed": 0, "tried": 0, "score": None, "mutants_in_module": 0, "seconds": 0})
+    _no_runs(monkeypatch, ran, {})
     assert mutation.main(["all", "--label", "t", "--out", str(tmp_path / "m.json")]) == 0
     assert ran == list(mutation.MODULES)
     assert "tools/mutation.py \"${args[@]}\" --kernels all" in (REPO_ROOT / "tools" / "mutation.sh").read_text()
+
+
+def test_each_label_keeps_the_machine_it_ran_on(tmp_path, monkeypatch):
+    """A later run on another machine used to overwrite the one machine of the file: an older label's
+    scores then claimed the newer machine. Each label has its own; `machine` is the last run's."""
+    out = tmp_path / "m.json"
+    for label, cpu in (("first", "processor A"), ("second", "processor B")):
+        _no_runs(monkeypatch, [], {"processor": cpu})
+        mutation.main(["kv", "--label", label, "--out", str(out)])
+    doc = json.loads(out.read_text())
+    assert doc["machines"] == {"first": {"processor": "processor A"}, "second": {"processor": "processor B"}}
+    assert doc["machine"] == {"processor": "processor B"}

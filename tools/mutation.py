@@ -15,7 +15,7 @@ Two kinds of mutants, both scored as killed / (killed + survived):
 
 Each run merges its scores into benchmarks/results/mutation.json under results[label][module],
 with the survivors' names and diffs (mutmut show) so they can be read and closed or called
-equivalent. tools/mutation.sh is the rerun of the whole measurement.
+equivalent, and the machine it ran on under machines[label] (`machine`: the last run's). tools/mutation.sh is the rerun of the whole measurement.
 """
 
 from __future__ import annotations
@@ -385,25 +385,31 @@ def rerun_survivors(module: str, ref: str, sample: int | None, seed: int, budget
 
 MUTMUT = [sys.executable, "-m", "mutmut"]
 TBB_LIB = Path(sys.prefix) / "lib"
-FORK_SAFE = {"generate": {"NUMBA_THREADING_LAYER": "workqueue", "NUMBA_NUM_THREADS": "1"},
-             "pipeline": {"NUMBA_THREADING_LAYER": "tbb", "LD_LIBRARY_PATH": os.pathsep.join(
-                 filter(None, (str(TBB_LIB), os.environ.get("LD_LIBRARY_PATH"))))}}
+_ONE_KERNEL_THREAD = {"NUMBA_THREADING_LAYER": "workqueue", "NUMBA_NUM_THREADS": "1"}
+FORK_SAFE = {"generate": _ONE_KERNEL_THREAD, "pipeline": {"NUMBA_THREADING_LAYER": "tbb"},
+             **{f"widgets.{m}": _ONE_KERNEL_THREAD for m in ("sampler_charts", "sampler_playground", "model_playground")}}
 """What each module's mutmut run sets for numba. mutmut forks each mutant's run from a process that has
 already run the tests, and GNU OpenMP (numba's threading layer here) is not fork-safe: a child's first
 parallel kernel waited forever, until mutmut's timeout ended it with SIGTERM (in the 'forward' module's
 first sample, 24 of 40 mutants, every one whose run reached a parallel kernel). So the runs use numba's
 own workqueue layer; where a module's tests launch kernels from two Python threads at once, which
 workqueue refuses at two kernel threads (it aborts), with one kernel thread ('generate', whose tests need
-no second one; GNU OpenMP at one thread still hung there, in a test that streams from a Python thread).
+no second one; GNU OpenMP at one thread still hung there, in a test that streams from a Python thread;
+and the sampler widgets', whose model playground prefills a 512-token prompt pipelined, in two stages).
 'pipeline' needs both, two kernel threads launched from two Python threads (its two stages): there TBB,
 numba's one layer both fork-safe and safe from several Python threads (`pip install 'tbb<2023'`, whose
-libraries land in the environment's lib/, off the loader's path, hence LD_LIBRARY_PATH)."""
+libraries land in the environment's lib/, off the loader's path, hence LD_LIBRARY_PATH, which
+`_mutmut_env` puts first on the path of the run's own environment)."""
 
 
 def _mutmut_env(module: str) -> dict[str, str]:
-    env = FORK_SAFE.get(module, {"NUMBA_THREADING_LAYER": "workqueue"})
-    if env["NUMBA_THREADING_LAYER"] == "tbb" and not any(TBB_LIB.glob("libtbb.so.12*")):
-        raise SystemExit(f"{module}: its mutants run on numba's TBB layer (FORK_SAFE): pip install 'tbb<2023'")
+    """The environment of a module's mutmut run: this process's, with FORK_SAFE's settings for numba."""
+    env = dict(FORK_SAFE.get(module, {"NUMBA_THREADING_LAYER": "workqueue"}))
+    if env["NUMBA_THREADING_LAYER"] == "tbb":
+        if not any(TBB_LIB.glob("libtbb.so.12*")):
+            raise SystemExit(f"{module}: its mutants run on numba's TBB layer (FORK_SAFE): pip install 'tbb<2023'")
+        # read at the run, not at import: the path the run is started with, whatever it was then
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, (str(TBB_LIB), os.environ.get("LD_LIBRARY_PATH"))))
     return dict(os.environ, **env)
 
 
@@ -529,7 +535,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"no test selection for {unknown}; known: {', '.join(MODULES)}")
     doc = json.loads(args.out.read_text()) if args.out.exists() else {"results": {}}
-    doc["machine"] = _machine()
+    doc["machine"] = _machine()  # the last run's; `machines` keeps each label's (a rescore runs nothing)
+    if not args.rescore and (args.modules or args.kernels):
+        doc.setdefault("machines", {})[args.label] = doc["machine"]
     doc.update(method=METHOD, equivalent=[dict(zip(("module", "change", "why"), e)) for e in EQUIVALENT])
     bucket = doc["results"].setdefault(args.label, {})
     for module in args.modules:
