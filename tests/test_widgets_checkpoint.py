@@ -9,7 +9,9 @@ import pytest
 
 from tl_lab.model import ModelConfig, SafeTensors
 from tl_lab.paths import DATA_DIR
-from tl_lab.widgets.checkpoint import WIDTH, CheckpointView, file_map_html, params_in_file
+from tl_lab.widgets.checkpoint import (
+    BAR_H, CHAR_W, CHECKPOINTS, WIDTH, CheckpointView, file_map_html, file_segments, params_in_file, render_map,
+)
 
 
 def plain(html: str) -> str:
@@ -112,3 +114,75 @@ def test_a_tensor_name_of_megabytes_makes_a_page_of_kilobytes(tmp_path):
     page = file_map_html(p)
     assert "tl-refusal" not in page and "characters left out" in page
     assert len(page) < 100_000, len(page)
+
+
+def labelled_segments(svg: str) -> list[dict]:
+    """Every segment of both bars that has a label: its rectangle (x, y, w) and its text (tx, ty, text)."""
+    pat = (r"<rect class='tl-seg'[^>]* x='([\d.]+)' y='(\d+)' width='([\d.]+)'[^>]*/>"
+           r"<text x='([-\d.]+)' y='([-\d.]+)' text-anchor='middle'>([^<]*)</text>")
+    return [dict(x=float(x), y=int(y), w=float(w), tx=float(tx), ty=float(ty), text=html_module.unescape(t))
+            for x, y, w, tx, ty, t in re.findall(pat, svg)]
+
+
+def byte_cells(svg: str) -> list[tuple[float, float, float, str]]:
+    """The row of first bytes: (x, width, the text's x, the text) per byte."""
+    pat = (r"<rect class='tl-byte'[^>]* x='([\d.]+)' y='\d+' width='([\d.]+)'[^>]*/>"
+           r"<text x='([\d.]+)'[^>]*>([^<]*)</text>")
+    return [(float(x), float(w), float(tx), html_module.unescape(t)) for x, w, tx, t in re.findall(pat, svg)]
+
+
+@pytest.mark.parametrize("name", list(CHECKPOINTS))
+def test_each_label_sits_inside_its_segment_and_fits_it(name):
+    """A label names the segment it is drawn on: centred in it, and no longer than it (the tiny
+    Llama's narrow segments are within a few pixels of their '#i', so a label too long would show)."""
+    labelled = labelled_segments(CheckpointView(value=name).map.value)
+    assert labelled
+    for s in labelled:
+        assert s["x"] <= s["tx"] <= s["x"] + s["w"] and s["y"] <= s["ty"] <= s["y"] + BAR_H, s
+        assert CHAR_W * len(s["text"]) + 4 <= s["w"], s
+
+
+def test_the_rows_are_stacked_each_under_its_caption():
+    """The whole file, its header and its first bytes: three rows top to bottom, each caption above its
+    row and under the row before, all inside the drawing."""
+    page = CheckpointView(value="bigram").map.value
+    captions = [int(y) for y in re.findall(r"<text x='10' y='(\d+)'>", page)]
+    tops = sorted({int(y) for y in re.findall(r"<rect class='tl-(?:seg|byte)'[^>]* y='(\d+)'", page)})
+    height = int(re.search(r"<svg class='tl-filemap'[^>]* height='(\d+)'", page).group(1))
+    assert len(captions) == len(tops) == 3
+    for k, (caption, top) in enumerate(zip(captions, tops)):
+        assert caption < top and (k == 0 or tops[k - 1] + BAR_H < caption - 10), (captions, tops)
+    assert tops[-1] + BAR_H <= height
+
+
+def test_the_first_bytes_show_the_length_in_hex_then_the_header_as_text():
+    """The int4 tiny Llama's header is 3,432 = 0xD68 bytes: its first byte 0x68 is the letter h, shown
+    as 68 all the same (it is a byte of N); the header's own bytes show as the JSON's characters."""
+    view = CheckpointView(value="tiny Llama (int4)")
+    first = (view.path / "model.safetensors").read_bytes()[:36]
+    cells = byte_cells(view.map.value)
+    assert [t for *_, t in cells] == [f"{b:02X}" for b in first[:8]] + list(first[8:].decode())
+    assert cells[0][3] == "68" and first[0] == ord("h")
+    for (x, w, tx, _), (x_next, *_) in zip(cells, cells[1:]):
+        assert x < tx < x + w and x_next == pytest.approx(x + w, abs=0.01)  # one byte after the other
+    assert "N = 3,432 = 0xD68 as a u64 little endian" in plain(view.map.value)
+
+
+def test_the_table_gives_each_tensors_data_offsets_and_file_bytes():
+    view = CheckpointView(value="tiny Llama (BF16)")
+    rows = re.findall(r"<tr><td>(\d+)</td><td>([^<]*)</td>(?:<td>[^<]*</td>){2}<td>([^<]*)</td><td>([^<]*)</td>",
+                      view.map.value)
+    tensors = view.file_layout.tensors
+    assert [name for _, name, _, _ in rows] == ["N (u64 LE)", "JSON header", *tensors]
+    assert [offsets for _, _, offsets, _ in rows[:2]] == ["", ""]
+    for (_, name, offsets, file_bytes), seg in zip(rows[2:], view.segments[2:]):
+        a, b = tensors[name].data_offsets
+        assert offsets == f"[{a}, {b}]" and file_bytes == f"[{a + view.file_layout.data_start}, {b + view.file_layout.data_start})"
+
+
+def test_file_map_html_draws_the_first_bytes_and_render_map_only_when_given():
+    path = DATA_DIR / "bigram" / "model.safetensors"
+    assert drawn_bytes(file_map_html(path)) == list(path.read_bytes()[:36])
+    with SafeTensors.open(path) as f:
+        layout = f.layout
+    assert drawn_bytes(render_map(file_segments(layout), layout, "bigram")) == []

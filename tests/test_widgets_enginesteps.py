@@ -3,11 +3,13 @@
 import html as html_module
 import re
 
+import pytest
+
 from tl_lab.generate import Engine, Request
 from tl_lab.paths import DATA_DIR
 from tl_lab.runner import EngineConfig, KvConfig
 from tl_lab.sample import SamplingParams
-from tl_lab.widgets.enginesteps import EngineSteps
+from tl_lab.widgets.enginesteps import CELL_H, CELL_W, DECODE, LEFT, PREFILL, TOP, EngineSteps
 
 SYSTEM = "You are a careful assistant. Answer in one short sentence.\n"  # 3 full blocks of 16
 
@@ -67,3 +69,62 @@ def test_no_records_is_a_note():
 
     w = EngineSteps([])
     assert "No steps recorded" in plain(w.detail.value) and f"color:{NOTE}" in w.detail.value
+
+
+@pytest.fixture(scope="module")
+def records():
+    """One recorded run (the engine's steps are the same each time: greedy); each test makes its widget."""
+    (w, _), _ = run()
+    return w.records
+
+
+def drawn_cells(svg: str) -> list[dict]:
+    pat = (r"<g class='tl-cell' data-step='(\d+)' data-request='(\d+)' data-n='\d+'>"
+           r"<rect x='(\d+)' y='(\d+)' width='(\d+)' height='(\d+)' fill='([^']+)'/>")
+    return [dict(step=int(s), req=int(r), x=int(x), y=int(y), w=int(w), h=int(h), fill=f)
+            for s, r, x, y, w, h, f in re.findall(pat, svg)]
+
+
+def test_each_cell_is_in_its_steps_column_and_its_requests_row_coloured_by_kind(records):
+    """Blue a prompt chunk, green a decode token, as the legend says; every cell inside the drawing."""
+    svg = EngineSteps(records).timeline.value
+    width, height = map(int, re.search(r"<svg [^>]*width='(\d+)' height='(\d+)'", svg).groups())
+    prompt = {(rec.index, r.request): r.prompt > 0 for rec in records for r in rec.rows}
+    cells = drawn_cells(svg)
+    assert len(cells) == len(prompt) and {c["fill"] for c in cells} == {PREFILL, DECODE}
+    for c in cells:
+        column, row = LEFT + c["step"] * CELL_W, TOP + c["req"] * CELL_H
+        assert column <= c["x"] and c["x"] + c["w"] <= column + CELL_W, c
+        assert row <= c["y"] and c["y"] + c["h"] <= row + CELL_H, c
+        assert c["fill"] == (PREFILL if prompt[c["step"], c["req"]] else DECODE), c
+        assert c["x"] + c["w"] <= width and c["y"] + c["h"] <= height
+    legend = plain(svg)
+    assert "prompt chunk" in legend and "decode" in legend and "prefix-cache hits at admission" in legend
+
+
+def test_the_steps_are_numbered_every_five_and_the_selected_one_is_framed(records):
+    w = EngineSteps(records)
+    numbers = re.findall(r"<text x='([\d.]+)' y='14'[^>]*>(\d+)</text>", w.timeline.value)
+    assert [int(n) for _, n in numbers] == list(range(0, len(records), 5)) == [0, 5]
+    for x, n in numbers:  # centred over its column
+        assert float(x) == LEFT + int(n) * CELL_W + CELL_W / 2
+    for k in (0, 4):
+        w.show(k)
+        frame = re.search(r"<rect x='(\d+)' y='(-?\d+)' width='(\d+)' height='(\d+)' fill='none'", w.timeline.value)
+        x, y, fw, fh = map(int, frame.groups())
+        assert (x, fw) == (LEFT + k * CELL_W, CELL_W) and y <= TOP and y + fh >= TOP + len(w.labels) * CELL_H
+
+
+def test_the_details_say_what_each_row_did_and_sampled(records):
+    """A prompt chunk samples nothing ('—') unless it ends the prompt; a decode row samples one id."""
+    w = EngineSteps(records)
+    shown = plain(w.detail.value)
+    r0, r1 = records[0].rows
+    assert "one ForwardBatch of 2 sequence(s), 28 new token(s)" in shown
+    assert ("req 0 admitted, 3 block(s) found by prefix hash. req 1 admitted, 3 block(s) found by prefix hash. "
+            "request rows") in shown
+    assert f"req 0 prompt chunk of 14 48 … 61 {r0.token}" in shown and f"req 1 prompt chunk of 14 48 … 61 {r1.token}" in shown
+    w.show(1)
+    assert f"req 0 decode 62 … 62 {records[1].rows[0].token} " in plain(w.detail.value)
+    w.show(3)
+    assert "req 2 prompt chunk of 32 0 … 31 — " in plain(w.detail.value) and records[3].rows[0].token is None

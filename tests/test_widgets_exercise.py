@@ -1,8 +1,18 @@
 """tl_lab/widgets/exercise.py: the check table as a widget, re-run with its button."""
 
+import html as html_module
+import re
+
 from tl_lab.exercise.cli import start
+from tl_lab.exercise.grading import Row
 from tl_lab.exercise.stubs import reference_source
-from tl_lab.widgets.exercise import CheckPanel
+from tl_lab.widgets import exercise
+from tl_lab.widgets.common import NOTE
+from tl_lab.widgets.exercise import CheckPanel, table_html
+
+
+def plain(html: str) -> str:
+    return " ".join(html_module.unescape(re.sub(r"<[^>]+>", " ", html)).split())
 
 
 def test_the_check_panel_runs_the_check_and_redraws_on_each_press(tmp_path):
@@ -32,8 +42,48 @@ def test_another_pick_clears_the_table_it_no_longer_answers(tmp_path):
     panel.button.click()
     assert panel.rows and "0 of 1 modules pass" in panel.table.value
     panel.modules.value = "kv"
-    assert panel.rows == [] and "kv: press check" in panel.table.value
+    assert panel.rows == [] and panel.message == "" and "kv: press check" in panel.table.value
     panel.button.click()
     assert [r.module for r in panel.rows] == ["kv"]
     panel.ref_deps.value = True
     assert panel.rows == [] and "press check" in panel.table.value
+
+
+def test_a_new_panel_asks_for_a_check_as_a_note(tmp_path):
+    panel = CheckPanel(tmp_path)
+    assert panel.rows == [] and panel.message == ""
+    assert "press check" in plain(panel.table.value) and f"color:{NOTE}" in panel.table.value  # not an error
+
+
+def test_while_the_check_runs_its_button_is_off_and_a_refusal_is_forgotten_after(tmp_path, monkeypatch):
+    """A press while a check runs would start a second one: the button is off until the check ends."""
+    panel = CheckPanel(tmp_path / "ws", modules="sample")
+    panel.button.click()
+    assert "does not exist" in panel.message
+    seen = []
+
+    def check(workspace, asked, ref_deps, timeout):
+        seen.append((panel.button.disabled, panel.table.value, asked))
+        return [Row("sample", "passed", "sample.py", passed=7, total=7)]
+
+    monkeypatch.setattr(exercise, "check", check)
+    (tmp_path / "ws").mkdir()
+    panel.button.click()
+    (disabled, shown, asked), = seen
+    assert disabled and plain(shown) == "checking ..." and f"color:{NOTE}" in shown and asked == ["sample"]
+    assert not panel.button.disabled and panel.message == "" and "1 of 1 modules pass" in panel.table.value
+
+
+def test_the_table_shows_each_modules_row_and_its_details_and_nothing_else():
+    """Tests '-' where none ran; the failure, the message's lines and the hint under a row that has them."""
+    rows = [Row("sample", "passed", "sample.py", uses={"sample": "learner"}, passed=7, total=7),
+            Row("kv", "failed", "kv.py", uses={"kv": "learner", "sample": "reference (--ref-deps)"}, passed=3,
+                total=9, first_failure="test_kv_append", message="assert 1 == 2\nat kv.py:12", hint="exercise hint kv"),
+            Row("blocks", "does not import", "blocks.py")]
+    assert plain(table_html(rows)) == (
+        "module state tests from "
+        "sample passed 7/7 sample: learner "
+        "kv failed 3/9 kv: learner, sample: reference (--ref-deps) "
+        "first failing: test_kv_append assert 1 == 2 at kv.py:12 hint: exercise hint kv "
+        "blocks does not import - - "
+        "1 of 3 modules pass")

@@ -3,6 +3,8 @@
 import html as html_module
 import re
 
+import pytest
+
 from tl_lab import pitfalls as pf
 from tl_lab.widgets.pitfalls import PitfallLab, diff_html, draw_probe
 
@@ -96,3 +98,40 @@ def test_a_probe_picture_displays_as_an_image():
 def test_diff_lines_wrap_instead_of_running_past_the_widget():
     rows = re.findall(r"<div style='([^']*)'>", diff_html("s13"))
     assert rows and all("white-space:pre-wrap" in r for r in rows)
+
+
+def test_the_diff_sets_removed_and_added_lines_apart_from_the_context():
+    rows = re.findall(r"<div style='background:([^;]+);[^']*'>([^<]*)</div>", diff_html("s01"))
+    by_kind = {}
+    for background, line in rows:
+        by_kind.setdefault(html_module.unescape(line)[:1] if line[:1] in "-+" else " ", set()).add(background)
+    assert sorted(by_kind) == [" ", "+", "-"] and all(len(b) == 1 for b in by_kind.values())
+    assert len(set.union(*by_kind.values())) == 3  # three backgrounds, one per kind of line
+
+
+def words(fig) -> str:
+    """Every word of a picture: its axes' labels, tick labels, texts and legend."""
+    ax = fig.axes[0]
+    texts = [ax.get_xlabel(), ax.get_ylabel(), *(t.get_text() for t in ax.get_yticklabels() + ax.texts)]
+    legend = ax.get_legend()
+    return " ".join(texts + ([t.get_text() for t in legend.get_texts()] if legend else []))
+
+
+# decode_vs_prefill's probe runs the model (seconds): its data's shape is enough for the picture
+PROBE_DATA = {"decode_vs_prefill": lambda: {"positions": [9, 10, 11], "gaps": [0.0, 1e-4, 3e-3], "n_prompt": 10}}
+
+
+@pytest.mark.parametrize("pid", [p.id for p in pf.PITFALLS.values() if p.probe])
+def test_each_probes_picture_names_the_pitfall_beside_the_correct_code(pid):
+    """Every pitfall with a picture: it draws from the probe's data, and says which part is the pitfall."""
+    name = pf.get(pid).probe
+    data = PROBE_DATA.get(name, pf.PROBES[name])()
+    assert pid in words(draw_probe(name, data, data, pid))
+
+
+def test_the_lru_picture_shows_both_rows_of_blocks_inside_it():
+    data = pf.PROBES["lru_eviction"]()
+    ax = draw_probe("lru_eviction", data, data, "s18").axes[0]
+    (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+    assert [t.get_text() for t in ax.texts] == [str(b) for b in data["taken"] * 2]
+    assert all(x0 < t.get_position()[0] < x1 and y0 < t.get_position()[1] < y1 for t in ax.texts)

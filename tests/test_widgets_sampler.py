@@ -263,6 +263,7 @@ def test_model_playground_bad_input_gives_a_message(tiny_runner):
     w = tiny_playground(tiny_runner, "Hello")
     w.prompt.value = "   "
     assert "type a prompt first" in plain(w.status.value) and w.logits is None and w.sampler.trace is None
+    assert w.context_html.value == ""  # no context drawn for a prompt refused
     w.sample_button.click()
     assert "Nothing to sample: type a prompt first" in plain(w.status.value) and w.output_ids == []
     w.prompt.value = "x" * 600
@@ -293,25 +294,29 @@ def test_model_playground_full_context_is_refused(tiny_runner):
 
 def test_model_playground_on_the_bigram():
     w = ModelPlayground(DATA_DIR / "bigram", "ab")
-    assert "bigram" in plain(w.info.value) and w.logits.shape == (256,)
+    assert "bigram: bigram, 0 layers, vocabulary 256." in plain(w.info.value) and w.logits.shape == (256,)
     w.sampler.temperature.value = 0.0
     w.sample_button.click()
     assert w.output_ids == [int(np.argmax(ModelRunner.load(DATA_DIR / "bigram").run_once(b"ab")[1]))]
 
 
-def test_playground_model_dir_falls_back_to_the_tiny_llama(tmp_path, monkeypatch):
+def test_playground_model_dir_falls_back_to_the_tiny_llama(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TL_LAB_CACHE", str(tmp_path))  # an empty cache: no SmolLM2
     path, note = playground_model_dir()
     assert path == TINY and "python -m tl_lab fetch smollm2" in note
     w = ModelPlayground()
     assert w.model_dir == TINY and "python -m tl_lab fetch smollm2" in plain(w.info.value)
     assert w.prompt_ids == list(b"Hello, world")
+    assert capsys.readouterr().out == ""  # the widget says it once, in its info, not again in the cell's output
 
 
 @pytest.mark.smollm2
 def test_model_playground_on_smollm2():
     path = smollm2_path()
     assert playground_model_dir() == (path, "")
+    first = ModelPlayground()  # a model with a chat template starts with the prompt as a user turn
+    assert first.chat.value and not first.chat.disabled and first.prompt.value == "What is the capital of France?"
+    assert first.prompt_ids[0] == 1  # <|im_start|>
     w = ModelPlayground(path, "The capital of France is", chat=False)
     assert "SmolLM2" in plain(w.info.value) and "fetch" not in plain(w.info.value)
     w.sampler.temperature.value = 0.0
@@ -422,3 +427,92 @@ def test_playground_shows_the_learners_sampler_beside_the_reference(tmp_path):
     pg = SamplerPlayground(yours=load(tmp_path / "sample.py", "yours_sample_c"))
     assert pg.yours_result is None and "not written yet" in pg.compare.value and pg.trace is not None
     assert re.search(r"your sample\.py raised at \S*sample\.py:\d+ in \S+: NotImplementedError: .*hint: .*exercise hint sample", pg.compare.value)
+
+
+# ------------------------------------------------------------------ what each column of the charts marks
+
+def charts_by_stage(html: str) -> dict[str, str]:
+    """stage -> its chart's SVG, entities decoded."""
+    found = re.findall(r"(<svg class='tl-chart' data-stage='([^']*)'.*?</svg>)", html, re.S)
+    return {html_module.unescape(stage): html_module.unescape(svg) for svg, stage in found}
+
+
+def test_each_column_marks_only_what_its_stage_has():
+    """The dashed logits before the penalties on the penalised column alone, the line of u on the CDF's
+    and of min_p on min-p's, and every bar's tooltip naming its row as the row labels do."""
+    w = SamplerPlayground([1.0, 3.0, 2.0, 3.0, -1.0], labels=["a", ",", ".", " Paris", "\n"], prompt=[1])
+    w.repetition_penalty.value, w.min_p.value, w.top_p.value = 2.0, 0.1, 0.8
+    charts = charts_by_stage(w.charts.value)
+    assert list(charts) == STAGES
+    rows = [f"{i} '{t}'" for i, t in enumerate(["a", ",", ".", "␣Paris", "\\n"])]
+    for stage, svg in charts.items():
+        assert ("stroke-dasharray" in svg) == (stage == "penalised logits"), stage
+        assert ("stroke-width='1.5'" in svg) == (stage in ("CDF walk", STAGES[5])), stage
+        tips = re.findall(r"<title>(.*?): ", svg)
+        assert len(tips) == 5 and all(t in rows for t in tips), (stage, tips)
+        assert w.chart_data.get(stage, {}).get("ids", w.shown_ids) == w.shown_ids == [0, 1, 2, 3, 4]
+    assert "u = 0.8021" in charts["CDF walk"] and "min_p = 0.1" in charts[STAGES[5]]
+
+
+def test_min_p_weighs_only_the_ids_top_p_kept():
+    w = SamplerPlayground()
+    w.preset.value = "ties: four equal, one far below"
+    w.top_p.value = 0.5  # keeps ids 0 and 1: min-p never sees 2 and 3, whose weights would be 1 too
+    assert w.chart_data[STAGES[5]]["values"] == [1.0, 1.0, 0.0, 0.0, 0.0]
+
+
+def test_a_vocabulary_shown_whole_has_no_note_above_its_charts():
+    assert SamplerPlayground().charts.value.startswith("<div class='tl-stages'")
+
+
+def test_the_walk_note_says_more_only_past_eight_steps():
+    w = SamplerPlayground()
+    for n, top_p, more in ((9, 0.9, False), (9, 0.99, True)):  # walks of 8 and of 9 steps
+        w.logits_text.value = ", ".join(str(-0.1 * i) for i in range(n))
+        w.top_p.value = top_p
+        assert w.trace.nucleus_order.size == n - 1 + more
+        assert ("..." in re.search(r"walk \(q desc\): [^<]*", w.charts.value).group(0)) == more
+
+
+# ------------------------------------------------------------------ the playground's inputs
+
+def test_logits_given_without_labels_are_shown_by_id():
+    w = SamplerPlayground(np.array([0.5, 2.0, 1.0], np.float32))
+    assert w.labels is None and w.preset.value == GIVEN and w.trace.penalised.tolist() == [0.5, 2.0, 1.0]
+    rows = re.search(r"<svg class='tl-labels'.*?</svg>", w.charts.value).group(0)
+    assert [plain(t) for t in re.findall(r"<text[^>]*>[^<]*</text>", rows)] == ["id", "0", "1", "2"]
+    assert re.match(rf"token {w.trace.token} · logprob", plain(w.result.value))
+
+
+def test_logits_that_are_not_numbers_are_refused_and_leave_the_widget_as_it_was():
+    w = SamplerPlayground()
+    before = w.trace
+    with pytest.raises(ValueError, match="logits must be real numbers, got an array of dtype <U1"):
+        w.set_logits(["a", "b"])
+    assert w.trace is before and w.logits_text.value == "1, 3, 2, 3, -1"
+
+
+def test_a_refused_seed_is_quoted_whole_up_to_40_characters():
+    w = SamplerPlayground()
+    for typed, shown in (("x" * 40, repr("x" * 40)), ("x" * 41, repr("x" * 40) + "...")):
+        w.seed.value = typed
+        assert plain(w.result.value).endswith(f"got {shown}")
+
+
+def test_the_playground_carries_the_class_the_browser_test_finds_it_by():
+    """tests/test_browser.py measures every `.tl-sampler` on the page: a playground without it is not checked."""
+    assert "tl-sampler" in SamplerPlayground()._dom_classes
+
+
+def test_model_playground_shows_its_top_ids_and_each_tokens_id_on_hover(tiny_runner):
+    w = tiny_playground(tiny_runner, "Hi", show_top=5)
+    assert len(w.sampler.shown_ids) <= 6 and w.sampler.trace.token in w.sampler.shown_ids  # 5 and the token
+    w.sample_button.click()
+    tips = re.findall(r"<span class='(tl-in|tl-out)' title='([^']*)'", w.context_html.value)
+    assert tips == [("tl-in", "id 72"), ("tl-in", "id 105"),
+                    ("tl-out", f"id {w.output_ids[0]}, logprob {w.output_logprobs[0]:.4f}")]
+
+
+def test_model_playground_on_an_int4_model_names_its_group():
+    w = ModelPlayground(DATA_DIR / "tiny-llama-int4", "Hi")
+    assert "llama, 2 layers, vocabulary 256, int4 g32." in plain(w.info.value)

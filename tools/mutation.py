@@ -226,6 +226,54 @@ EQUIVALENT = [
      "the browser cannot read leaves its default label width (presentation)"),
     ("widgets.numbers", "__init__: `narrowings` first None (set by the first refresh); the placeholder in capitals",
      "refresh runs in __init__ before anything reads it; a placeholder's case is presentation"),
+    ("widgets.checkpoint", "_bar: the tensors' colours taken in the other order (`n_tensor -= 1`), a label kept "
+     "only where it is narrower than its segment (`<=` -> `<`); _hex_row: a byte's text a sixth of its cell from "
+     "the cell's left instead of centred",
+     "neighbouring tensors still differ in colour; a segment exactly as wide as a label's estimate, to the last bit "
+     "of a float, is not one a file gives; the text stays inside its cell (tested): presentation a test should "
+     "not pin"),
+    ("widgets.checkpoint", "__init__: `file_layout` or `param_count` first \"\" instead of None",
+     "refresh runs in __init__ before anything reads them, and sets both"),
+    ("widgets.enginesteps", "timeline: a prefix-cache hit's bar or the selection's frame a pixel lower; __init__: "
+     "the back button's width left to the browser, the next button's text in capitals, the slider's first value "
+     "None",
+     "a pixel inside the drawing (the frame still spans every row: tested), a width or a letter case: "
+     "presentation; an IntSlider given None starts at its minimum, 0, as given"),
+    ("widgets.exercise", "table_html: every state in black (`COLOURS.get(None, ...)`), an unknown state's colour "
+     "None, a row's end tag in capitals (`</TR>`); __init__: the dropdown's label (`XXmodulesXX`), `observe` of "
+     "every trait of the two controls",
+     "the state is written in words beside its colour and every state has one; HTML's tags are case-blind; a "
+     "label's text is presentation; a pick changes the value (the other traits that change with it only call "
+     "_unchecked again, to the same view)"),
+    ("widgets.pitfalls", "_f16_drift: the histogram's steps drawn at their bins' left (`where` left out); "
+     "_lru_eviction: the block numbers' boxes square; __init__: the off button's width left to the browser; run: "
+     "'the pitfall off' in capitals in the line shown while a test runs",
+     "the same counts, block numbers and words in another shape or case: presentation a test should not pin"),
+    ("widgets.pitfalls", "verdict_html: the test's name `split(\"::\")[+1]` instead of `[-1]`",
+     "every test of the registry is file::function, whose second part is its last"),
+    ("widgets.sampler_charts", "_on_set: `argsort(kind=\"STABLE\")`; the empty kept set's dict keys "
+     "(`XXvaluesXX`, `VALUES`)",
+     "numpy reads the kind case-blind, and kept ids are distinct (stability cannot show); every stage keeps at "
+     "least one id (the token), so the empty branch is not reached"),
+    ("widgets.sampler_charts", "render_charts, stage_notes: a note's text in capitals or between XX, the "
+     "'Showing n of V ids' note's closing tags in capitals",
+     "message only: the words a note says, as the runner's refusal text above; HTML's tags are case-blind"),
+    ("widgets.sampler_playground", "__init__: `shown_ids` first None; _build: the controls' box's flex-flow an "
+     "unreadable CSS value, the preset's label (`XXlogits presetXX`), the output box's label width left to the "
+     "browser, its placeholder in capitals",
+     "update runs in __init__ (through the preset or set_logits) and sets shown_ids before anything reads it; the "
+     "rest is presentation (a CSS value the browser cannot read leaves its default)"),
+    ("widgets.sampler_playground", "set_logits: `self._quiet = False` while the boxes and the preset are set",
+     "each box's change and the preset's (which calls set_logits again with the same values) only adds refreshes "
+     "that end in the same view; speed only"),
+    ("widgets.model_playground", "__init__: `observe` of every trait of the chat checkbox, the checkbox indented "
+     "(`indent` True or left out)",
+     "its value is the only trait of it that changes once built (the others would only restart to the same "
+     "view); an indent is presentation"),
+    ("widgets.model_playground", "_say: `escape` False by default; a status line's words in capitals or between XX "
+     "(\"SHORTEN THE PROMPT.\", \"NOTHING APPENDED, ...\", \"XXgreedy, no drawXX\")",
+     "every text _say is given unescaped is the widget's own words and numbers, with no character HTML reads "
+     "(a refusal goes through `message`, which escapes); message only"),
     ("switch", "SourceFinder.find_spec: spec_from_file_location's location `origin` -> None, or left out",
      "without a location importlib asks the loader for it (get_filename), which is the same path"),
     ("paths", "open_regular: `getattr(os, \"O_NONBLOCK\", 0)`'s default 0 -> 1, None or none",
