@@ -121,12 +121,44 @@ def words(fig) -> str:
 PROBE_DATA = {"decode_vs_prefill": lambda: {"positions": [9, 10, 11], "gaps": [0.0, 1e-4, 3e-3], "n_prompt": 10}}
 
 
+WORDS_ONLY = ("zero_pool", "bad_token")  # symptoms that are messages: a picture in words, no axes
+
+
 @pytest.mark.parametrize("pid", [p.id for p in pf.PITFALLS.values() if p.probe])
-def test_each_probes_picture_names_the_pitfall_beside_the_correct_code(pid):
-    """Every pitfall with a picture: it draws from the probe's data, and says which part is the pitfall."""
+def test_each_probes_picture_names_the_pitfall_and_its_axes(pid):
+    """Every pitfall with a picture: it draws from the probe's data, says which part is the pitfall, and
+    what each axis measures (the LRU picture names its two rows by their ticks instead)."""
     name = pf.get(pid).probe
     data = PROBE_DATA.get(name, pf.PROBES[name])()
-    assert pid in words(draw_probe(name, data, data, pid))
+    fig = draw_probe(name, data, data, pid)
+    assert pid in words(fig)
+    ax = fig.axes[0]
+    if name not in WORDS_ONLY:
+        assert ax.get_xlabel() and (ax.get_ylabel() or name == "lru_eviction"), name
+
+
+def curves(fig) -> dict:
+    """label -> (x, y) of each line a legend names."""
+    return {l.get_label(): (list(l.get_xdata()), list(l.get_ydata())) for l in fig.axes[0].get_lines()
+            if not l.get_label().startswith("_")}
+
+
+def test_the_decode_picture_plots_each_codes_gaps_and_marks_where_the_prompt_ends():
+    off = {"positions": [9, 10, 11], "gaps": [0.0, 0.0, 0.0], "n_prompt": 10}
+    on = {"positions": [9, 10, 11], "gaps": [0.0, 1e-4, 3e-3], "n_prompt": 10}
+    fig = draw_probe("decode_vs_prefill", off, on, "s13")
+    for label, data in (("correct", off), ("s13", on)):
+        x, y = curves(fig)[label]
+        assert x == data["positions"] and y == pytest.approx(data["gaps"], abs=1e-8)  # a floor for the log scale
+    (edge,) = [l.get_xdata()[0] for l in fig.axes[0].get_lines() if l.get_linestyle() == ":"]
+    assert 9 < edge < 10  # between the prompt's last position and the first decoded one
+
+
+def test_the_rope_picture_plots_both_codes_frequencies():
+    off = pf.PROBES["rope_freqs"]()
+    on = {**off, "inv_freq": [f / 2 for f in off["inv_freq"]]}
+    got = curves(draw_probe("rope_freqs", off, on, "s20"))
+    assert got["correct"][1] == pytest.approx(off["inv_freq"]) and got["s20"][1] == pytest.approx(on["inv_freq"])
 
 
 def test_the_lru_picture_shows_both_rows_of_blocks_inside_it():

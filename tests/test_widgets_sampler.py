@@ -450,7 +450,7 @@ def test_each_column_marks_only_what_its_stage_has():
         assert ("stroke-width='1.5'" in svg) == (stage in ("CDF walk", STAGES[5])), stage
         tips = re.findall(r"<title>(.*?): ", svg)
         assert len(tips) == 5 and all(t in rows for t in tips), (stage, tips)
-        assert w.chart_data.get(stage, {}).get("ids", w.shown_ids) == w.shown_ids == [0, 1, 2, 3, 4]
+        assert w.chart_data[stage]["ids"] == w.shown_ids == [0, 1, 2, 3, 4]
     assert "u = 0.8021" in charts["CDF walk"] and "min_p = 0.1" in charts[STAGES[5]]
 
 

@@ -249,6 +249,11 @@ EQUIVALENT = [
      "_lru_eviction: the block numbers' boxes square; __init__: the off button's width left to the browser; run: "
      "'the pitfall off' in capitals in the line shown while a test runs",
      "the same counts, block numbers and words in another shape or case: presentation a test should not pin"),
+    ("widgets.pitfalls", "the probes' pictures: an axis's or a legend's words in capitals or between XX (`z_HF` -> "
+     "`z_hf`), a colour's hex in capitals, the pitfall's errors joined by a line instead of dots, the bound's marks "
+     "a point larger, a picture in words left with its axes' frame",
+     "the same data, curves and words in another case or shape (what each picture plots, which part is the "
+     "pitfall and what its axes measure are tested): presentation a test should not pin"),
     ("widgets.pitfalls", "verdict_html: the test's name `split(\"::\")[+1]` instead of `[-1]`",
      "every test of the registry is file::function, whose second part is its last"),
     ("widgets.sampler_charts", "_on_set: `argsort(kind=\"STABLE\")`; the empty kept set's dict keys "
