@@ -358,7 +358,15 @@ METHOD = (
     "'s44-more-modules': sample_reference, schema and lazy_kernels, 40 each (lazy_kernels: 25 of its 39 "
     "reached by no test), at 9fc90a6 and e06ca38 (a page of docs apart); 's44-more-modules-rerun' their "
     "survivors with new tests; 's44-lazy-all' all 39 of lazy_kernels' mutants at ac367bb, and "
-    "'s44-lazy-all-rerun' its survivors with one more test."
+    "'s44-lazy-all-rerun' its survivors with one more test. 's47-widgets': the seven widgets not mutated "
+    "before (checkpoint, enginesteps, exercise, pitfalls, and the sampler's charts, playground and model "
+    "playground), 40 each (seed 20) at b6363a7, the sampler's three at d5713a0: their first run stopped at "
+    "mutmut's first pass of the tests, where workqueue aborted the model playground's pipelined prefill at two "
+    "kernel threads, so they run at one (FORK_SAFE); 's47-widgets-rerun' their survivors at 16ca1a7 with new "
+    "tests, and sampler_charts' once more at c9cdb43 ('s47-widgets-rerun2'). 24 of pitfalls' 40 were reached "
+    "by no test (its probes' pictures), so 's47-widgets-after' runs the same 40 whole at 16ca1a7, with a test "
+    "that draws every picture, and 's47-widgets-after-rerun' its survivors at c9cdb43. From s47 on, `machines` "
+    "keeps the machine of each label."
 )
 
 
