@@ -73,6 +73,9 @@ MODULES = {
     "lazy_kernels": ["tests/test_lazy_kernels.py"],
     # where the data and the model cache are and how a file is opened; the refusals' clipped messages
     "paths": ["tests/test_paths.py"],
+    # the chapter's 22 mistakes: their registry, the edits, switching them on, a test's verdict, the
+    # probes the pitfall lab draws; not the check of all 22 (80 s, each pitfall's test in a process of its own)
+    "pitfalls": ["tests/test_pitfalls.py", "tests/test_widgets_pitfalls.py", "-k", "not every_pitfall_is_caught"],
     # the import hook that serves a pitfall's edited reference or a learner's file; not the check of all 22
     # (each pitfall's test in a process of its own, which a mutant in this process does not reach)
     "switch": ["tests/test_switch.py", "tests/test_pitfalls.py", "-k", "not every_pitfall_is_caught"],
