@@ -276,7 +276,10 @@ SYMPTOMS = {
     "s04": (lambda m: m["kept"] == [0, 1] and m["cum"][-1] == 0.5 and min(m["counts"][:2]) > 150
             and sum(m["counts"][2:]) == 0,
             lambda m: len(m["kept"]) == 3 and m["counts"][2] > 0),
-    "s08": (lambda m: abs(m["mean_ulp"]) < 0.01 and -0.5 <= m["min_ulp"] and m["max_ulp"] <= 0.5,
+    # the histogram's 40 bins span -1 .. 1 ulp and hold every value, rounded or truncated
+    "s08": (lambda m: abs(m["mean_ulp"]) < 0.01 and -0.5 <= m["min_ulp"] and m["max_ulp"] <= 0.5
+            and m["edges"][0] == -1.0 and m["edges"][-1] == 1.0 and len(m["counts"]) == 40
+            and sum(m["counts"]) == 20_000,
             lambda m: m["mean_ulp"] < -0.45 and m["max_ulp"] <= 0.0 and m["min_ulp"] < -0.9),
     "s12": (lambda m: m["non_finite"] == 0 and _bf16_widened(m["values"]) and m["max_abs"] < 1.2,
             lambda m: not _bf16_widened(m["values"])),
@@ -293,7 +296,8 @@ SYMPTOMS = {
     "s20": (lambda m: m["inv_freq"][0] == 1.0 and m["inv_freq"] == sorted(m["inv_freq"], reverse=True),
             lambda m: m["inv_freq"][-1] == 1.0 and m["inv_freq"] == sorted(m["inv_freq"])),
     "s21": (lambda m: all(r["raised"] == "BatchError" and "outside the vocabulary" in r["error"] for r in m.values()),
-            lambda m: all(r["raised"] != "BatchError" for r in m.values()) and m["[5, -1]"]["raised"] is None),
+            lambda m: all(r["raised"] != "BatchError" for r in m.values()) and m["[5, -1]"]["raised"] is None
+            and m["[5, -1]"]["error"].startswith("ran: ")),  # the lab's words for a forward that ran
     "s22": (_within_hf, _beyond_hf),
 }
 
