@@ -261,6 +261,12 @@ EQUIVALENT = [
     ("pipeline", "Handoff._stop_if_failed: _Abandoned's message decorated",
      "never shown: a stage that stops with _Abandoned does so because the other raised, and that first, "
      "real error is the one raised to the caller (tested)"),
+    ("pitfalls", "_probe_nucleus_edge: the trace's stream (0, 4) -> (0, 5)",
+     "the probe reports the trace's kept set and cumulative sums, which no stream changes; the draws "
+     "come from their own streams"),
+    ("pitfalls", "_probe_zero_pool: the last return's error \"\" -> \"XXXX\"",
+     "reached only by a pool that refuses neither its config nor its first alloc, which neither the "
+     "correct code nor s19 is"),
     ("kernels (hand-written)", "attention: the next block's keys not prefetched",
      "speed only: a prefetch is a hint; the same bits (kept in the list as the harness's own check)"),
 ]
@@ -299,7 +305,12 @@ METHOD = (
     "'s44-more-modules': sample_reference, schema and lazy_kernels, 40 each (lazy_kernels: 25 of its 39 "
     "reached by no test), at 9fc90a6 and e06ca38 (a page of docs apart); 's44-more-modules-rerun' their "
     "survivors with new tests; 's44-lazy-all' all 39 of lazy_kernels' mutants at ac367bb, and "
-    "'s44-lazy-all-rerun' its survivors with one more test."
+    "'s44-lazy-all-rerun' its survivors with one more test. 's46-*': machine and widening again after "
+    "the count of cores moved, and paths, errors, switch and four widgets for the first time, each "
+    "'-rerun' (or '-after', a new sample where the code changed) with the new tests. 's47-pitfalls': "
+    "pitfalls.py, 40 (seed 20) at 07e7ceb, 20 of them reached by no test (the lab's probes ran only in "
+    "subprocesses); 's47-pitfalls-after' the same 40 at 9789751 with tests that run each probe in "
+    "process, and 's47-pitfalls-after-rerun' its survivors at 2201f8d."
 )
 
 
