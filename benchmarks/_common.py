@@ -14,11 +14,14 @@ import resource
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 
 RESULTS = Path(__file__).resolve().parent / "results"
+STARTED = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M")
+"""When this benchmark's process began (UTC): a run's name, the minute it started."""
 
 
 def timeit(fn, *, repeat: int = 5, min_time: float = 0.2) -> float:
@@ -52,11 +55,12 @@ def current_rss_mb() -> float:
 def machine() -> dict:
     """What the machine is (`tl_lab.machine.describe`), its architecture, and how busy it was when
     the results were written: the load average over 1, 5 and 15 minutes (`os.getloadavg`; on a
-    shared machine a figure means little without it)."""
+    shared machine a figure means little without it), and when the run began (`started`, UTC to the
+    minute: the README's table names each column's run by it)."""
     from tl_lab.machine import describe
 
     load = [round(v, 2) for v in os.getloadavg()] if hasattr(os, "getloadavg") else None
-    return {**describe(), "machine": platform.machine(), "load_avg_1_5_15min": load}
+    return {**describe(), "machine": platform.machine(), "load_avg_1_5_15min": load, "started": STARTED}
 
 
 SGEMM_SHAPES = ((512, 576, 1536), (2048, 2048, 2048))

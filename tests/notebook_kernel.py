@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 NB_DIR = ROOT / "notebooks"
 NOTEBOOKS = sorted(p.name for p in NB_DIR.glob("[0-9][0-9]_*.ipynb"))
-KERNEL_LOGS = Path(tempfile.gettempdir()) / "tl_lab-kernels"  # each kernel's own output, kept where its block raised
+KERNEL_LOGS = Path(tempfile.gettempdir()) / "tl_lab-kernels"
 CELL_TIMEOUT = 600  # seconds; the slowest cell (10's pitfall checks on a busy machine) takes about a minute
 
 

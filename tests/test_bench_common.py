@@ -4,6 +4,7 @@ the largest reading and the library that gave it; a results file lands beside th
 same processor. Rates are the benchmark's to measure: these tests hand them in."""
 
 import json
+import re
 import sys
 import types
 
@@ -97,3 +98,10 @@ def test_sgemm_limit_also_asks_openblas_without_a_core_type_the_host_set(monkeyp
     measured = out["by_library"][own]  # the fresh process measured for real
     assert set(measured) == {SMALL, LARGE} and min(measured.values()) > 1.0
     assert out["by"] == own and out[SMALL] == measured[SMALL]
+
+
+def test_the_machine_record_says_when_the_run_began():
+    """The README's table names a column by it: the minute, UTC, the benchmark's process began."""
+    started = common.machine()["started"]
+    assert started == common.STARTED
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d", started), started

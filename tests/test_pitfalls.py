@@ -251,3 +251,145 @@ def test_a_verdict_is_plain_text_even_when_the_kernel_forces_colour(monkeypatch)
     run = pf.run_test(pf.get("s18").test, "s18")
     assert run.outcome == "failed", run
     assert "x1B" not in run.message and "\x1b" not in run.message, run.message
+
+
+# ------------------------------------------------------------------ the probes the pitfall lab draws
+
+
+def _bf16_widened(values) -> bool:
+    """Every value a BF16 widened to f32: its low 16 bits zero."""
+    import numpy as np
+
+    return not (np.asarray(values, np.float32).view(np.uint32) & 0xFFFF).any()
+
+
+def _within_hf(m) -> bool:
+    return all(e <= b for e, b in zip(m["errors"], m["bounds"], strict=True))
+
+
+def _beyond_hf(m) -> bool:
+    return all(e > 10 * b for e, b in zip(m["errors"], m["bounds"], strict=True))
+
+
+# pitfall -> (the correct code's measurement, the broken code's): what the lab's picture shows
+SYMPTOMS = {
+    "s04": (lambda m: m["kept"] == [0, 1] and m["cum"][-1] == 0.5 and min(m["counts"][:2]) > 150
+            and sum(m["counts"][2:]) == 0,
+            lambda m: len(m["kept"]) == 3 and m["counts"][2] > 0),
+    # the histogram's 40 bins span -1 .. 1 ulp and hold every value, rounded or truncated
+    "s08": (lambda m: abs(m["mean_ulp"]) < 0.01 and -0.5 <= m["min_ulp"] and m["max_ulp"] <= 0.5
+            and m["edges"][0] == -1.0 and m["edges"][-1] == 1.0 and len(m["counts"]) == 40
+            and sum(m["counts"]) == 20_000,
+            lambda m: m["mean_ulp"] < -0.45 and m["max_ulp"] <= 0.0 and m["min_ulp"] < -0.9),
+    "s12": (lambda m: m["non_finite"] == 0 and _bf16_widened(m["values"]) and m["max_abs"] < 1.2,
+            lambda m: not _bf16_widened(m["values"])),
+    "s13": (lambda m: len(m["gaps"]) == 15 and max(m["gaps"]) < 1e-4,
+            lambda m: m["gaps"][0] < 1e-4 and min(m["gaps"][1:]) > 1.0),
+    "s15": (_within_hf, _beyond_hf),
+    "s16": (_within_hf, _beyond_hf),
+    "s17": (lambda m: m["free"] == [32] * 11,
+            lambda m: all(b < a for a, b in zip(m["free"], m["free"][1:])) and m["free"][0] == 32),
+    "s18": (lambda m: m["taken"] == [4, 5, *m["lru"]] and m["lru"] == [2, 0, 3, 1],
+            lambda m: m["taken"][:2] == [4, 5] and m["taken"][2:] != m["lru"]),
+    "s19": (lambda m: m["refused_at"].startswith("KvPool(") and "n_blocks" in m["error"],
+            lambda m: m["refused_at"] == "pool.alloc(1), later"),
+    "s20": (lambda m: m["inv_freq"][0] == 1.0 and m["inv_freq"] == sorted(m["inv_freq"], reverse=True),
+            lambda m: m["inv_freq"][-1] == 1.0 and m["inv_freq"] == sorted(m["inv_freq"])),
+    "s21": (lambda m: all(r["raised"] == "BatchError" and "outside the vocabulary" in r["error"] for r in m.values()),
+            lambda m: all(r["raised"] != "BatchError" for r in m.values()) and m["[5, -1]"]["raised"] is None
+            and m["[5, -1]"]["error"].startswith("ran: ")),  # the lab's words for a forward that ran
+    "s22": (_within_hf, _beyond_hf),
+}
+
+
+def test_every_probe_but_the_kernels_has_its_symptom_here():
+    """All but s14, which edits a compiled kernel: switched on in this process it would compile every
+    kernel into a cache of its own (a minute). Its probe is s13's; its test catches it in
+    test_every_pitfall_is_caught, and the lab draws it from a subprocess."""
+    probed = {p.id for p in pf.PITFALLS.values() if p.probe}
+    assert probed - set(SYMPTOMS) == {"s14"} and set(SYMPTOMS) <= probed
+
+
+@pytest.mark.parametrize("pid", sorted(SYMPTOMS))
+def test_each_probe_shows_its_symptom_only_with_its_pitfall_on(pid):
+    """The lab's picture measures the code it runs: the correct code shows no symptom, the pitfall's
+    code shows the one the chapter names (measured in this process, `switched_on`)."""
+    name = pf.get(pid).probe
+    healthy, broken = SYMPTOMS[pid]
+    off = pf.PROBES[name]()
+    with pf.switched_on(pid):
+        on = pf.PROBES[name]()
+    assert healthy(off) and not healthy(on), (off, on)
+    assert broken(on) and not broken(off), (off, on)
+
+
+# ------------------------------------------------------------------ a verdict, the check's workers, install
+
+
+def _junit(tmp_path, *cases: str):
+    """A junit report of these <testcase> bodies ("" for a pass)."""
+    path = tmp_path / "report.xml"
+    body = "".join(f'<testcase name="t{i}">{c}</testcase>' for i, c in enumerate(cases))
+    path.write_text(f'<testsuites><testsuite name="pytest">{body}</testsuite></testsuites>')
+    return path
+
+
+@pytest.mark.parametrize("cases, verdict", [
+    (("",), ("passed", "")),
+    (('<skipped message="needs SmolLM2">skip text</skipped>',), ("skipped", "needs SmolLM2\nskip text")),
+    (('<failure message="assert 1 == 2">tb</failure>',), ("failed", "assert 1 == 2\ntb")),
+    (('<error message="fixture broke"/>',), ("error", "fixture broke")),
+    # the worst of several cases (a parametrized node): a failure outranks a skip and a pass
+    (("", '<skipped message="s"/>', '<failure message="f"/>'), ("failed", "f")),
+    (('<skipped message="s"/>', ""), ("skipped", "s")),
+])
+def test_a_verdict_is_the_worst_case_of_the_report(tmp_path, cases, verdict):
+    assert pf._outcome(_junit(tmp_path, *cases)) == verdict
+
+
+def test_the_check_runs_no_more_tests_at_once_than_its_jobs(monkeypatch):
+    import threading
+
+    lock, now, most = threading.Lock(), [0], [0]
+
+    def fake_run(test, pitfall=None, timeout=600.0):
+        with lock:
+            now[0] += 1
+            most[0] = max(most[0], now[0])
+        threading.Event().wait(0.05)  # long enough for a second worker to start, were there one
+        with lock:
+            now[0] -= 1
+        return pf.TestRun(pitfall, test, "failed" if pitfall else "passed", "", 0.05)
+
+    monkeypatch.setattr(pf, "run_test", fake_run)
+    rows = pf.check(["s01", "s08", "s18"], jobs=1)
+    assert most[0] == 1 and all(r.caught for r in rows) and [r.id for r in rows] == ["s01", "s08", "s18"]
+    most[0] = 0
+    pf.check(["s01", "s08", "s18"], jobs=2)
+    assert most[0] == 2
+
+
+def test_install_switches_the_pitfall_on_ahead_of_every_other_finder(monkeypatch):
+    import importlib
+    import inspect
+
+    import tl_lab
+    import tl_lab.kv
+
+    # the process's import state as it was, whatever install does to it
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.delitem(sys.modules, "tl_lab.kv")
+    monkeypatch.setattr(tl_lab, "kv", tl_lab.kv)
+    assert pf.install("s18") == ("s18",) and pf.active() == ("s18",)
+    assert isinstance(sys.meta_path[0], pf.PitfallFinder)  # first: it serves the edited text, not the file's
+    kv = importlib.import_module("tl_lab.kv")
+    assert "last=True" in inspect.getsource(kv.KvPool.alloc) and kv.__file__ == str(pf.module_path("tl_lab.kv"))
+    monkeypatch.delitem(sys.modules, "tl_lab.kv")  # the edited module goes with the test
+
+
+def test_a_probe_measures_this_repository_from_any_working_directory(tmp_path, monkeypatch):
+    """A folder named tl_lab where the caller stands (a learner's copy, say) must not be what it measures."""
+    (tmp_path / "tl_lab").mkdir()
+    (tmp_path / "tl_lab" / "__init__.py").write_text("raise ImportError('the wrong tl_lab')")
+    monkeypatch.chdir(tmp_path)
+    assert pf.probe("zero_pool")["refused_at"].startswith("KvPool(")

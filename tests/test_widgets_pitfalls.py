@@ -1,5 +1,6 @@
 """Tests for tl_lab/widgets/pitfalls.py: pick a pitfall, read its edit, run its test, see the symptom."""
 
+import functools
 import html as html_module
 import re
 
@@ -121,6 +122,12 @@ def words(fig) -> str:
 PROBE_DATA = {"decode_vs_prefill": lambda: {"positions": [9, 10, 11], "gaps": [0.0, 1e-4, 3e-3], "n_prompt": 10}}
 
 
+@functools.cache
+def probe_data(name: str) -> dict:
+    """A probe's data from the correct code, measured once (three pitfalls share hf_logits')."""
+    return PROBE_DATA.get(name, pf.PROBES[name])()
+
+
 WORDS_ONLY = ("zero_pool", "bad_token")  # symptoms that are messages: a picture in words, no axes
 
 
@@ -129,7 +136,7 @@ def test_each_probes_picture_names_the_pitfall_and_its_axes(pid):
     """Every pitfall with a picture: it draws from the probe's data, says which part is the pitfall, and
     what each axis measures (the LRU picture names its two rows by their ticks instead)."""
     name = pf.get(pid).probe
-    data = PROBE_DATA.get(name, pf.PROBES[name])()
+    data = probe_data(name)
     fig = draw_probe(name, data, data, pid)
     assert pid in words(fig)
     ax = fig.axes[0]

@@ -73,6 +73,9 @@ MODULES = {
     "lazy_kernels": ["tests/test_lazy_kernels.py"],
     # where the data and the model cache are and how a file is opened; the refusals' clipped messages
     "paths": ["tests/test_paths.py"],
+    # the chapter's 22 mistakes: their registry, the edits, switching them on, a test's verdict, the
+    # probes the pitfall lab draws; not the check of all 22 (80 s, each pitfall's test in a process of its own)
+    "pitfalls": ["tests/test_pitfalls.py", "tests/test_widgets_pitfalls.py", "-k", "not every_pitfall_is_caught"],
     # the import hook that serves a pitfall's edited reference or a learner's file; not the check of all 22
     # (each pitfall's test in a process of its own, which a mutant in this process does not reach)
     "switch": ["tests/test_switch.py", "tests/test_pitfalls.py", "-k", "not every_pitfall_is_caught"],
@@ -320,6 +323,12 @@ EQUIVALENT = [
     ("pipeline", "Handoff._stop_if_failed: _Abandoned's message decorated",
      "never shown: a stage that stops with _Abandoned does so because the other raised, and that first, "
      "real error is the one raised to the caller (tested)"),
+    ("pitfalls", "_probe_nucleus_edge: the trace's stream (0, 4) -> (0, 5)",
+     "the probe reports the trace's kept set and cumulative sums, which no stream changes; the draws "
+     "come from their own streams"),
+    ("pitfalls", "_probe_zero_pool: the last return's error \"\" -> \"XXXX\"",
+     "reached only by a pool that refuses neither its config nor its first alloc, which neither the "
+     "correct code nor s19 is"),
     ("kernels (hand-written)", "attention: the next block's keys not prefetched",
      "speed only: a prefetch is a hint; the same bits (kept in the list as the harness's own check)"),
 ]
@@ -358,15 +367,21 @@ METHOD = (
     "'s44-more-modules': sample_reference, schema and lazy_kernels, 40 each (lazy_kernels: 25 of its 39 "
     "reached by no test), at 9fc90a6 and e06ca38 (a page of docs apart); 's44-more-modules-rerun' their "
     "survivors with new tests; 's44-lazy-all' all 39 of lazy_kernels' mutants at ac367bb, and "
-    "'s44-lazy-all-rerun' its survivors with one more test. 's47-widgets': the seven widgets not mutated "
-    "before (checkpoint, enginesteps, exercise, pitfalls, and the sampler's charts, playground and model "
-    "playground), 40 each (seed 20) at b6363a7, the sampler's three at d5713a0: their first run stopped at "
-    "mutmut's first pass of the tests, where workqueue aborted the model playground's pipelined prefill at two "
-    "kernel threads, so they run at one (FORK_SAFE); 's47-widgets-rerun' their survivors at 16ca1a7 with new "
-    "tests, and sampler_charts' once more at c9cdb43 ('s47-widgets-rerun2'). 24 of pitfalls' 40 were reached "
-    "by no test (its probes' pictures), so 's47-widgets-after' runs the same 40 whole at 16ca1a7, with a test "
-    "that draws every picture, and 's47-widgets-after-rerun' its survivors at c9cdb43. From s47 on, `machines` "
-    "keeps the machine of each label."
+    "'s44-lazy-all-rerun' its survivors with one more test. 's46-*': machine and widening again after "
+    "the count of cores moved, and paths, errors, switch and four widgets for the first time, each "
+    "'-rerun' (or '-after', a new sample where the code changed) with the new tests. 's47-pitfalls': "
+    "pitfalls.py, 40 (seed 20) at 07e7ceb, 20 of them reached by no test (the lab's probes ran only in "
+    "subprocesses); 's47-pitfalls-after' the same 40 at 9789751 with tests that run each probe in "
+    "process, and 's47-pitfalls-after-rerun' its survivors at 2201f8d. "
+    "'s47-widgets': the seven widgets not mutated before (checkpoint, enginesteps, exercise, the pitfall lab "
+    "widgets.pitfalls, and the sampler's charts, playground and model playground), 40 each (seed 20) at "
+    "b6363a7, the sampler's three at d5713a0: their first run stopped at mutmut's first pass of the tests, "
+    "where workqueue aborted the model playground's pipelined prefill at two kernel threads, so they run at "
+    "one (FORK_SAFE); 's47-widgets-rerun' their survivors at 16ca1a7 with new tests, and sampler_charts' once "
+    "more at c9cdb43 ('s47-widgets-rerun2'). 24 of widgets.pitfalls' 40 were reached by no test (its probes' "
+    "pictures), so 's47-widgets-after' runs the same 40 whole at 16ca1a7, with a test that draws every "
+    "picture, and 's47-widgets-after-rerun' its survivors at c9cdb43. From s47-widgets on, `machines` keeps "
+    "the machine of each label."
 )
 
 
