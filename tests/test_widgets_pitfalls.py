@@ -105,7 +105,7 @@ def test_the_diff_sets_removed_and_added_lines_apart_from_the_context():
     rows = re.findall(r"<div style='background:([^;]+);[^']*'>([^<]*)</div>", diff_html("s01"))
     by_kind = {}
     for background, line in rows:
-        by_kind.setdefault(html_module.unescape(line)[:1] if line[:1] in "-+" else " ", set()).add(background)
+        by_kind.setdefault(line[:1] if line[:1] in ("-", "+") else " ", set()).add(background)
     assert sorted(by_kind) == [" ", "+", "-"] and all(len(b) == 1 for b in by_kind.values())
     assert len(set.union(*by_kind.values())) == 3  # three backgrounds, one per kind of line
 

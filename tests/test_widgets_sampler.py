@@ -506,7 +506,7 @@ def test_the_playground_carries_the_class_the_browser_test_finds_it_by():
 
 def test_model_playground_shows_its_top_ids_and_each_tokens_id_on_hover(tiny_runner):
     w = tiny_playground(tiny_runner, "Hi", show_top=5)
-    assert len(w.sampler.shown_ids) <= 6 and w.sampler.trace.token in w.sampler.shown_ids  # 5 and the token
+    assert len(w.sampler.shown_ids) in (5, 6) and w.sampler.trace.token in w.sampler.shown_ids  # 5 and the token
     w.sample_button.click()
     tips = re.findall(r"<span class='(tl-in|tl-out)' title='([^']*)'", w.context_html.value)
     assert tips == [("tl-in", "id 72"), ("tl-in", "id 105"),
