@@ -15,7 +15,8 @@ Two kinds of mutants, both scored as killed / (killed + survived):
 
 Each run merges its scores into benchmarks/results/mutation.json under results[label][module],
 with the survivors' names and diffs (mutmut show) so they can be read and closed or called
-equivalent, and the machine it ran on under machines[label] (`machine`: the last run's). tools/mutation.sh is the rerun of the whole measurement.
+equivalent, and the machine it ran on under machines[label] (`machine`: the last run's).
+tools/mutation.sh is the rerun of the whole measurement.
 """
 
 from __future__ import annotations
@@ -463,7 +464,8 @@ MUTMUT = [sys.executable, "-m", "mutmut"]
 TBB_LIB = Path(sys.prefix) / "lib"
 _ONE_KERNEL_THREAD = {"NUMBA_THREADING_LAYER": "workqueue", "NUMBA_NUM_THREADS": "1"}
 FORK_SAFE = {"generate": _ONE_KERNEL_THREAD, "pipeline": {"NUMBA_THREADING_LAYER": "tbb"},
-             **{f"widgets.{m}": _ONE_KERNEL_THREAD for m in ("sampler_charts", "sampler_playground", "model_playground")}}
+             **{f"widgets.{m}": _ONE_KERNEL_THREAD
+                for m in ("sampler_charts", "sampler_playground", "model_playground")}}
 """What each module's mutmut run sets for numba. mutmut forks each mutant's run from a process that has
 already run the tests, and GNU OpenMP (numba's threading layer here) is not fork-safe: a child's first
 parallel kernel waited forever, until mutmut's timeout ended it with SIGTERM (in the 'forward' module's
