@@ -35,6 +35,10 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results" / "mutation.json"
 SCRATCH = Path(os.environ.get("TL_LAB_MUTATION_DIR", "/tmp/tl_lab-mutation"))
 
+_EXERCISE_IN_PROCESS = " and ".join(f"not {t}" for t in (
+    "complete_workspace", "blanked_alone", "notebooks_run", "guard_stops", "fails_on_the_stubs", "raises_shows",
+    "infinite_loop", "05_holds", "syntax_error", "bad_TL_LAB_WORKSPACE_or", "blocked_without", "pitfall_in_the"))
+
 # module -> its fast test selection: the tests a developer runs after touching it.
 MODULES = {
     "kv": ["tests/test_kv.py"],
@@ -95,6 +99,10 @@ MODULES = {
     "widgets.sampler_playground": ["tests/test_widgets_sampler.py"],
     "widgets.model_playground": ["tests/test_widgets_sampler.py"],
     "errors": ["tests/test_errors.py"],
+    # the exercise's stubs, its catalogue and the workspace a learner's files live in: the tests that run
+    # in this process (the graded runs, the notebooks and the command line run in processes of their own)
+    **{f"exercise.{m}": ["tests/test_exercises.py", "-m", "not exercise_slow", "-k", _EXERCISE_IN_PROCESS]
+       for m in ("stubs", "registry", "workspace")},
 }
 
 # (name, file, old text, new text): each a mistake a later refactor of a compiled loop could make.
