@@ -37,7 +37,8 @@ SCRATCH = Path(os.environ.get("TL_LAB_MUTATION_DIR", "/tmp/tl_lab-mutation"))
 
 _EXERCISE_IN_PROCESS = " and ".join(f"not {t}" for t in (
     "complete_workspace", "blanked_alone", "notebooks_run", "guard_stops", "fails_on_the_stubs", "raises_shows",
-    "infinite_loop", "05_holds", "syntax_error", "bad_TL_LAB_WORKSPACE_or", "blocked_without", "pitfall_in_the"))
+    "infinite_loop", "05_holds", "syntax_error", "bad_TL_LAB_WORKSPACE_or", "blocked_without", "pitfall_in_the",
+    "clones_tests"))
 
 # module -> its fast test selection: the tests a developer runs after touching it.
 MODULES = {
