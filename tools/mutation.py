@@ -37,10 +37,10 @@ SCRATCH = Path(os.environ.get("TL_LAB_MUTATION_DIR", "/tmp/tl_lab-mutation"))
 
 _EXERCISE_IN_PROCESS = " or ".join((
     "catalogue", "stubs_are", "registry_name", "every_stub_imports", "untouched_stub", "projects_own", "start_twice",
-    "bad_input_is", "unreadable_or", "written_counts", "every_section_notebook", "bad_workspace_in_a_notebook",
+    "bad_input_is", "unreadable_or", "written_counts", "every_section_notebook",
     "does_not_import"))
 """The exercise tests that run in this process or in one started from the clone: mutmut's trampolines in
-a process started elsewhere cannot find their setup.cfg (the graded runs, the notebooks, a check from
+a process started elsewhere cannot find their setup.cfg (the graded runs, a notebook's kernel, a check from
 another folder are left to the test command)."""
 
 # module -> its fast test selection: the tests a developer runs after touching it.
