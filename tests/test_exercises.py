@@ -530,3 +530,74 @@ def test_a_learner_module_that_does_not_import_is_a_printed_line(tmp_path, capsy
     (ws / "sample.py").write_text("x = 1\ndef broken(:\n")
     assert yours_or_none("sample", ws) is None
     assert f"your sample.py does not import: {ws / 'sample.py'}:2: SyntaxError" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ pieces' sizes, catalogue ids, the workspace
+
+
+def test_learner_lines_are_the_lines_each_stub_takes_out():
+    """Each piece's body of n lines becomes one raise: the stub is shorter by n - 1 per piece."""
+    for m in MODULES:
+        header = 3  # the stub's own lines above the reference's
+        removed = len(reference_source(m).splitlines()) - (len(stub_source(m).splitlines()) - header)
+        sizes = learner_lines(m)
+        assert set(sizes) == {p.qualname for p in PIECES[m]} and min(sizes.values()) >= 1, m
+        assert sum(n - 1 for n in sizes.values()) == removed, m
+
+
+def test_a_piece_with_only_a_docstring_or_an_unknown_module_is_refused_in_words():
+    from tl_lab.exercise.stubs import _body_span, check_module
+
+    fn = ast.parse('def f():\n    """Only this."""\n').body[0]
+    with pytest.raises(ExerciseError, match=r"^f has only a docstring: nothing to blank$"):
+        _body_span(fn)
+    with pytest.raises(ExerciseError, match=r"^unknown module 'kvs': the learner's modules are "
+                                            r"kv, quant, model, forward, runner, sample$"):
+        check_module("kvs")
+
+
+def test_a_parametrized_id_is_graded_by_its_function_whatever_its_parameters_say():
+    plain = registry.match("tests/test_kv.py::test_kv_pool_rejects_zero_capacity")
+    assert plain is not None and plain.name == "kv_pool_rejects_zero_capacity"
+    for params in ("[a[0]]", "[x::y]", "[0-[1]]"):
+        assert registry.match(f"tests/test_kv.py::test_kv_pool_rejects_zero_capacity{params}") == plain, params
+    assert registry.match("tests/test_kv.py::test_kv_pool_rejects_zero_capacity_too_late") == plain  # a variant
+    assert registry.match("tests/test_sample.py::test_kv_pool_rejects_zero_capacity") is None  # another file
+
+
+@pytest.mark.parametrize("value, where", [("off", "default"), (" OFF ", "default"), ("", "default"),
+                                          ("0", "default"), ("none", "default"), ("{tmp}/ws", "{tmp}/ws")])
+def test_the_workspace_is_the_one_named_else_the_clones(tmp_path, monkeypatch, value, where):
+    from tl_lab.exercise import workspace as wsm
+
+    monkeypatch.setenv(wsm.ENV, value.format(tmp=tmp_path))
+    expected = wsm.default_workspace() if where == "default" else tmp_path / "ws"
+    assert wsm.resolve() == expected
+    assert wsm.resolve(tmp_path / "given") == tmp_path / "given"  # an argument wins over the environment
+    monkeypatch.delenv(wsm.ENV)
+    assert wsm.resolve() == wsm.default_workspace()
+
+
+def test_origins_say_which_file_each_loaded_module_came_from():
+    import tl_lab.kv
+    from tl_lab.exercise import workspace as wsm
+
+    got = wsm.origins()
+    assert set(got) == set(MODULES) and got["kv"]["loaded"] == tl_lab.kv.__file__
+    assert all(o["origin"] == "reference" and o["why"] == "no workspace active" for o in got.values())
+
+
+def test_the_tests_command_lists_the_catalogue_row_by_row(tmp_path, capsys):
+    """`exercise tests`: each chapter test with its kind, module, our test, what it checks and why."""
+    from tl_lab.__main__ import main
+
+    assert main(["exercise", "tests", "--workspace", str(tmp_path)]) == 0  # a workspace with no results yet
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["chapter", "test", "kind", "module", "last", "our", "test"]
+    assert lines[-1] == "24 tests; you write no graded tests here (rung R0)"
+    rows = [i for i, line in enumerate(lines) if line and not line.startswith(" ")][1:-1]
+    assert len(rows) == len(CATALOGUE)
+    for i, g in zip(rows, CATALOGUE):
+        assert lines[i].split() == [g.name, *g.kind.split(), g.module, "-", f"{g.file}::test_{g.name}*"]
+        assert lines[i + 1].strip() == f"checks: {g.checks}" and lines[i + 2].strip() == f"why: {g.why}"
+        assert (lines[i + 3].strip() == f"with: {', '.join(g.also)}") == bool(g.also)

@@ -38,7 +38,8 @@ SCRATCH = Path(os.environ.get("TL_LAB_MUTATION_DIR", "/tmp/tl_lab-mutation"))
 _EXERCISE_IN_PROCESS = " or ".join((
     "catalogue", "stubs_are", "registry_name", "every_stub_imports", "untouched_stub", "projects_own", "start_twice",
     "bad_input_is", "unreadable_or", "written_counts", "every_section_notebook",
-    "does_not_import"))
+    "does_not_import", "learner_lines_are", "only_a_docstring", "parametrized_id", "the_workspace_is_the_one",
+    "origins_say", "tests_command_lists"))
 """The exercise tests that run in this process or in one started from the clone: mutmut's trampolines in
 a process started elsewhere cannot find their setup.cfg (the graded runs, a notebook's kernel, a check from
 another folder are left to the test command)."""
