@@ -343,6 +343,10 @@ EQUIVALENT = [
     ("pitfalls", "_probe_zero_pool: the last return's error \"\" -> \"XXXX\"",
      "reached only by a pool that refuses neither its config nor its first alloc, which neither the "
      "correct code nor s19 is"),
+    ("exercise.stubs", "reference_source: `read_text(encoding=\"utf-8\")` -> `encoding=None`",
+     "the six reference modules are ASCII, which every encoding reads alike"),
+    ("exercise.registry", "match: `func.split(\"[\", 1)[0]` -> `split(\"[\", 2)[0]` or `split(\"[\")[0]`",
+     "the text before the first bracket, however many splits follow"),
     ("kernels (hand-written)", "attention: the next block's keys not prefetched",
      "speed only: a prefetch is a hint; the same bits (kept in the list as the harness's own check)"),
 ]
@@ -395,7 +399,13 @@ METHOD = (
     "more at c9cdb43 ('s47-widgets-rerun2'). 24 of widgets.pitfalls' 40 were reached by no test (its probes' "
     "pictures), so 's47-widgets-after' runs the same 40 whole at 16ca1a7, with a test that draws every "
     "picture, and 's47-widgets-after-rerun' its survivors at c9cdb43. From s47-widgets on, `machines` keeps "
-    "the machine of each label."
+    "the machine of each label. 's47-exercise': the exercise's stubs, catalogue and workspace, 40 (seed 20) "
+    "at aaa2678 with the exercise tests started from the clone (_EXERCISE_IN_PROCESS; mutmut's trampolines "
+    "fail in a process started from another folder), and 's47-exercise-rerun' their survivors at 3efbed0 "
+    "with new tests. "
+    "The catalogue's and the pieces' rows (registry._g, _pieces) are built when the module is imported, "
+    "before a forked run switches its mutant on, so mutmut cannot reach them: their 17 survivors are killed "
+    "in a fresh process (a Piece of three fields fails collection, a kind of None the tests command's test)."
 )
 
 
