@@ -127,3 +127,21 @@ def svg_outside(svg: str) -> list[str]:
             if not 0 <= float(value) <= (width if name[0] == "x" else height):
                 bad.append(f"{name}={value} in {element[:90]}")
     return bad
+
+
+def shown_text(html: str) -> str:
+    """The text a widget's HTML shows: bold marks dropped (a bold word stays joined to what touches it),
+    every other tag a space, entities decoded, runs of spaces one."""
+    import html as html_module
+    import re
+
+    return " ".join(html_module.unescape(re.sub(r"<[^>]+>", " ", re.sub(r"</?b>", "", html))).split())
+
+
+def joined_text(html: str) -> str:
+    """The text of HTML with its tags removed and nothing in their place (a bit string drawn as a span
+    per field reads as one piece), entities decoded."""
+    import html as html_module
+    import re
+
+    return html_module.unescape(re.sub(r"<[^>]+>", "", html))

@@ -5,15 +5,9 @@ import re
 
 import numpy as np
 
-from conftest import svg_outside
+from conftest import shown_text as plain, svg_outside
 from tl_lab.kv import KvCfg, KvPool, prefix_hashes
 from tl_lab.widgets.blockmap import PROMPTS, STORY, BlockMap, key_value, short_hash
-
-
-def plain(html: str) -> str:
-    """The text shown: bold marks dropped, other tags a space, entities decoded, spaces collapsed."""
-    html = re.sub(r"</?b>", "", html)
-    return " ".join(html_module.unescape(re.sub(r"<[^>]+>", " ", html)).split())
 
 
 def drawn_blocks(bm: BlockMap) -> dict[int, dict]:

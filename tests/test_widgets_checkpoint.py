@@ -7,15 +7,12 @@ import shutil
 
 import pytest
 
+from conftest import shown_text as plain
 from tl_lab.model import ModelConfig, SafeTensors
 from tl_lab.paths import DATA_DIR
 from tl_lab.widgets.checkpoint import (
     BAR_H, CHAR_W, CHECKPOINTS, WIDTH, CheckpointView, file_map_html, file_segments, params_in_file, render_map,
 )
-
-
-def plain(html: str) -> str:
-    return " ".join(html_module.unescape(re.sub(r"<[^>]+>", " ", html)).split())
 
 
 def drawn_segments(svg: str) -> list[dict]:

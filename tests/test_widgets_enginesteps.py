@@ -1,10 +1,10 @@
 """Tests for tl_lab/widgets/enginesteps.py: the engine's step records drawn, stepped with the controls."""
 
-import html as html_module
 import re
 
 import pytest
 
+from conftest import shown_text as plain
 from tl_lab.generate import Engine, Request
 from tl_lab.paths import DATA_DIR
 from tl_lab.runner import EngineConfig, KvConfig
@@ -12,10 +12,6 @@ from tl_lab.sample import SamplingParams
 from tl_lab.widgets.enginesteps import CELL_H, CELL_W, DECODE, LEFT, PREFILL, TOP, EngineSteps
 
 SYSTEM = "You are a careful assistant. Answer in one short sentence.\n"  # 3 full blocks of 16
-
-
-def plain(html: str) -> str:
-    return " ".join(html_module.unescape(re.sub(r"<[^>]+>", " ", re.sub(r"</?b>", "", html))).split())
 
 
 def cells(bm: EngineSteps) -> list[tuple[int, int, int]]:

@@ -1,20 +1,15 @@
 """Tests for tl_lab/widgets/int4.py: type weights and a group size, check what the widget shows."""
 
-import html as html_module
 import json
 import re
 
 import numpy as np
 import pytest
 
-from conftest import svg_outside
+from conftest import shown_text as plain, svg_outside
 from tl_lab.paths import REPO_ROOT
 from tl_lab.quant import QLinear, unpack_int4
 from tl_lab.widgets.int4 import NIBBLE_ORDERS, PRESETS, SCALE_RULES, Int4Widget
-
-
-def plain(html: str) -> str:
-    return html_module.unescape(re.sub(r"<[^>]+>", " ", html))
 
 
 def test_section_3_example_shows_the_stored_scale_and_the_engines_result():

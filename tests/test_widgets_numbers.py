@@ -1,17 +1,12 @@
 """Tests for tl_lab/widgets/numbers.py: typing a number shows its bits and its rounding."""
 
-import html as html_module
 import re
 
 import numpy as np
 
+from conftest import joined_text as plain
 from tl_lab.quant import f32_to_bf16, f32_to_f16
 from tl_lab.widgets.numbers import NumbersWidget
-
-
-def plain(html: str) -> str:
-    """The text shown: tags removed (bit strings read as one piece), entities decoded."""
-    return html_module.unescape(re.sub(r"<[^>]+>", "", html))
 
 
 def test_typing_the_section_3_tie_shows_the_even_result():

@@ -1,18 +1,13 @@
 """Tests for tl_lab/widgets/pitfalls.py: pick a pitfall, read its edit, run its test, see the symptom."""
 
 import functools
-import html as html_module
 import re
 
 import pytest
 
+from conftest import joined_text as plain
 from tl_lab import pitfalls as pf
 from tl_lab.widgets.pitfalls import PitfallLab, diff_html, draw_probe
-
-
-def plain(html: str) -> str:
-    """The text shown: tags removed, entities decoded."""
-    return html_module.unescape(re.sub(r"<[^>]+>", "", html))
 
 
 def test_the_lab_shows_the_chapters_row_and_the_edit():

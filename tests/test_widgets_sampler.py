@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from conftest import smollm2_path
+from conftest import joined_text as plain, smollm2_path
 from tl_lab.generate import Engine, Request
 from tl_lab.paths import DATA_DIR
 from tl_lab.runner import ModelRunner
@@ -17,10 +17,6 @@ from tl_lab.tokenizer import load_tokenizer
 from tl_lab.widgets.sampler import (
     GIVEN, MAX_DRAWS, PRESETS, SLIDERS, STAGES, ModelPlayground, SamplerPlayground, loaded_model, playground_model_dir,
 )
-
-
-def plain(html: str) -> str:
-    return html_module.unescape(re.sub(r"<[^>]+>", "", html))
 
 
 def test_hand_example_reproduces_token_3():
