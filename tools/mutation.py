@@ -104,8 +104,8 @@ MODULES = {
     "widgets.sampler_playground": ["tests/test_widgets_sampler.py"],
     "widgets.model_playground": ["tests/test_widgets_sampler.py"],
     "errors": ["tests/test_errors.py"],
-    # the exercise's stubs, its catalogue and the workspace a learner's files live in: the tests that run
-    # in this process (the graded runs, the notebooks and the command line run in processes of their own)
+    # the exercise's stubs, its catalogue and the workspace a learner's files live in: the exercise tests
+    # started from the clone (_EXERCISE_IN_PROCESS)
     **{f"exercise.{m}": ["tests/test_exercises.py", "-m", "not exercise_slow", "-k", _EXERCISE_IN_PROCESS]
        for m in ("stubs", "registry", "workspace")},
 }
