@@ -177,14 +177,15 @@ def section(runs: list[Run]) -> str:
     return "\n\n".join([BEGIN, table(runs), lead, goals(runs), END])
 
 
-def write_readme(text: str, readme: Path = README) -> None:
-    """Replace what lies between the markers (the markers included) with `text`, in one write."""
+def write_readme(text: str, begin: str = BEGIN, end: str = END, readme: Path = README) -> None:
+    """Replace what lies between the markers `begin` and `end` (the markers included) with `text`, in
+    one write (README.md's other generated table, `mutation_table.py`, has markers of its own)."""
     old = readme.read_text()
-    start, end = old.find(BEGIN), old.find(END)
-    if start < 0 or end < start:
-        raise SystemExit(f"{readme}: the speed table's markers are missing or out of order")
+    start, stop = old.find(begin), old.find(end)
+    if start < 0 or stop < start:
+        raise SystemExit(f"{readme}: the markers {begin!r} and {end!r} are missing or out of order")
     tmp = readme.with_suffix(".md.tmp")
-    tmp.write_text(old[:start] + text + old[end + len(END):])
+    tmp.write_text(old[:start] + text + old[stop + len(end):])
     tmp.replace(readme)
 
 

@@ -128,7 +128,7 @@ def test_the_cells_read_the_runs_figures():
 def test_write_replaces_only_what_lies_between_the_markers(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(f"before\n{table.BEGIN}\nold table\n{table.END}\nafter\n")
-    table.write_readme(f"{table.BEGIN}\nnew\n{table.END}", readme)
+    table.write_readme(f"{table.BEGIN}\nnew\n{table.END}", readme=readme)
     assert readme.read_text() == f"before\n{table.BEGIN}\nnew\n{table.END}\nafter\n"
     assert [p.name for p in tmp_path.iterdir()] == ["README.md"]
 
@@ -136,6 +136,6 @@ def test_write_replaces_only_what_lies_between_the_markers(tmp_path):
 def test_write_refuses_a_readme_without_the_markers_and_leaves_it_alone(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(f"{table.END}\nno table here\n{table.BEGIN}\n")
-    with pytest.raises(SystemExit, match="markers are missing or out of order"):
-        table.write_readme("anything", readme)
+    with pytest.raises(SystemExit, match="are missing or out of order"):
+        table.write_readme("anything", readme=readme)
     assert readme.read_text() == f"{table.END}\nno table here\n{table.BEGIN}\n"

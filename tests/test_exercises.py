@@ -578,6 +578,33 @@ def test_the_workspace_is_the_one_named_else_the_clones(tmp_path, monkeypatch, v
     assert wsm.resolve() == wsm.default_workspace()
 
 
+def test_the_workspace_is_the_one_the_readme_names_and_git_ignores():
+    """The default workspace is work/L10.1 in the clone, as the README tells the learner, and git
+    ignores it (pulling an update never touches the learner's files)."""
+    from tl_lab.exercise import workspace as wsm
+
+    where = wsm.default_workspace().relative_to(REPO_ROOT).as_posix()
+    assert where == "work/L10.1" and f"`{where}/`" in (REPO_ROOT / "README.md").read_text()
+    ignored = subprocess.run(["git", "check-ignore", "-q", f"{where}/a.py"], cwd=REPO_ROOT)
+    assert ignored.returncode == 0, f"{where} is not ignored by git"
+
+
+def test_the_workspace_is_the_one_whose_refusal_is_kept_and_lifted_alone(monkeypatch):
+    """A bad TL_LAB_WORKSPACE kept by `import tl_lab` (a RefusingFinder with an ExerciseError) is what
+    `env_error` reports, and `lift_refusal` removes it, and only it: a bad TL_LAB_PITFALL's stays."""
+    from tl_lab.exercise import workspace as wsm
+    from tl_lab.pitfalls import PitfallError
+    from tl_lab.switch import RefusingFinder
+
+    ours = RefusingFinder(ExerciseError("TL_LAB_WORKSPACE: no such folder"), lambda name: False)
+    theirs = RefusingFinder(PitfallError("TL_LAB_PITFALL: s99 is not a pitfall"), lambda name: False)
+    monkeypatch.setattr(sys, "meta_path", [theirs, ours, ours, *sys.meta_path])
+    assert wsm.env_error() is ours.error
+    wsm.lift_refusal()
+    assert ours not in sys.meta_path and theirs in sys.meta_path
+    assert wsm.env_error() is None
+
+
 def test_origins_say_which_file_each_loaded_module_came_from():
     import tl_lab.kv
     from tl_lab.exercise import workspace as wsm
