@@ -237,3 +237,31 @@ def test_the_tiled_products_are_float32_tile_by_tile():
 def test_a_plan_of_long_sequences_only_has_an_integer_empty_short_list():
     plan = plan_rows([LONG_ROWS, LONG_ROWS + 2])
     assert plan.short.size == 0 and plan.short.dtype == np.intp
+
+
+def test_weight_t_is_a_view_of_w_or_of_w_hat_in_one_buffer_per_shape():
+    """`weight_t`: a float32 linear's W.T is a view (no copy); an int4 linear's is W_hat = q s widened
+    into `Scratch`'s one buffer of its shape, which the next linear of that shape overwrites (at most
+    one f32 copy per shape resident), or into a new array without a scratch."""
+    from tl_lab.model import Linear
+    from tl_lab.products import Scratch, weight_t
+    from tl_lab.quant import QLinear
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((6, 64)).astype(np.float32)
+    lin = Linear(w)
+    assert weight_t(lin).base is w and np.array_equal(weight_t(lin), w.T)
+    q1, q2 = (QLinear.quantize(rng.standard_normal((6, 64)).astype(np.float32), 32) for _ in range(2))
+    q3 = QLinear.quantize(rng.standard_normal((4, 64)).astype(np.float32), 32)
+    scratch = Scratch()
+    t1 = weight_t(q1, scratch)
+    assert t1.shape == (64, 6) and np.array_equal(t1, q1.dequantize().T)
+    t2 = weight_t(q2, scratch)
+    assert np.shares_memory(t1, t2) and np.array_equal(t2, q2.dequantize().T)  # the same buffer, overwritten
+    t3 = weight_t(q3, scratch)
+    assert not np.shares_memory(t3, t2) and t3.shape == (64, 4)
+    assert scratch.nbytes == (6 * 64 + 4 * 64) * 4  # one buffer per shape
+    fresh = weight_t(q1)
+    assert not np.shares_memory(fresh, t2) and np.array_equal(fresh, q1.dequantize().T)
+    with pytest.raises(TypeError, match="expected a Linear or QLinear, got ndarray"):
+        weight_t(w)

@@ -16,7 +16,8 @@ Two kinds of mutants, both scored as killed / (killed + survived):
 Each run merges its scores into benchmarks/results/mutation.json under results[label][module],
 with the survivors' names and diffs (mutmut show) so they can be read and closed or called
 equivalent, and the machine it ran on under machines[label] (`machine`: the last run's).
-tools/mutation.sh is the rerun of the whole measurement.
+tools/mutation.sh is the rerun of the whole measurement. The README's table of scores is written
+from the results by `python benchmarks/mutation_table.py --write`, its rows chosen there (SHOWN).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ _EXERCISE_IN_PROCESS = " or ".join((
     "catalogue", "stubs_are", "registry_name", "every_stub_imports", "untouched_stub", "projects_own", "start_twice",
     "bad_input_is", "unreadable_or", "written_counts", "every_section_notebook",
     "does_not_import", "learner_lines_are", "only_a_docstring", "parametrized_id", "the_workspace_is_the_one",
-    "origins_say", "tests_command_lists"))
+    "origins_say", "tests_command_lists", "in_process_hook"))
 """The exercise tests that run in this process or in one started from the clone: mutmut's trampolines in
 a process started elsewhere cannot find their setup.cfg (the graded runs, a notebook's kernel, a check from
 another folder are left to the test command)."""
@@ -93,7 +94,7 @@ MODULES = {
     "widgets.blockmap": ["tests/test_widgets_blockmap.py"],
     "widgets.int4": ["tests/test_widgets_int4.py"],
     "widgets.numbers": ["tests/test_widgets_numbers.py"],
-    "widgets.common": ["tests/test_widgets_common.py"],
+    "widgets.common": ["tests/test_widgets_common.py", "tests/test_widgets_sampler.py"],  # its charts' users
     "widgets.checkpoint": ["tests/test_widgets_checkpoint.py"],
     "widgets.enginesteps": ["tests/test_widgets_enginesteps.py"],
     "widgets.exercise": ["tests/test_widgets_exercise.py"],
@@ -429,7 +430,7 @@ def _source(module: str) -> str:
 
 def _setup_cfg(module: str, selection: list[str]) -> str:
     tests = "\n".join(f"    {a}" for a in selection)
-    return (f"[mutmut]\nsource_paths = tl_lab\nonly_mutate = {_source(module)}\nalso_copy =\n    data\n    docs\n    notebooks\n"
+    return (f"[mutmut]\nsource_paths = tl_lab\nonly_mutate = {_source(module)}\nalso_copy =\n    data\n    docs\n    notebooks\n    README.md\n    .gitignore\n"
             f"pytest_add_cli_args_test_selection =\n{tests}\n"
             "pytest_add_cli_args =\n    -p\n    no:cacheprovider\n    -q\n    -x\n")
 
@@ -488,7 +489,7 @@ TBB_LIB = Path(sys.prefix) / "lib"
 _ONE_KERNEL_THREAD = {"NUMBA_THREADING_LAYER": "workqueue", "NUMBA_NUM_THREADS": "1"}
 FORK_SAFE = {"generate": _ONE_KERNEL_THREAD, "pipeline": {"NUMBA_THREADING_LAYER": "tbb"},
              **{f"widgets.{m}": _ONE_KERNEL_THREAD
-                for m in ("sampler_charts", "sampler_playground", "model_playground")}}
+                for m in ("common", "sampler_charts", "sampler_playground", "model_playground")}}
 """What each module's mutmut run sets for numba. mutmut forks each mutant's run from a process that has
 already run the tests, and GNU OpenMP (numba's threading layer here) is not fork-safe: a child's first
 parallel kernel waited forever, until mutmut's timeout ended it with SIGTERM (in the 'forward' module's
@@ -496,7 +497,7 @@ first sample, 24 of 40 mutants, every one whose run reached a parallel kernel). 
 own workqueue layer; where a module's tests launch kernels from two Python threads at once, which
 workqueue refuses at two kernel threads (it aborts), with one kernel thread ('generate', whose tests need
 no second one; GNU OpenMP at one thread still hung there, in a test that streams from a Python thread;
-and the sampler widgets', whose model playground prefills a 512-token prompt pipelined, in two stages).
+and the sampler widgets' (and the helpers they share), whose model playground prefills a 512-token prompt pipelined, in two stages).
 'pipeline' needs both, two kernel threads launched from two Python threads (its two stages): there TBB,
 numba's one layer both fork-safe and safe from several Python threads (`pip install 'tbb<2023'`, whose
 libraries land in the environment's lib/, off the loader's path, hence LD_LIBRARY_PATH, which

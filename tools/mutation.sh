@@ -8,6 +8,7 @@
 # LABEL names the results (before / after), REF is the git commit mutated (its tests included),
 # SAMPLE the seeded number of mutants per module ("all" for every one). Needs mutmut:
 #   pip install mutmut   (3.8.1 was used); the pipeline module's mutants also need pip install 'tbb<2023'.
+# Then python benchmarks/mutation_table.py --write puts the scores into README.md's table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
