@@ -34,3 +34,32 @@ def test_hf_golden_cases_decode_each_prompts_logits():
     cases = hf_golden_cases()
     assert len(cases) == 6 and all(c["z"].dtype == np.float32 and c["z"].shape == (vocab,) for c in cases)
     assert all(np.isfinite(c["z"]).all() and np.abs(c["z"]).max() > 1 for c in cases)
+
+
+def test_against_hf_reports_each_cases_length_error_and_bound():
+    """`against_hf` runs each case's tokens once and reports, per case, its length, the largest
+    |z - z_HF| and the bound rel_bound * max |z_HF|, in the cases' order; by default over the golden
+    file's cases."""
+    from tl_lab.compare import against_hf, hf_golden_cases
+
+    class Runner:
+        def __init__(self, shift):
+            self.shift, self.seen = shift, []
+
+        def run_once(self, tokens):
+            self.seen.append(list(tokens))
+            return None, np.asarray(self.z[len(self.seen) - 1]) + np.float32(self.shift)
+
+    cases = [{"tokens": [1, 2, 3], "z": np.array([1.0, -4.0, 2.0], np.float32)},
+             {"tokens": [5], "z": np.array([0.5, 8.0], np.float32)}]
+    runner = Runner(0.25)
+    runner.z = [c["z"] for c in cases]
+    got = against_hf(runner, cases, rel_bound=0.01)
+    assert runner.seen == [[1, 2, 3], [5]]
+    assert got == {"lengths": [3, 1], "errors": [0.25, 0.25], "bounds": [0.04, 0.08]}
+    golden = hf_golden_cases()
+    runner = Runner(0.0)
+    runner.z = [c["z"] for c in golden]
+    got = against_hf(runner)  # the golden file's cases, the default bound 1e-3
+    assert runner.seen == [list(c["tokens"]) for c in golden] and got["errors"] == [0.0] * len(golden)
+    assert got["bounds"] == [1e-3 * float(np.abs(c["z"]).max()) for c in golden]
