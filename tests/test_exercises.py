@@ -654,12 +654,15 @@ def test_in_process_hook_installs_once_first_on_the_path(tmp_path, monkeypatch):
         wsm.install(other, use=set())
 
 
-@pytest.mark.parametrize("value", ["off", "", " NONE "])
+@pytest.mark.parametrize("value", ["off", "", " NONE ", None])  # None: unset
 def test_in_process_hook_from_the_environment_off_installs_nothing(monkeypatch, value):
     from tl_lab.exercise import workspace as wsm
 
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
-    monkeypatch.setenv(wsm.ENV, value)
+    if value is None:
+        monkeypatch.delenv(wsm.ENV, raising=False)
+    else:
+        monkeypatch.setenv(wsm.ENV, value)
     assert wsm.install_from_env() is None and wsm.active() is None
 
 

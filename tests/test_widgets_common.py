@@ -97,9 +97,47 @@ def test_the_running_cell_is_the_execute_requests_cell_id_else_its_code(monkeypa
     assert common._running_cell() is None  # nothing to know the cell by
     parent.update(header={"msg_type": "comm_msg"}, content={"code": "x = 1"})  # a widget's callback
     assert common._running_cell() is None
+    parent.pop("header")  # a kernel with no parent message yet
+    assert common._running_cell() is None
     ip.kernel = None  # IPython without a kernel (a terminal)
     assert common._running_cell() is None
 
 
 def test_breakable_lets_a_long_test_name_wrap():
     assert breakable("tests/test_kv.py::test_a_b") == "tests/<wbr>test_<wbr>kv.py::<wbr>test_<wbr>a_<wbr>b"
+
+
+def test_wrap_and_short_label_keep_every_word_and_mark_a_cut():
+    assert common.wrap("top k then top p", 8) == ["top k", "then top", "p"]
+    assert common.wrap("a verylongword b", 4) == ["a", "verylongword", "b"]  # a longer word on its own line
+    assert common.wrap("", 5) == [] and common.wrap("one", 5) == ["one"]
+    assert common.short_label(" the", 4) == "␣the" and common.short_label(" there", 4) == "␣th…"
+    assert common.short_label("a\nb", 9) == "a\\nb"  # a control character escaped
+
+
+def test_the_bars_are_drawn_inside_their_pictures_in_their_colours():
+    """Kept bars in KEPT, the highlighted one in HIGHLIGHT, a dropped one a grey cross; a ghost outline
+    from 0 to the earlier value; the labels' text right-aligned inside their own picture."""
+    import re
+
+    from conftest import svg_outside
+
+    svg = common.hbars_svg("probabilities after top-k", [0.5, -0.25, 0.2], [True, True, False], highlight=1,
+                           names=["a", "b", "c"], ghosts=[0.75, -0.25, 0.2], line=0.3, line_label="u")
+    assert svg.startswith("<svg class='tl-chart'") and svg.endswith("</svg>") and svg.count("</svg>") == 1
+    fills = re.findall(r"<rect x='[\d.]+' y='\d+' width='[\d.]+' height='12' fill='([^']+)'><title>(\w)", svg)
+    assert fills == [(common.KEPT, "a"), (common.HIGHLIGHT, "b")]
+    assert "&#x2715;<title>c: dropped</title>" in svg
+    ghost = re.search(r"<rect x='([\d.]+)' y='\d+' width='([\d.]+)' height='12' fill='none'", svg)
+    zero = re.search(r"<line x1='([\d.]+)'", svg).group(1)  # the axis at 0, drawn first
+    assert ghost.group(1) == zero and float(ghost.group(2)) > 0  # from 0 to the earlier 0.75
+    assert svg.count("fill='none'") == 1  # an unchanged value has no ghost
+    line = re.findall(r"<line x1='([\d.]+)' x2='[\d.]+' y1='(\d+)'", svg)
+    assert [int(y) for _, y in line] == [common.HEAD_H - 2, common.HEAD_H - 4]  # the axis, then u's line
+    title = re.findall(r"<text x='4' y='(\d+)' font-size='10' font-weight='bold'>", svg)
+    assert [int(y) for y in title] == [12, 24, 36][: len(title)] and len(title) >= 2  # wrapped, 12 px apart
+    assert svg_outside(svg) == []
+    labels = common.labels_svg(["a", "longer"], 1, title="token")
+    assert svg_outside(labels) == [] and labels.endswith("</svg>")
+    width = int(re.search(r"width='(\d+)'", labels).group(1))
+    assert re.findall(r"<text x='(\d+)'", labels) == [str(width - 6)] * 3  # every label ends 6 px inside
