@@ -671,6 +671,9 @@ def test_in_process_hook_from_the_environment_takes_the_modules_named(tmp_path, 
 
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     ws = _hook_workspace(tmp_path)
+    import tl_lab.kv  # noqa: F401  (the reference, imported here whatever ran before)
+    import tl_lab.quant  # noqa: F401
+
     monkeypatch.setenv(wsm.ENV, str(ws))
     monkeypatch.setenv(wsm.ENV_USE, " , ")  # no module named: the reference for all six
     finder = wsm.install_from_env()

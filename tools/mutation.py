@@ -406,7 +406,14 @@ METHOD = (
     "with new tests. "
     "The catalogue's and the pieces' rows (registry._g, _pieces) are built when the module is imported, "
     "before a forked run switches its mutant on, so mutmut cannot reach them: their 17 survivors are killed "
-    "in a fresh process (a Piece of three fields fails collection, a kind of None the tests command's test)."
+    "in a fresh process (a Piece of three fields fails collection, a kind of None the tests command's test). "
+    "'s48-whole': five samples whose reruns of the survivors had left out the mutants no test reached "
+    "(exercise.workspace, widgets.common, compare, products, widgets.model_playground), the same 40 (seed 20) "
+    "run whole at b0ef9dd (the catalogue's run there stopped at mutmut's first pass of the tests: a new test "
+    "read README.md, which mutmut's tree lacked until also_copy named it). 's48-after': the same samples of "
+    "the workspace at 543cd9d, and of the catalogue, widgets.common (its selection now with the sampler "
+    "widgets' tests, the users of its charts) and products at d6f46d4, compare's at 0a2d14e, with tests "
+    "reaching what no test had; 's48-after-rerun' the survivors of widgets.common and the workspace again with new tests."
 )
 
 
