@@ -40,7 +40,7 @@ _EXERCISE_IN_PROCESS = " or ".join((
     "catalogue", "stubs_are", "registry_name", "every_stub_imports", "untouched_stub", "projects_own", "start_twice",
     "bad_input_is", "unreadable_or", "written_counts", "every_section_notebook",
     "does_not_import", "learner_lines_are", "only_a_docstring", "parametrized_id", "the_workspace_is_the_one",
-    "origins_say", "tests_command_lists", "in_process_hook"))
+    "origins_say", "tests_command_lists", "in_process"))
 """The exercise tests that run in this process or in one started from the clone: mutmut's trampolines in
 a process started elsewhere cannot find their setup.cfg (the graded runs, a notebook's kernel, a check from
 another folder are left to the test command)."""
@@ -105,10 +105,10 @@ MODULES = {
     "widgets.sampler_playground": ["tests/test_widgets_sampler.py"],
     "widgets.model_playground": ["tests/test_widgets_sampler.py"],
     "errors": ["tests/test_errors.py"],
-    # the exercise's stubs, its catalogue and the workspace a learner's files live in: the exercise tests
-    # started from the clone (_EXERCISE_IN_PROCESS)
+    # the exercise's modules: the exercise tests started from the clone (_EXERCISE_IN_PROCESS); the
+    # graded runs, the guard's trials and the plugin's pytest hooks happen in processes of their own
     **{f"exercise.{m}": ["tests/test_exercises.py", "-m", "not exercise_slow", "-k", _EXERCISE_IN_PROCESS]
-       for m in ("stubs", "registry", "workspace")},
+       for m in ("stubs", "registry", "workspace", "cli", "grading", "guard", "parity")},
 }
 
 # (name, file, old text, new text): each a mistake a later refactor of a compiled loop could make.
