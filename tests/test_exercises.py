@@ -1027,3 +1027,88 @@ def test_in_process_guard_trial_process_prints_its_verdict_last(tmp_path, monkey
     assert out[:1] == ["trying quant"] and out[-1].startswith(guard.MARK)  # stopped at the first fault
     verdict = json.loads(out[-1][len(guard.MARK):])
     assert (verdict["module"], verdict["error"]) == ("quant", "RuntimeError: at call") and len(out) == 2
+
+
+def _in_process_cli(capsys, *argv):
+    """`python -m tl_lab exercise ARGV` run in this process -> (exit code, stdout, stderr)."""
+    import argparse
+
+    from tl_lab.exercise.cli import add_cli
+
+    parser = argparse.ArgumentParser(prog="tl_lab")
+    add_cli(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["exercise", *argv])
+    code = args.run(args)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_in_process_cli_start_status_hint_reset_and_check(tmp_path, capsys):
+    ws = tmp_path / "ws"
+    code, out, _ = _in_process_cli(capsys, "start", "kv", "sample", "--workspace", str(ws))
+    assert code == 0 and out.splitlines()[:2] == [f"{'wrote':<24} {ws / 'kv.py'}", f"{'wrote':<24} {ws / 'sample.py'}"]
+    assert out.splitlines()[-1].startswith("next: python -m tl_lab exercise tests")
+    assert sorted(p.name for p in ws.iterdir()) == ["kv.py", "sample.py"]
+    code, out, _ = _in_process_cli(capsys, "start", "kv", "--workspace", str(ws))
+    assert out.splitlines()[0] == f"{'left alone (it exists)':<24} {ws / 'kv.py'}"
+    (ws / "quant.py").write_text(reference_source("quant"), encoding="utf-8")
+    code, out, _ = _in_process_cli(capsys, "status", "--workspace", str(ws))
+    lines = out.splitlines()
+    n_kv, n_quant = len(registry.PIECES["kv"]), len(registry.PIECES["quant"])
+    assert code == 0 and lines[0] == f"workspace {ws}"
+    assert lines[1] == f"  kv       the stub   0/{n_kv:<2} pieces  last check: never checked"
+    assert lines[2] == f"  quant    yours     {n_quant:>2}/{n_quant:<2} pieces  last check: never checked"
+    assert lines[3].startswith("  model    no file    0/")
+    code, out, _ = _in_process_cli(capsys, "hint", "kv", "--workspace", str(ws))
+    lines = out.splitlines()
+    assert lines[0] == f"kv: {registry.SECTIONS['kv']}; 0 of {n_kv} pieces written"
+    first = registry.PIECES["kv"][0]
+    assert lines[1].startswith(f"  [todo] {first.qualname:<28} section {first.section:<4} ~") and first.hint in lines[1]
+    code, out, err = _in_process_cli(capsys, "check", "kv", "--workspace", str(ws))  # the stub: no test run
+    assert code == 1 and "kv       not started" in out and out.splitlines()[-1] == "0 of 1 modules pass"
+    assert err.split() == ["kv", "not", "started", "0.0", "s"]
+    code, out, _ = _in_process_cli(capsys, "hint", "kv", "--workspace", str(ws))
+    assert out.splitlines()[-1].startswith("last check (") and "): not started; kv.py is the stub" in out
+    code, out, _ = _in_process_cli(capsys, "status", "--workspace", str(ws))
+    assert "last check: not started 0/0 (" in out.splitlines()[1]
+    (ws / "kv.py").write_text("# mine\n", encoding="utf-8")
+    code, out, _ = _in_process_cli(capsys, "reset", "kv", "--workspace", str(ws))
+    backup = next(ws.glob("kv.py.bak-*"))
+    assert code == 0 and out.splitlines() == [f"kept your file as {backup}", f"wrote a fresh stub {ws / 'kv.py'}"]
+    assert backup.read_text() == "# mine\n" and (ws / "kv.py").read_text() == stub_source("kv")
+    code, out, _ = _in_process_cli(capsys, "reset", "model", "--workspace", str(ws))
+    assert out.splitlines()[0] == "there was no model.py"
+
+
+def test_in_process_cli_refuses_in_one_line(tmp_path, capsys):
+    ws = tmp_path / "ws"
+    code, out, err = _in_process_cli(capsys, "status", "--workspace", str(ws))
+    assert (code, out) == (2, "") and err == f"error: workspace {ws} does not exist: python -m tl_lab exercise start writes it\n"
+    ws.mkdir()
+    code, _, err = _in_process_cli(capsys, "parity", "dice", "--workspace", str(ws))
+    assert code == 2 and err == "error: unknown parity suite 'dice': the suites are sampler, rng\n"
+    code, _, err = _in_process_cli(capsys, "parity", "--workspace", str(ws))
+    assert code == 2 and err == f"error: no {ws / 'sample.py'}: python -m tl_lab exercise start sample\n"
+    (ws / "sample.py").write_text(stub_source("sample"), encoding="utf-8")
+    import tl_lab.sample  # noqa: F401
+
+    code, _, err = _in_process_cli(capsys, "parity", "--workspace", str(ws))
+    assert code == 2 and err == "error: tl_lab.sample is already imported in this process: run parity in a fresh one\n"
+    code, _, err = _in_process_cli(capsys, "hint", "kvv", "--workspace", str(ws))
+    assert code == 2 and err.startswith("error: ") and "kvv" in err and len(err.splitlines()) == 1
+
+
+def test_in_process_cli_tests_lists_the_last_results(tmp_path, capsys):
+    from tl_lab.exercise.grading import Row, _save
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    first = next(g for g in CATALOGUE if g.module == "kv")
+    _save(ws, [Row("kv", "failed", "kv.py", results={first.name: "failed"})])
+    code, out, _ = _in_process_cli(capsys, "tests", "--workspace", str(ws))
+    assert code == 0 and out.splitlines()[-1] == f"{len(CATALOGUE)} tests; you write no graded tests here (rung R0)"
+    lines = out.splitlines()
+    for g in CATALOGUE:
+        head = f"{g.name:<46} {g.kind:<20} {g.module:<8} "
+        row = next(line for line in lines if line.startswith(head))
+        assert row[len(head):].split()[0] == ("failed" if g == first else "-"), g.name
