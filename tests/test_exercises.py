@@ -806,6 +806,7 @@ def test_in_process_parity_of_the_sampler_is_bit_for_bit():
 
     v = parity.parity_sampler(_Off(sample=raising))
     assert v.first_difference.endswith("token 0: raised NotImplementedError: section 2.6") and v.matched == 0
+    assert v.total == 12
 
 
 def _report(results=(), errors=(), loaded=None, module="kv"):
@@ -989,8 +990,8 @@ def test_in_process_guard_blames_imports_syntax_stubs_and_long_errors(tmp_path):
     fault = guard.blame(exc, tmp_path, "kv")
     assert fault.error == ("ValueError: " + "v" * 400)[: guard.MESSAGE_CHARS] + " ..."
     fault = guard.blame(ValueError("no traceback"), tmp_path, "runner")  # no frame of the learner's
-    assert (fault.module, fault.file, fault.line, fault.at) == ("runner", str(tmp_path / "runner.py"), None,
-                                                                str(tmp_path / "runner.py"))
+    assert (fault.module, fault.file, fault.line, fault.at, fault.function) == (
+        "runner", str(tmp_path / "runner.py"), None, str(tmp_path / "runner.py"), "(import)")
 
 
 def test_in_process_guard_tries_each_module_once_without_the_ones_that_raised(tmp_path, monkeypatch):
@@ -1007,6 +1008,7 @@ def test_in_process_guard_tries_each_module_once_without_the_ones_that_raised(tm
     assert guard._last_tried("x\ntrying kv\nprint\ntrying quant\n", ["kv", "quant"]) == "quant"
     assert guard._last_tried("trying model\n", ["kv", "quant"]) == "kv"  # not asked: the first
     assert guard._last_tried("", ["sample"]) == "sample"
+    assert guard._last_tried("trying kv\ntrying quant\ntrying model\n", ["kv", "quant", "model"]) == "model"
 
 
 def test_in_process_guard_trial_process_prints_its_verdict_last(tmp_path, monkeypatch, capsys):
@@ -1112,3 +1114,52 @@ def test_in_process_cli_tests_lists_the_last_results(tmp_path, capsys):
         head = f"{g.name:<46} {g.kind:<20} {g.module:<8} "
         row = next(line for line in lines if line.startswith(head))
         assert row[len(head):].split()[0] == ("failed" if g == first else "-"), g.name
+
+
+def test_in_process_grading_of_a_row_names_each_test_and_passes_the_limit(tmp_path):
+    from tl_lab.exercise.grading import _row, pitfall_hint
+    from tl_lab.pitfalls import PITFALLS
+
+    f, log = tmp_path / "kv.py", tmp_path / "check-kv.log"
+    unnamed = {"nodeid": "tests/test_kv.py::test_helper", "chapter_test": None, "outcome": "failed",
+               "message": "TestTimeout: ran longer than 2.5 s"}
+    row = _row("kv", f, {"kv": "learner"}, _report([unnamed]), log, 1, 2.5)
+    assert row.results == {"tests/test_kv.py::test_helper": "failed"} and row.uses == {"kv": "learner"}
+    assert row.first_failure == "tests/test_kv.py::test_helper" and "ran past the 2.5 s limit" in row.hint
+    text = "E   ImportError: nope"
+    row = _row("kv", f, {}, _report(errors=[{"kind": "collect", "message": text}]), log, 1, 120)
+    assert row.hint == "the module fails when imported; the other modules are still checked"
+    both = sorted(p.id for p in PITFALLS.values() if p.test.endswith("::test_penalties_follow_hf_and_openai_semantics"))
+    hint = pitfall_hint("sample", "tests/test_sample.py::test_penalties_follow_hf_and_openai_semantics", "x")
+    mistakes = [PITFALLS[i].mistake for i in both]
+    assert hint.startswith(f"this is what {' or '.join(both)} looks like: "
+                           f"{mistakes[0][0].lower()}{mistakes[0][1:]}; {mistakes[1][0].lower()}{mistakes[1][1:]}; reread")
+
+
+def test_in_process_grading_blocks_a_module_whose_dependencies_do_not_pass(tmp_path, monkeypatch):
+    from tl_lab.exercise import grading
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "forward.py").write_text(reference_source("forward"), encoding="utf-8")
+    (ws / "kv.py").write_text(reference_source("kv"), encoding="utf-8")
+    ran = []
+
+    def run(workspace, module, use, timeout, tests=None, first_failure=False):
+        ran.append((module, use))
+        passing = [{"nodeid": f"x::test_{g.name}", "chapter_test": g.name, "outcome": "passed", "message": ""}
+                   for g in graded(module)]
+        return _report(passing, module=module, loaded=str(workspace / f"{module}.py")), workspace / "log", 0.5
+
+    monkeypatch.setattr(grading, "_run", run)  # the pytest subprocess, as its report
+    rows = {r.module: r for r in grading.check(ws, ["forward"])}
+    assert ran == [("kv", ["kv"])] and rows["kv"].ok and rows["kv"].uses == {"kv": "learner"}
+    fw = rows["forward"]
+    assert (fw.state, fw.message) == ("blocked", "blocked by quant, model (not passing)")
+    assert fw.uses == {"forward": "learner", "quant": "blocked", "kv": "learner", "model": "blocked",
+                       "runner": "reference (harness)"}
+    assert fw.hint == "pass quant, model first, or check with --ref-deps to borrow the reference"
+    rows = {r.module: r for r in grading.check(ws, ["forward"], ref_deps=True)}
+    assert ran[-1] == ("forward", ["forward", "kv"]) and rows["forward"].ok
+    assert rows["forward"].uses == {"forward": "learner", "quant": "reference (--ref-deps)", "kv": "learner",
+                                    "model": "reference (--ref-deps)", "runner": "reference (harness)"}

@@ -348,6 +348,11 @@ EQUIVALENT = [
      "the six reference modules are ASCII, which every encoding reads alike"),
     ("exercise.registry", "match: `func.split(\"[\", 1)[0]` -> `split(\"[\", 2)[0]` or `split(\"[\")[0]`",
      "the text before the first bracket, however many splits follow"),
+    ("exercise.guard", "_kv, _quant, _sample, _runner: a trial's inputs changed (a token, a value of the f16 "
+     "example, a row count, a dtype left to numpy, the rng None at temperature 0)",
+     "a trial asks only that the learner's module runs on a small case without raising (TRIALS), never "
+     "what it answers: the reference runs on the changed input as on the first, and the notebooks' own "
+     "asserts are what judge an answer"),
     ("kernels (hand-written)", "attention: the next block's keys not prefetched",
      "speed only: a prefetch is a hint; the same bits (kept in the list as the harness's own check)"),
 ]
