@@ -1163,3 +1163,81 @@ def test_in_process_grading_blocks_a_module_whose_dependencies_do_not_pass(tmp_p
     assert ran[-1] == ("forward", ["forward", "kv"]) and rows["forward"].ok
     assert rows["forward"].uses == {"forward": "learner", "quant": "reference (--ref-deps)", "kv": "learner",
                                     "model": "reference (--ref-deps)", "runner": "reference (harness)"}
+
+
+def test_in_process_cli_parity_runs_the_learners_sample(tmp_path, capsys, monkeypatch):
+    """`exercise parity` in a process where tl_lab.sample is not imported yet: the workspace's
+    sample.py is the one held to the golden files, and one that does not import is named at its line."""
+    import tl_lab
+
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.setattr(tl_lab, "sample", tl_lab.sample, raising=False)
+    monkeypatch.delitem(sys.modules, "tl_lab.sample")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "sample.py").write_text(reference_source("sample"), encoding="utf-8")
+    code, out, _ = _in_process_cli(capsys, "parity", "rng", "rng", "--workspace", str(ws))
+    assert code == 0 and out.splitlines()[0] == (f"your {ws / 'sample.py'} against data/golden/sampler.json, "
+                                                 "data/golden/pcg32.vectors.json")
+    assert len(out.splitlines()) == 2 and out.splitlines()[1].startswith("parity rng: ")  # the suite once
+    assert sys.modules["tl_lab.sample"].__file__ == str(ws / "sample.py")
+
+    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if type(f).__name__ != "WorkspaceFinder"])
+    monkeypatch.delitem(sys.modules, "tl_lab.sample")
+    other = tmp_path / "broken"
+    other.mkdir()
+    (other / "sample.py").write_text("import numpy\n\nx = undefined_name\n", encoding="utf-8")
+    code, out, _ = _in_process_cli(capsys, "parity", "--workspace", str(other))
+    assert code == 1 and out == f"parity: {other / 'sample.py'}:3: NameError: name 'undefined_name' is not defined\n"
+
+
+def test_in_process_cli_knows_which_commands_need_the_workspace(tmp_path, capsys, monkeypatch):
+    from tl_lab.exercise import cli as cli_module, workspace as wsm
+
+    missing = tmp_path / "not-yet"
+    monkeypatch.delenv(wsm.ENV, raising=False)
+    monkeypatch.setattr(cli_module, "resolve", lambda given: missing if given is None else wsm.resolve(given))
+    assert _in_process_cli(capsys, "tests")[0] == 0  # the catalogue, before start
+    assert _in_process_cli(capsys, "hint", "kv")[0] == 0
+    code, _, err = _in_process_cli(capsys, "status")  # needs the workspace, even the default one
+    assert code == 2 and err == f"error: workspace {missing} does not exist: python -m tl_lab exercise start writes it\n"
+    code, _, err = _in_process_cli(capsys, "tests", "--workspace", str(missing))  # a named one must exist
+    assert code == 2 and "does not exist" in err
+
+
+def test_in_process_cli_workspace_option_lifts_a_bad_environment(tmp_path, capsys, monkeypatch):
+    from tl_lab.exercise import workspace as wsm
+
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    wsm.refuse_from_env(ExerciseError("no such folder"))
+    _in_process_cli(capsys, "tests")
+    assert wsm.env_error() is not None  # no --workspace: the refusal stays for the command line to report
+    _in_process_cli(capsys, "tests", "--workspace", str(tmp_path))
+    assert wsm.env_error() is None
+
+
+def test_in_process_cli_help_names_every_command_and_argument(capsys):
+    import argparse
+
+    from tl_lab.exercise.cli import COMMANDS, add_cli
+
+    parser = argparse.ArgumentParser(prog="tl_lab")
+    add_cli(parser.add_subparsers(dest="command"))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["exercise", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "your turn: write the six modules, the chapter's tests grade them" in text or "Chapter L10.1" in text
+    for name in COMMANDS:
+        assert f" {name} " in text, name
+    assert "run the graded tests on your code; exit 0 only when every one asked for passes" in text
+    with pytest.raises(SystemExit):
+        parser.parse_args(["exercise", "parity", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "[SUITE ...]" in text and "--workspace DIR" in text and "else work/L10.1" in text
+    with pytest.raises(SystemExit):
+        parser.parse_args(["exercise", "check", "--help"])
+    assert "--timeout S" in " ".join(capsys.readouterr().out.split())
+    assert parser.parse_args(["exercise", "parity"]).suites == ["sampler", "rng"]
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--help"])
+    assert "your turn: write the six modules, the chapter's tests grade them" in " ".join(capsys.readouterr().out.split())
