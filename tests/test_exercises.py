@@ -1246,8 +1246,8 @@ def test_in_process_cli_help_names_every_command_and_argument(capsys):
 def test_in_process_side_loads_yours_beside_the_reference(tmp_path, capsys):
     from tl_lab.exercise import side
 
-    ws = tmp_path / "ws"
-    ws.mkdir()
+    ws = tmp_path / "tl_lab" / "work" / "L10.1"  # a clone is often a folder named tl_lab
+    ws.mkdir(parents=True)
     assert side.yours("sample", ws) is None  # no file yet
     (ws / "sample.py").write_text(stub_source("sample"), encoding="utf-8")
     assert side.yours("sample", ws) is None  # still the stub
@@ -1268,6 +1268,9 @@ def test_in_process_side_loads_yours_beside_the_reference(tmp_path, capsys):
     assert said.startswith(f"your sample.py does not import: {ws / 'sample.py'}:1: SyntaxError: ")
     with pytest.raises(SyntaxError):
         side.yours("sample", ws)  # as it is, from the learner's file
+    (ws / "sample.py").write_text("from tl_lab.exercise.side import no_such_name\n", encoding="utf-8")
+    assert side.yours_or_none("sample", ws) is None
+    assert capsys.readouterr().out.startswith(f"your sample.py does not import: {ws / 'sample.py'}:1: ImportError: ")
 
 
 def test_in_process_side_says_where_yours_raised(tmp_path):

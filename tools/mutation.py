@@ -353,6 +353,11 @@ EQUIVALENT = [
      "a trial asks only that the learner's module runs on a small case without raising (TRIALS), never "
      "what it answers: the reference runs on the changed input as on the first, and the notebooks' own "
      "asserts are what judge an answer"),
+    ("exercise.side", "_against_hf: the block size left to KvConfig's default (16, the one passed), or the "
+     "cases left to against_hf's default (the same golden cases)",
+     "the same runner and the same cases; the logits do not depend on the block size either (section 2.4)"),
+    ("exercise.side", "yours: `read_text(encoding=\"utf-8\")` -> the locale's encoding",
+     "the same text under a UTF-8 locale, as every machine here runs; the stubs are ASCII"),
     ("kernels (hand-written)", "attention: the next block's keys not prefetched",
      "speed only: a prefetch is a hint; the same bits (kept in the list as the harness's own check)"),
 ]
@@ -418,7 +423,12 @@ METHOD = (
     "read README.md, which mutmut's tree lacked until also_copy named it). 's48-after': the same samples of "
     "the workspace at 543cd9d, and of the catalogue, widgets.common (its selection now with the sampler "
     "widgets' tests, the users of its charts) and products at d6f46d4, compare's at 0a2d14e, with tests "
-    "reaching what no test had; 's48-after-rerun' the survivors of widgets.common and the workspace again with new tests."
+    "reaching what no test had; 's48-after-rerun' the survivors of widgets.common and the workspace again with new tests. "
+    "'s48-exercise': the exercise's cli, grading, guard and parity mutated for the first time, 40 each (seed "
+    "20) at b8447c7, and side at 52e3352 (no test in process had reached parity, grading or guard); "
+    "'s48-exercise-after' the same 40 of the first four with tests that run them in this process (a report "
+    "read into a row, the guard's trial process, the command line's parser), and 's48-exercise-after2' all "
+    "five whole again with the tests written for their survivors."
 )
 
 

@@ -56,11 +56,14 @@ def yours_or_none(module: str, workspace=None):
     try:
         return yours(module, workspace)
     except Exception as exc:  # noqa: BLE001: the learner's code; its error is what to show
+        # the learner's file by its path: a clone is often a folder named tl_lab, so the reference's
+        # files are not told apart from the learner's by their names
+        f = str(resolve(workspace) / f"{module}.py")
         tb = exc.__traceback__
         where = ""
         while tb is not None:
-            if tb.tb_frame.f_code.co_filename.endswith(f"{module}.py") and "tl_lab" not in tb.tb_frame.f_code.co_filename:
-                where = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}: "
+            if tb.tb_frame.f_code.co_filename == f:
+                where = f"{f}:{tb.tb_lineno}: "
             tb = tb.tb_next
         if isinstance(exc, SyntaxError):
             where = f"{exc.filename}:{exc.lineno}: "
