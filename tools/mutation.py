@@ -358,6 +358,11 @@ EQUIVALENT = [
      "the same runner and the same cases; the logits do not depend on the block size either (section 2.4)"),
     ("exercise.side", "yours: `read_text(encoding=\"utf-8\")` -> the locale's encoding",
      "the same text under a UTF-8 locale, as every machine here runs; the stubs are ASCII"),
+    ("exercise.side", "yours_or_none: `where = \"\"` -> None",
+     "read only when no frame of the learner's file is in the traceback and the error is no SyntaxError, "
+     "and a module that ran (and so raised) ran its file's code: no input reaches it"),
+    ("exercise.cli", "_parity: the learner's line looked up without the default None",
+     "the same case: the import ran the learner's file, so its frame is in the traceback"),
     ("kernels (hand-written)", "attention: the next block's keys not prefetched",
      "speed only: a prefetch is a hint; the same bits (kept in the list as the harness's own check)"),
 ]
