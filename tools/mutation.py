@@ -106,9 +106,9 @@ MODULES = {
     "widgets.model_playground": ["tests/test_widgets_sampler.py"],
     "errors": ["tests/test_errors.py"],
     # the exercise's modules: the exercise tests started from the clone (_EXERCISE_IN_PROCESS); the
-    # graded runs, the guard's trials and the plugin's pytest hooks happen in processes of their own
+    # graded runs and the guard's trials happen in processes of their own
     **{f"exercise.{m}": ["tests/test_exercises.py", "-m", "not exercise_slow", "-k", _EXERCISE_IN_PROCESS]
-       for m in ("stubs", "registry", "workspace", "cli", "grading", "guard", "parity", "side")},
+       for m in ("stubs", "registry", "workspace", "cli", "grading", "guard", "parity", "side", "plugin")},
 }
 
 # (name, file, old text, new text): each a mistake a later refactor of a compiled loop could make.
