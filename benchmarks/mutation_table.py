@@ -85,6 +85,8 @@ SHOWN = [
     ("exercise.guard", "the notebooks' guard", "s48-exercise", "s48-exercise-after2",
      "untried: `_one_trial`, which starts the trial process; the survivors are the trials' inputs (equivalent)"),
     ("exercise.parity", "the exercise's parity", "s48-exercise", "s48-exercise-after2", ""),
+    ("exercise.plugin", "the graded runs' pytest plugin", "s48-exercise", "s48-exercise-after2",
+     "its hooks had run only inside the graded pytest processes"),
     ("exercise.side", "yours beside the reference", "s48-exercise", "s48-exercise-after2",
      "untried: `reference_against_hf`, which starts a process; a bug found and mended (the learner's line)"),
     ("kernels (hand-written)", "the compiled kernels' hand-written mutants", None, "s42-all-kernels",

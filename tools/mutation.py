@@ -430,10 +430,11 @@ METHOD = (
     "widgets' tests, the users of its charts) and products at d6f46d4, compare's at 0a2d14e, with tests "
     "reaching what no test had; 's48-after-rerun' the survivors of widgets.common and the workspace again with new tests. "
     "'s48-exercise': the exercise's cli, grading, guard and parity mutated for the first time, 40 each (seed "
-    "20) at b8447c7, and side at 52e3352 (no test in process had reached parity, grading or guard); "
+    "20) at b8447c7, side at 52e3352 and plugin at fc386f8 (no test in process had reached parity, grading, "
+    "guard or the plugin's hooks); "
     "'s48-exercise-after' the same 40 of the first four with tests that run them in this process (a report "
     "read into a row, the guard's trial process, the command line's parser), and 's48-exercise-after2' all "
-    "five whole again with the tests written for their survivors."
+    "six whole again with the tests written for their survivors (side at d4f469e, after its mend)."
 )
 
 
