@@ -45,6 +45,10 @@ _EXERCISE_IN_PROCESS = " or ".join((
 a process started elsewhere cannot find their setup.cfg (the graded runs, a notebook's kernel, a check from
 another folder are left to the test command)."""
 
+_EXERCISE_FILES = [f"tests/test_exercise_{m}.py" for m in ("cli", "grading", "guard", "parity", "plugin", "side", "workspace")]
+"""Each exercise module's in-process tests (tests/test_exercises.py holds the rest, the graded runs among them)."""
+
+
 # module -> its fast test selection: the tests a developer runs after touching it.
 MODULES = {
     "kv": ["tests/test_kv.py"],
@@ -107,7 +111,7 @@ MODULES = {
     "errors": ["tests/test_errors.py"],
     # the exercise's modules: the exercise tests started from the clone (_EXERCISE_IN_PROCESS); the
     # graded runs and the guard's trials happen in processes of their own
-    **{f"exercise.{m}": ["tests/test_exercises.py", "-m", "not exercise_slow", "-k", _EXERCISE_IN_PROCESS]
+    **{f"exercise.{m}": ["tests/test_exercises.py", *_EXERCISE_FILES, "-m", "not exercise_slow", "-k", _EXERCISE_IN_PROCESS]
        for m in ("stubs", "registry", "workspace", "cli", "grading", "guard", "parity", "side", "plugin")},
 }
 

@@ -1,0 +1,168 @@
+"""tl_lab/exercise/cli.py in this process: each command through the real parser, its output and exit code,
+the one-line refusals and the help (the same commands as processes are test_exercises.py's).
+"""
+
+import sys
+
+import pytest
+
+from tl_lab.exercise import registry
+from tl_lab.exercise.registry import CATALOGUE
+from tl_lab.exercise.stubs import ExerciseError, reference_source, stub_source
+
+
+def _in_process_cli(capsys, *argv):
+    """`python -m tl_lab exercise ARGV` run in this process -> (exit code, stdout, stderr)."""
+    import argparse
+
+    from tl_lab.exercise.cli import add_cli
+
+    parser = argparse.ArgumentParser(prog="tl_lab")
+    add_cli(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["exercise", *argv])
+    code = args.run(args)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+def test_in_process_cli_start_status_hint_reset_and_check(tmp_path, capsys):
+    ws = tmp_path / "ws"
+    code, out, _ = _in_process_cli(capsys, "start", "kv", "sample", "--workspace", str(ws))
+    assert code == 0 and out.splitlines()[:2] == [f"{'wrote':<24} {ws / 'kv.py'}", f"{'wrote':<24} {ws / 'sample.py'}"]
+    assert out.splitlines()[-1].startswith("next: python -m tl_lab exercise tests")
+    assert sorted(p.name for p in ws.iterdir()) == ["kv.py", "sample.py"]
+    code, out, _ = _in_process_cli(capsys, "start", "kv", "--workspace", str(ws))
+    assert out.splitlines()[0] == f"{'left alone (it exists)':<24} {ws / 'kv.py'}"
+    (ws / "quant.py").write_text(reference_source("quant"), encoding="utf-8")
+    code, out, _ = _in_process_cli(capsys, "status", "--workspace", str(ws))
+    lines = out.splitlines()
+    n_kv, n_quant = len(registry.PIECES["kv"]), len(registry.PIECES["quant"])
+    assert code == 0 and lines[0] == f"workspace {ws}"
+    assert lines[1] == f"  kv       the stub   0/{n_kv:<2} pieces  last check: never checked"
+    assert lines[2] == f"  quant    yours     {n_quant:>2}/{n_quant:<2} pieces  last check: never checked"
+    assert lines[3].startswith("  model    no file    0/")
+    code, out, _ = _in_process_cli(capsys, "hint", "kv", "--workspace", str(ws))
+    lines = out.splitlines()
+    assert lines[0] == f"kv: {registry.SECTIONS['kv']}; 0 of {n_kv} pieces written"
+    first = registry.PIECES["kv"][0]
+    assert lines[1].startswith(f"  [todo] {first.qualname:<28} section {first.section:<4} ~") and first.hint in lines[1]
+    code, out, err = _in_process_cli(capsys, "check", "kv", "--workspace", str(ws))  # the stub: no test run
+    assert code == 1 and "kv       not started" in out and out.splitlines()[-1] == "0 of 1 modules pass"
+    assert err.split() == ["kv", "not", "started", "0.0", "s"]
+    code, out, _ = _in_process_cli(capsys, "hint", "kv", "--workspace", str(ws))
+    assert out.splitlines()[-1].startswith("last check (") and "): not started; kv.py is the stub" in out
+    code, out, _ = _in_process_cli(capsys, "status", "--workspace", str(ws))
+    assert "last check: not started 0/0 (" in out.splitlines()[1]
+    (ws / "kv.py").write_text("# mine\n", encoding="utf-8")
+    code, out, _ = _in_process_cli(capsys, "reset", "kv", "--workspace", str(ws))
+    backup = next(ws.glob("kv.py.bak-*"))
+    assert code == 0 and out.splitlines() == [f"kept your file as {backup}", f"wrote a fresh stub {ws / 'kv.py'}"]
+    assert backup.read_text() == "# mine\n" and (ws / "kv.py").read_text() == stub_source("kv")
+    code, out, _ = _in_process_cli(capsys, "reset", "model", "--workspace", str(ws))
+    assert out.splitlines()[0] == "there was no model.py"
+
+def test_in_process_cli_refuses_in_one_line(tmp_path, capsys):
+    ws = tmp_path / "ws"
+    code, out, err = _in_process_cli(capsys, "status", "--workspace", str(ws))
+    assert (code, out) == (2, "") and err == f"error: workspace {ws} does not exist: python -m tl_lab exercise start writes it\n"
+    ws.mkdir()
+    code, _, err = _in_process_cli(capsys, "parity", "dice", "--workspace", str(ws))
+    assert code == 2 and err == "error: unknown parity suite 'dice': the suites are sampler, rng\n"
+    code, _, err = _in_process_cli(capsys, "parity", "--workspace", str(ws))
+    assert code == 2 and err == f"error: no {ws / 'sample.py'}: python -m tl_lab exercise start sample\n"
+    (ws / "sample.py").write_text(stub_source("sample"), encoding="utf-8")
+    import tl_lab.sample  # noqa: F401
+
+    code, _, err = _in_process_cli(capsys, "parity", "--workspace", str(ws))
+    assert code == 2 and err == "error: tl_lab.sample is already imported in this process: run parity in a fresh one\n"
+    code, _, err = _in_process_cli(capsys, "hint", "kvv", "--workspace", str(ws))
+    assert code == 2 and err.startswith("error: ") and "kvv" in err and len(err.splitlines()) == 1
+
+def test_in_process_cli_tests_lists_the_last_results(tmp_path, capsys):
+    from tl_lab.exercise.grading import Row, _save
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    first = next(g for g in CATALOGUE if g.module == "kv")
+    _save(ws, [Row("kv", "failed", "kv.py", results={first.name: "failed"})])
+    code, out, _ = _in_process_cli(capsys, "tests", "--workspace", str(ws))
+    assert code == 0 and out.splitlines()[-1] == f"{len(CATALOGUE)} tests; you write no graded tests here (rung R0)"
+    lines = out.splitlines()
+    for g in CATALOGUE:
+        head = f"{g.name:<46} {g.kind:<20} {g.module:<8} "
+        row = next(line for line in lines if line.startswith(head))
+        assert row[len(head):].split()[0] == ("failed" if g == first else "-"), g.name
+
+def test_in_process_cli_parity_runs_the_learners_sample(tmp_path, capsys, monkeypatch):
+    """`exercise parity` in a process where tl_lab.sample is not imported yet: the workspace's
+    sample.py is the one held to the golden files, and one that does not import is named at its line."""
+    import tl_lab
+    import tl_lab.sample  # the reference, put back after the test
+
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.setattr(tl_lab, "sample", tl_lab.sample)
+    monkeypatch.delitem(sys.modules, "tl_lab.sample")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "sample.py").write_text(reference_source("sample"), encoding="utf-8")
+    code, out, _ = _in_process_cli(capsys, "parity", "rng", "rng", "--workspace", str(ws))
+    assert code == 0 and out.splitlines()[0] == (f"your {ws / 'sample.py'} against data/golden/sampler.json, "
+                                                 "data/golden/pcg32.vectors.json")
+    assert len(out.splitlines()) == 2 and out.splitlines()[1].startswith("parity rng: ")  # the suite once
+    assert sys.modules["tl_lab.sample"].__file__ == str(ws / "sample.py")
+
+    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if type(f).__name__ != "WorkspaceFinder"])
+    monkeypatch.delitem(sys.modules, "tl_lab.sample")
+    other = tmp_path / "broken"
+    other.mkdir()
+    (other / "sample.py").write_text("import numpy\n\nx = undefined_name\n", encoding="utf-8")
+    code, out, _ = _in_process_cli(capsys, "parity", "--workspace", str(other))
+    assert code == 1 and out == f"parity: {other / 'sample.py'}:3: NameError: name 'undefined_name' is not defined\n"
+
+def test_in_process_cli_knows_which_commands_need_the_workspace(tmp_path, capsys, monkeypatch):
+    from tl_lab.exercise import cli as cli_module, workspace as wsm
+
+    missing = tmp_path / "not-yet"
+    monkeypatch.delenv(wsm.ENV, raising=False)
+    monkeypatch.setattr(cli_module, "resolve", lambda given: missing if given is None else wsm.resolve(given))
+    assert _in_process_cli(capsys, "tests")[0] == 0  # the catalogue, before start
+    assert _in_process_cli(capsys, "hint", "kv")[0] == 0
+    code, _, err = _in_process_cli(capsys, "status")  # needs the workspace, even the default one
+    assert code == 2 and err == f"error: workspace {missing} does not exist: python -m tl_lab exercise start writes it\n"
+    code, _, err = _in_process_cli(capsys, "tests", "--workspace", str(missing))  # a named one must exist
+    assert code == 2 and "does not exist" in err
+
+def test_in_process_cli_workspace_option_lifts_a_bad_environment(tmp_path, capsys, monkeypatch):
+    from tl_lab.exercise import workspace as wsm
+
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    wsm.refuse_from_env(ExerciseError("no such folder"))
+    _in_process_cli(capsys, "tests")
+    assert wsm.env_error() is not None  # no --workspace: the refusal stays for the command line to report
+    _in_process_cli(capsys, "tests", "--workspace", str(tmp_path))
+    assert wsm.env_error() is None
+
+def test_in_process_cli_help_names_every_command_and_argument(capsys):
+    import argparse
+
+    from tl_lab.exercise.cli import COMMANDS, add_cli
+
+    parser = argparse.ArgumentParser(prog="tl_lab")
+    add_cli(parser.add_subparsers(dest="command"))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["exercise", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "your turn: write the six modules, the chapter's tests grade them" in text or "Chapter L10.1" in text
+    for name in COMMANDS:
+        assert f" {name} " in text, name
+    assert "run the graded tests on your code; exit 0 only when every one asked for passes" in text
+    with pytest.raises(SystemExit):
+        parser.parse_args(["exercise", "parity", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "[SUITE ...]" in text and "--workspace DIR" in text and "else work/L10.1" in text
+    with pytest.raises(SystemExit):
+        parser.parse_args(["exercise", "check", "--help"])
+    assert "--timeout S" in " ".join(capsys.readouterr().out.split())
+    assert parser.parse_args(["exercise", "parity"]).suites == ["sampler", "rng"]
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--help"])
+    assert "your turn: write the six modules, the chapter's tests grade them" in " ".join(capsys.readouterr().out.split())

@@ -1,0 +1,177 @@
+"""tl_lab/exercise/grading.py in this process: the order, a graded run's report read into a module's row
+in each of its states, the hints, the saved status, the table (the pytest runs are test_exercises.py's).
+"""
+
+import pytest
+
+from tl_lab.exercise import registry
+from tl_lab.exercise.grading import pitfall_hint
+from tl_lab.exercise.registry import MODULES, graded
+from tl_lab.exercise.stubs import ExerciseError, reference_source, stub_source
+
+
+def _report(results=(), errors=(), loaded=None, module="kv"):
+    """A report as the plugin writes it (tl_lab.exercise.plugin): results, errors and origins."""
+    return {"results": list(results), "errors": list(errors), "origins": {module: {"loaded": loaded}}}
+
+def _result(name, outcome="passed", message="", params=""):
+    return {"nodeid": f"tests/test_kv.py::test_{name}{params}", "chapter_test": name, "outcome": outcome,
+            "message": message}
+
+def test_in_process_grading_orders_the_modules_with_their_dependencies():
+    from tl_lab.exercise.grading import order
+
+    assert order() == list(MODULES) and order([]) == list(MODULES)
+    assert order(["forward"]) == ["kv", "quant", "model", "forward"]  # the chapter's order, not the asked one
+    assert order(["sample", "model"]) == ["quant", "model", "sample"]
+    with pytest.raises(ExerciseError):
+        order(["kvv"])
+
+def test_in_process_grading_reads_a_report_into_the_modules_row(tmp_path):
+    from tl_lab.exercise.grading import MESSAGE_LINES, MESSAGE_WIDTH, _row
+
+    f, log, uses = tmp_path / "kv.py", tmp_path / "check-kv.log", {"kv": "learner"}
+    names = [g.name for g in graded("kv")]
+    row = _row("kv", f, uses, None, log, 1.04, 120)
+    assert (row.state, row.message, row.seconds, row.log) == ("not run", f"pytest wrote no report; see {log}", 1.0,
+                                                              str(log))
+    row = _row("kv", f, uses, _report(errors=[{"kind": "origin", "message": "tl_lab.kv is the reference"}]), log, 1, 120)
+    assert (row.state, row.message) == ("origin error", "tl_lab.kv is the reference") and "nothing was graded" in row.hint
+    row = _row("kv", f, uses, _report(loaded="/elsewhere/kv.py"), log, 1, 120)
+    assert (row.state, row.message) == ("origin error", f"tl_lab.kv ran from /elsewhere/kv.py, not {f}")
+    text = f"{f}:3: in <module>\n    import x\n{f}:12: in f\nE   NameError: name 'x' is not defined\n\n"
+    row = _row("kv", f, uses, _report(errors=[{"kind": "collect", "message": text}], loaded=str(f)), log, 1, 120)
+    assert (row.state, row.message) == ("does not import", f"{f}:12: E   NameError: name 'x' is not defined")
+    row = _row("kv", f, uses, _report(errors=[{"kind": "collect", "message": "E   boom\n" * 9}]), log, 1, 120)
+    assert row.message == "\n".join(["E   boom"] * MESSAGE_LINES)  # no line of the file named: the first lines
+    passing = [_result(n) for n in names] + [_result(names[0], params="[1]")]
+    row = _row("kv", f, uses, _report(passing, loaded=str(f)), log, 1, 120)
+    assert (row.state, row.passed, row.total, row.ok) == ("passed", 4, 4, True)
+    assert row.results == dict.fromkeys(names, "passed")
+    row = _row("kv", f, uses, _report(passing[1:-1]), log, 1, 120)
+    assert (row.state, row.message) == ("failed", f"only 3 of the 4 chapter tests ran; see {log}")
+    long = "AssertionError: " + "x" * 300 + "\nline 2"
+    failing = [_result(names[0]), _result(names[1], "failed", long), _result(names[2], "failed", "second")]
+    row = _row("kv", f, uses, _report(failing + [_result(names[0], "failed", params="[2]")]), log, 1, 120)
+    assert (row.state, row.passed, row.total, row.first_failure) == ("failed", 0, 3, names[1])
+    assert row.results == {names[0]: "failed", names[1]: "failed", names[2]: "failed"}  # a node failing fails its test
+    first, second = row.message.splitlines()
+    assert first == f"test_{names[1]}: " + long[:MESSAGE_WIDTH] and second == "line 2"
+    assert row.hint == pitfall_hint("kv", failing[1]["nodeid"], long, 120)
+    assert row.hint.startswith("this is what s18 looks like: evicting the newest prefix instead of the oldest")
+
+def test_in_process_grading_hints_in_the_chapters_words():
+    from tl_lab.exercise.grading import pitfall_hint
+    from tl_lab.exercise.stubs import NOT_WRITTEN
+
+    msg = f"NotImplementedError: KvPool.alloc: {NOT_WRITTEN} (section 2.2: hand out free blocks)"
+    assert pitfall_hint("kv", "tests/test_kv.py::test_x", msg) == (
+        "KvPool.alloc is not written yet: reread section 2.2 (hand out free blocks)")
+    assert pitfall_hint("kv", "tests/test_kv.py::test_slow[3]", "TestTimeout: ...", timeout=2.5) == (
+        "test_slow[3] ran past the 2.5 s limit: a loop that never ends?")
+    assert "ran past the 120 s limit" in pitfall_hint("kv", "t.py::test_y", "it ran longer than allowed")
+    where = f"reread {registry.SECTIONS['kv']}"
+    assert pitfall_hint("kv", "tests/test_kv.py::test_kv_pool_rejects_zero_capacity[0]", "AssertionError") == (
+        f"this is what s19 looks like: accepting a zero-block pool; {where}")
+    assert pitfall_hint("kv", "tests/test_kv.py::test_kv_pool_rejects_zero_capacity_too", "x").startswith(
+        "this is what s19 looks like")  # a variant of the pitfall's test
+    assert pitfall_hint("kv", "tests/test_kv.py::test_something_else", "AssertionError") == where
+    assert pitfall_hint("sample", "tests/test_kv.py::test_kv_pool_rejects_zero_capacity", "x") == (
+        f"reread {registry.SECTIONS['sample']}")  # s19 edits kv, not sample
+
+def test_in_process_grading_of_a_workspace_not_started_saves_every_row(tmp_path):
+    from tl_lab.exercise.grading import STATUS_DIR, check, format_table, load_status
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "quant.py").write_text(stub_source("quant"), encoding="utf-8")
+    (ws / "sample.py").write_text("def sample(:\n", encoding="utf-8")
+    seen = []
+    rows = check(ws, progress=seen.append)
+    assert [r.module for r in rows] == list(MODULES) and seen == rows
+    states = {r.module: r.state for r in rows}
+    assert states == {"kv": "not started", "quant": "not started", "model": "not started",
+                      "forward": "not started", "runner": "not started", "sample": "does not import"}
+    by = {r.module: r for r in rows}
+    assert by["kv"].hint == "no kv.py yet: python -m tl_lab exercise start kv"
+    assert by["quant"].hint.startswith("quant.py is the stub: write its pieces (sections 2.5")
+    assert by["sample"].message.startswith(f"{ws / 'sample.py'}:1: SyntaxError: ")
+    status = load_status(ws)
+    assert set(status) == set(MODULES) and status["sample"]["state"] == "does not import" and status["kv"]["when"]
+    assert sorted(p.name for p in (ws / STATUS_DIR).iterdir()) == ["status.json"]  # no temporary left
+    table = format_table(rows).splitlines()
+    assert table[0].split() == ["module", "state", "tests", "from"] and table[-1] == "0 of 6 modules pass"
+    assert "kv       not started          -  -" in table
+    (ws / STATUS_DIR / "status.json").write_text("{not json", encoding="utf-8")
+    assert load_status(ws) == {}
+
+def test_in_process_grading_table_says_where_each_module_came_from():
+    from tl_lab.exercise.grading import Row, format_table
+
+    rows = [Row("kv", "passed", "kv.py", {"kv": "learner"}, passed=4, total=4),
+            Row("model", "failed", "model.py", {"model": "learner", "quant": "reference (--ref-deps)"}, passed=1,
+                total=2, first_failure="model_loads", message="AssertionError\nline 2", hint="reread it")]
+    assert format_table(rows).splitlines()[2:] == [
+        "kv       passed             4/4  learner's file",
+        "model    failed             1/2  learner's file; quant: reference (--ref-deps)",
+        "         first failing: model_loads",
+        "         AssertionError",
+        "         line 2",
+        "         hint: reread it",
+        "1 of 2 modules pass"]
+
+def test_in_process_grading_needs_the_clones_tests(tmp_path, monkeypatch):
+    from tl_lab.exercise import grading
+
+    grading.need_tests(MODULES)  # the clone has them
+    monkeypatch.setattr(grading, "REPO_ROOT", tmp_path)
+    with pytest.raises(ExerciseError, match=r"^exercise check runs the chapter's tests from a clone .* has no "
+                                            r"tests/conftest\.py: clone it"):
+        grading.need_tests(["kv"])
+
+def test_in_process_grading_of_a_row_names_each_test_and_passes_the_limit(tmp_path):
+    from tl_lab.exercise.grading import _row, pitfall_hint
+    from tl_lab.pitfalls import PITFALLS
+
+    f, log = tmp_path / "kv.py", tmp_path / "check-kv.log"
+    unnamed = {"nodeid": "tests/test_kv.py::test_helper", "chapter_test": None, "outcome": "failed",
+               "message": "TestTimeout: ran longer than 2.5 s"}
+    row = _row("kv", f, {"kv": "learner"}, _report([unnamed]), log, 1, 2.5)
+    assert row.results == {"tests/test_kv.py::test_helper": "failed"} and row.uses == {"kv": "learner"}
+    assert row.first_failure == "tests/test_kv.py::test_helper" and "ran past the 2.5 s limit" in row.hint
+    text = "E   ImportError: nope"
+    row = _row("kv", f, {}, _report(errors=[{"kind": "collect", "message": text}]), log, 1, 120)
+    assert row.hint == "the module fails when imported; the other modules are still checked"
+    both = sorted(p.id for p in PITFALLS.values() if p.test.endswith("::test_penalties_follow_hf_and_openai_semantics"))
+    hint = pitfall_hint("sample", "tests/test_sample.py::test_penalties_follow_hf_and_openai_semantics", "x")
+    mistakes = [PITFALLS[i].mistake for i in both]
+    assert hint.startswith(f"this is what {' or '.join(both)} looks like: "
+                           f"{mistakes[0][0].lower()}{mistakes[0][1:]}; {mistakes[1][0].lower()}{mistakes[1][1:]}; reread")
+
+def test_in_process_grading_blocks_a_module_whose_dependencies_do_not_pass(tmp_path, monkeypatch):
+    from tl_lab.exercise import grading
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "forward.py").write_text(reference_source("forward"), encoding="utf-8")
+    (ws / "kv.py").write_text(reference_source("kv"), encoding="utf-8")
+    ran = []
+
+    def run(workspace, module, use, timeout, tests=None, first_failure=False):
+        ran.append((module, use))
+        passing = [{"nodeid": f"x::test_{g.name}", "chapter_test": g.name, "outcome": "passed", "message": ""}
+                   for g in graded(module)]
+        return _report(passing, module=module, loaded=str(workspace / f"{module}.py")), workspace / "log", 0.5
+
+    monkeypatch.setattr(grading, "_run", run)  # the pytest subprocess, as its report
+    rows = {r.module: r for r in grading.check(ws, ["forward"])}
+    assert ran == [("kv", ["kv"])] and rows["kv"].ok and rows["kv"].uses == {"kv": "learner"}
+    fw = rows["forward"]
+    assert (fw.state, fw.message) == ("blocked", "blocked by quant, model (not passing)")
+    assert fw.uses == {"forward": "learner", "quant": "blocked", "kv": "learner", "model": "blocked",
+                       "runner": "reference (harness)"}
+    assert fw.hint == "pass quant, model first, or check with --ref-deps to borrow the reference"
+    rows = {r.module: r for r in grading.check(ws, ["forward"], ref_deps=True)}
+    assert ran[-1] == ("forward", ["forward", "kv"]) and rows["forward"].ok
+    assert rows["forward"].uses == {"forward": "learner", "quant": "reference (--ref-deps)", "kv": "learner",
+                                    "model": "reference (--ref-deps)", "runner": "reference (harness)"}

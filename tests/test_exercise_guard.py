@@ -1,0 +1,99 @@
+"""tl_lab/exercise/guard.py in this process: blame's fault, trial's retries, the trial process's verdict
+(the notebooks' trials in a process of their own are test_exercises.py's).
+"""
+
+
+
+from tl_lab.exercise import registry
+from tl_lab.exercise.registry import MODULES
+
+
+def _raised_in(ws, module, source, call="f()"):
+    """The exception `source` (compiled as the workspace's `module`.py) raises at `call`."""
+    path = ws / f"{module}.py"
+    path.write_text(source, encoding="utf-8")
+    scope = {}
+    try:
+        exec(compile(source, str(path), "exec"), scope)
+        eval(call, scope)
+    except BaseException as exc:  # noqa: BLE001
+        return exc
+    raise AssertionError("did not raise")
+
+def test_in_process_guard_blames_the_learners_innermost_frame(tmp_path):
+    from tl_lab.exercise import guard
+
+    piece = registry.PIECES["kv"][0]
+    owner, _, name = piece.qualname.rpartition(".")
+    source = (f"class {owner}:\n    def {name}(self):\n        return 1 / 0\n" if owner else
+              f"def {name}():\n    return 1 / 0\n")
+    exc = _raised_in(tmp_path, "kv", source, f"{owner}().{name}()" if owner else f"{name}()")
+    fault = guard.blame(exc, tmp_path, "runner")  # tried through the runner, raised in kv.py
+    assert (fault.module, fault.file, fault.line, fault.function) == ("kv", str(tmp_path / "kv.py"), 3 if owner else 2,
+                                                                       piece.qualname)
+    assert fault.error == "ZeroDivisionError: division by zero"
+    assert fault.hint == f"{piece.hint} (section {piece.section}); python -m tl_lab exercise hint kv"
+    assert fault.at == f"{tmp_path / 'kv.py'}:{fault.line}"
+    assert fault.lines() == [
+        "!! your kv.py raises, so this notebook runs the reference's kv in its place:",
+        f"   {fault.at} in {piece.qualname}: ZeroDivisionError: division by zero",
+        f"   hint: {fault.hint}",
+        "   fix it (python -m tl_lab exercise check kv says more), then restart the kernel"]
+
+def test_in_process_guard_blames_imports_syntax_stubs_and_long_errors(tmp_path):
+    from tl_lab.exercise import guard
+    from tl_lab.exercise.stubs import NOT_WRITTEN
+
+    exc = _raised_in(tmp_path, "sample", "x = undefined_name\n", "0")
+    fault = guard.blame(exc, tmp_path, "sample")
+    assert (fault.module, fault.line, fault.function) == ("sample", 1, "(import)")
+    assert fault.hint == f"reread {registry.SECTIONS['sample']}; python -m tl_lab exercise hint sample"
+    try:
+        compile("def f(:\n", str(tmp_path / "quant.py"), "exec")
+    except SyntaxError as exc:
+        fault = guard.blame(exc, tmp_path, "runner")
+    assert (fault.module, fault.file, fault.line, fault.function) == ("quant", str(tmp_path / "quant.py"), 1, "(import)")
+    exc = _raised_in(tmp_path, "model", f"def f():\n    raise NotImplementedError('load: {NOT_WRITTEN} (section 2.3)')\n")
+    fault = guard.blame(exc, tmp_path, "model")
+    assert fault.hint == "a piece still the stub (its message says what to write); python -m tl_lab exercise hint model"
+    exc = _raised_in(tmp_path, "kv", "def f():\n    raise ValueError('v' * 400)\n")
+    fault = guard.blame(exc, tmp_path, "kv")
+    assert fault.error == ("ValueError: " + "v" * 400)[: guard.MESSAGE_CHARS] + " ..."
+    fault = guard.blame(ValueError("no traceback"), tmp_path, "runner")  # no frame of the learner's
+    assert (fault.module, fault.file, fault.line, fault.at, fault.function) == (
+        "runner", str(tmp_path / "runner.py"), None, str(tmp_path / "runner.py"), "(import)")
+
+def test_in_process_guard_tries_each_module_once_without_the_ones_that_raised(tmp_path, monkeypatch):
+    from tl_lab.exercise import guard
+
+    def fault(m):
+        return guard.Fault(m, f"{m}.py", 1, "f", "E: e", "h")
+
+    calls, verdicts = [], [fault("kv"), fault("elsewhere"), None]
+    monkeypatch.setattr(guard, "_one_trial", lambda ws, left: calls.append(list(left)) or verdicts.pop(0))
+    got = guard.trial(tmp_path, ["runner", "kv", "sample", "model"])
+    assert calls == [["kv", "model", "runner", "sample"], ["model", "runner", "sample"], ["runner", "sample"]]
+    assert list(got) == ["kv", "model"] and got["model"].file == "elsewhere.py"  # not one of ours: the first left
+    assert guard._last_tried("x\ntrying kv\nprint\ntrying quant\n", ["kv", "quant"]) == "quant"
+    assert guard._last_tried("trying model\n", ["kv", "quant"]) == "kv"  # not asked: the first
+    assert guard._last_tried("", ["sample"]) == "sample"
+    assert guard._last_tried("trying kv\ntrying quant\ntrying model\n", ["kv", "quant", "model"]) == "model"
+
+def test_in_process_guard_trial_process_prints_its_verdict_last(tmp_path, monkeypatch, capsys):
+    import json
+
+    from tl_lab.exercise import guard
+
+    assert guard._main([str(tmp_path), "sample", *reversed(MODULES)]) == 0  # the reference: every trial runs
+    out = capsys.readouterr().out.splitlines()
+    assert out == [f"trying {m}" for m in MODULES] + [guard.MARK + "null"]  # the chapter's order, each once
+
+    def boom():
+        raise RuntimeError("at call")
+
+    monkeypatch.setitem(guard.TRIALS, "quant", boom)
+    guard._main([str(tmp_path), "quant", "sample"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[:1] == ["trying quant"] and out[-1].startswith(guard.MARK)  # stopped at the first fault
+    verdict = json.loads(out[-1][len(guard.MARK):])
+    assert (verdict["module"], verdict["error"]) == ("quant", "RuntimeError: at call") and len(out) == 2

@@ -1,0 +1,84 @@
+"""tl_lab/exercise/parity.py in this process: the learner's sample module held to the golden files, and
+the first case that differs said with both values.
+"""
+
+import numpy as np
+
+
+
+
+class _Off:
+    """The reference sample module with one thing changed: `name` replaced by `value`."""
+
+    def __init__(self, **changed):
+        import tl_lab.sample as ts
+
+        self._ts, self._changed = ts, changed
+
+    def __getattr__(self, name):
+        return self._changed.get(name, getattr(self._ts, name))
+
+def test_in_process_parity_of_the_reference_is_every_case():
+    from tl_lab.exercise import parity
+    from tl_lab import sample as ts
+
+    got = parity.run(ts, ["sampler", "rng"])
+    assert [(v.suite, v.ok, v.first_difference) for v in got] == [("sampler", True, ""), ("rng", True, "")]
+    assert got[0].matched == got[0].total == 12 and got[1].matched == got[1].total > 12
+    assert got[0].line() == "parity sampler: 12/12 cases identical"
+
+def test_in_process_parity_names_the_first_output_that_differs():
+    from tl_lab.exercise import parity
+    from tl_lab import sample as ts
+
+    class Pcg32(ts.Pcg32):
+        outputs = None  # None while seeding: its own calls are not outputs
+
+        def __init__(self, *args):
+            super().__init__(*args)
+            self.outputs = 0
+
+        def next_u32(self):
+            if self.outputs is None:
+                return super().next_u32()
+            self.outputs += 1
+            return super().next_u32() ^ (1 if self.outputs == 3 else 0)  # every generator's third output
+
+    v = parity.parity_rng(_Off(Pcg32=Pcg32))
+    assert not v.ok and v.matched == 0 and v.total == parity.parity_rng(ts).total
+    assert v.first_difference.startswith("next_u32 seed ") and v.first_difference.endswith("(output 2)")
+    yours, golden = v.first_difference.split(": yours ")[1].split(" (output")[0].split(", golden ")
+    assert int(yours, 16) ^ int(golden, 16) == 1
+    assert v.line() == f"parity rng: 0/{v.total} cases identical\n  first difference: {v.first_difference}"
+
+    def mix64(x):
+        raise ValueError("not written yet")
+
+    v = parity.parity_rng(_Off(mix64=mix64))
+    n_before = sum(1 for line in v.first_difference.splitlines())  # one line
+    assert v.first_difference.startswith("mix64(") and v.first_difference.endswith(
+        ": raised ValueError: not written yet") and n_before == 1
+    assert 0 < v.matched < v.total  # the PCG32 cases before mix64's matched
+    assert parity._first_diff(5, 7) == "5, golden 7" and parity._first_diff([1], [1, 2]) == "[1], golden [1, 2]"
+
+def test_in_process_parity_of_the_sampler_is_bit_for_bit():
+    from tl_lab.exercise import parity
+    from tl_lab import sample as ts
+
+    def one_ulp_off(*args):
+        tok, lp = ts.sample(*args)
+        return tok, float(np.nextafter(lp, -np.inf))
+
+    v = parity.parity_sampler(_Off(sample=one_ulp_off))
+    assert not v.ok and v.matched == 0 and v.total == 12
+    assert v.first_difference.startswith("case ") and " token 0: yours id " in v.first_difference
+    yours, golden = (float.fromhex(part.split(" logprob ")[1].split(" ")[0])
+                     for part in v.first_difference.split(", golden "))
+    assert yours == np.nextafter(golden, -np.inf)
+
+    def raising(*args):
+        raise NotImplementedError("section 2.6")
+
+    v = parity.parity_sampler(_Off(sample=raising))
+    assert v.first_difference.endswith("token 0: raised NotImplementedError: section 2.6") and v.matched == 0
+    assert v.total == 12

@@ -1,0 +1,120 @@
+"""tl_lab/exercise/plugin.py's hooks in this process (the graded pytest runs that load it are
+test_exercises.py's): the tests kept, the origins held, each record, the per-test limit.
+"""
+
+import sys
+
+import pytest
+
+from tl_lab.exercise.registry import MODULES, graded
+
+
+@pytest.fixture
+def plugin(monkeypatch):
+    """tl_lab.exercise.plugin with its environment's values and its collected results its own."""
+    from tl_lab.exercise import plugin as p
+
+    monkeypatch.setattr(p, "_results", [])
+    monkeypatch.setattr(p, "_errors", [])
+    monkeypatch.setattr(p, "GRADE", "kv")
+    monkeypatch.setattr(p, "REPORT", "")
+    return p
+
+def _item(nodeid):
+    import types
+
+    return types.SimpleNamespace(nodeid=nodeid)
+
+def test_in_process_plugin_keeps_only_the_graded_modules_tests(plugin, monkeypatch):
+    import types
+
+    kv = [f"tests/test_kv.py::test_{g.name}" for g in graded("kv")]
+    other = ["tests/test_kv.py::test_a_lab_test", f"tests/test_sample.py::test_{graded('sample')[0].name}"]
+    items, dropped = [_item(n) for n in [other[0], *kv, other[1]]], []
+    config = types.SimpleNamespace(hook=types.SimpleNamespace(pytest_deselected=lambda items: dropped.extend(items)))
+    plugin.pytest_collection_modifyitems(None, config, items)
+    assert [it.nodeid for it in items] == kv and [it.nodeid for it in dropped] == other
+    items = [_item(n) for n in kv]
+    plugin.pytest_collection_modifyitems(None, config, items)  # nothing to drop: no deselection
+    assert len(items) == len(kv) and len(dropped) == 2
+    monkeypatch.setattr(plugin, "GRADE", "")
+    items = [_item(n) for n in other]
+    plugin.pytest_collection_modifyitems(None, config, items)  # no module graded: the lab's own run
+    assert [it.nodeid for it in items] == other
+
+def test_in_process_plugin_stops_a_run_without_the_learners_code(plugin, tmp_path, monkeypatch):
+    import json
+
+    import tl_lab.kv  # the reference, imported before any finder below could serve another
+    from tl_lab.exercise import workspace as wsm
+
+    report = tmp_path / "report.json"
+    monkeypatch.setattr(plugin, "REPORT", str(report))
+    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if not isinstance(f, wsm.WorkspaceFinder)])
+    with pytest.raises(pytest.exit.Exception) as stop:
+        plugin.pytest_collection_finish(None)
+    assert stop.value.returncode == 3 and str(stop.value.msg) == (
+        "exercise: no workspace is active: tl_lab.kv would be the reference's")
+    written = json.loads(report.read_text())
+    assert written["grade"] == "kv" and written["errors"] == [
+        {"kind": "origin", "message": "no workspace is active: tl_lab.kv would be the reference's"}]
+    assert set(written["origins"]) == set(MODULES) and written["results"] == []
+    monkeypatch.setattr(plugin, "GRADE", "")
+    plugin.pytest_collection_finish(None)  # the lab's own run: nothing to hold to
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "kv.py").write_text("# mine\n", encoding="utf-8")
+    origins = {"kv": wsm.Origin("kv", "learner", str(ws / "kv.py"), "the learner's file")}
+    monkeypatch.setattr(sys, "meta_path", [wsm.WorkspaceFinder(ws, origins), *sys.meta_path])
+    with pytest.raises(pytest.exit.Exception, match=f"tl_lab.kv was loaded from {tl_lab.kv.__file__}, not the "
+                                                    f"learner's {ws / 'kv.py'}"):
+        plugin.pytest_collection_finish(None)
+    origins["kv"] = wsm.Origin("kv", "learner", tl_lab.kv.__file__, "as if it were")
+    origins["quant"] = wsm.Origin("quant", "reference", "elsewhere", "not the learner's")
+    plugin.pytest_collection_finish(None)  # the learner's module is where it was meant to be: no stop
+
+def test_in_process_plugin_reports_each_test_and_each_collection_error(plugin):
+    import types
+
+    name = graded("kv")[0].name
+
+    def report(nodeid, when, outcome, longrepr=None, duration=0.12345):
+        return types.SimpleNamespace(nodeid=nodeid, when=when, outcome=outcome, passed=outcome == "passed",
+                                     failed=outcome == "failed", longrepr=longrepr, duration=duration)
+
+    crash = types.SimpleNamespace(reprcrash=types.SimpleNamespace(message="AssertionError: 1 != 2"))
+    plugin.pytest_runtest_logreport(report(f"tests/test_kv.py::test_{name}", "setup", "passed"))  # not kept
+    plugin.pytest_runtest_logreport(report(f"tests/test_kv.py::test_{name}[3]", "call", "passed"))
+    plugin.pytest_runtest_logreport(report(f"tests/test_kv.py::test_{name}[4]", "call", "failed", crash))
+    plugin.pytest_runtest_logreport(report("tests/test_kv.py::test_lab", "setup", "failed", "x" * 3000))
+    assert plugin._results == [
+        {"nodeid": f"tests/test_kv.py::test_{name}[3]", "chapter_test": name, "when": "call", "outcome": "passed",
+         "message": "", "seconds": 0.123},
+        {"nodeid": f"tests/test_kv.py::test_{name}[4]", "chapter_test": name, "when": "call", "outcome": "failed",
+         "message": "AssertionError: 1 != 2", "seconds": 0.123},
+        {"nodeid": "tests/test_kv.py::test_lab", "chapter_test": None, "when": "setup", "outcome": "failed",
+         "message": "x" * plugin.MESSAGE_CHARS, "seconds": 0.123}]
+    plugin.pytest_collectreport(report("tests/test_kv.py", "collect", "passed"))
+    plugin.pytest_collectreport(report("tests/test_kv.py", "collect", "failed", "a" * 10 + "b" * plugin.MESSAGE_CHARS))
+    assert plugin._errors == [{"kind": "collect", "nodeid": "tests/test_kv.py", "message": "b" * plugin.MESSAGE_CHARS}]
+    plugin._write()  # no report asked for: nothing written, nothing raised
+
+def test_in_process_plugin_limits_each_test(plugin, monkeypatch):
+    import signal
+
+    with pytest.raises(plugin.TestTimeout, match=r"^the test ran longer than 2\.5 s \(an infinite loop\?\)$"):
+        monkeypatch.setattr(plugin, "TIMEOUT", 2.5)
+        plugin._on_alarm(signal.SIGALRM, None)
+    before = signal.getsignal(signal.SIGALRM)
+    wrapper = plugin.pytest_runtest_call(None)
+    next(wrapper)  # the test runs here
+    assert signal.getsignal(signal.SIGALRM) == plugin._on_alarm and 2.0 < signal.getitimer(signal.ITIMER_REAL)[0] <= 2.5
+    with pytest.raises(StopIteration):
+        next(wrapper)
+    assert signal.getsignal(signal.SIGALRM) == before and signal.getitimer(signal.ITIMER_REAL)[0] == 0
+    monkeypatch.setattr(plugin, "TIMEOUT", 0)
+    wrapper = plugin.pytest_runtest_call(None)
+    next(wrapper)
+    assert signal.getsignal(signal.SIGALRM) == before and signal.getitimer(signal.ITIMER_REAL)[0] == 0  # no limit
+    with pytest.raises(StopIteration):
+        next(wrapper)

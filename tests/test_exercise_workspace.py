@@ -1,0 +1,142 @@
+"""tl_lab/exercise/workspace.py: where the workspace is, and its import hook run in this process (plan,
+the finder, install once and first, from the environment, the refusal of the six).
+"""
+
+import sys
+
+import pytest
+
+from tl_lab.exercise.registry import MODULES
+from tl_lab.exercise.stubs import ExerciseError, reference_source, stub_source
+from tl_lab.paths import REPO_ROOT
+
+
+@pytest.mark.parametrize("value, where", [("off", "default"), (" OFF ", "default"), ("", "default"),
+                                          ("0", "default"), ("none", "default"), ("{tmp}/ws", "{tmp}/ws")])
+def test_the_workspace_is_the_one_named_else_the_clones(tmp_path, monkeypatch, value, where):
+    from tl_lab.exercise import workspace as wsm
+
+    monkeypatch.setenv(wsm.ENV, value.format(tmp=tmp_path))
+    expected = wsm.default_workspace() if where == "default" else tmp_path / "ws"
+    assert wsm.resolve() == expected
+    assert wsm.resolve(tmp_path / "given") == tmp_path / "given"  # an argument wins over the environment
+    monkeypatch.delenv(wsm.ENV)
+    assert wsm.resolve() == wsm.default_workspace()
+
+def test_the_workspace_is_the_one_the_readme_names_and_git_ignores():
+    """The default workspace is work/L10.1 in the clone, as the README tells the learner, and git
+    ignores it (pulling an update never touches the learner's files)."""
+    from tl_lab.exercise import workspace as wsm
+
+    where = wsm.default_workspace().relative_to(REPO_ROOT).as_posix()
+    assert where == "work/L10.1" and f"`{where}/`" in (REPO_ROOT / "README.md").read_text()
+    assert "/work/" in (REPO_ROOT / ".gitignore").read_text().split(), ".gitignore does not name /work/"
+
+def test_the_workspace_is_the_one_whose_refusal_is_kept_and_lifted_alone(monkeypatch):
+    """A bad TL_LAB_WORKSPACE kept by `import tl_lab` (a RefusingFinder with an ExerciseError) is what
+    `env_error` reports, and `lift_refusal` removes it, and only it: a bad TL_LAB_PITFALL's stays."""
+    from tl_lab.exercise import workspace as wsm
+    from tl_lab.pitfalls import PitfallError
+    from tl_lab.switch import RefusingFinder
+
+    ours = RefusingFinder(ExerciseError("TL_LAB_WORKSPACE: no such folder"), lambda name: False)
+    theirs = RefusingFinder(PitfallError("TL_LAB_PITFALL: s99 is not a pitfall"), lambda name: False)
+    monkeypatch.setattr(sys, "meta_path", [theirs, ours, ours, *sys.meta_path])
+    assert wsm.env_error() is ours.error
+    wsm.lift_refusal()
+    assert ours not in sys.meta_path and theirs in sys.meta_path
+    assert wsm.env_error() is None
+
+def _hook_workspace(tmp_path):
+    """A workspace of three kinds of file: kv.py the untouched stub, quant.py the learner's (here the
+    reference's text), model.py absent, the rest stubs."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    for m in MODULES:
+        if m != "model":
+            (ws / f"{m}.py").write_text(reference_source(m) if m == "quant" else stub_source(m), encoding="utf-8")
+    return ws
+
+def test_in_process_hook_plans_each_modules_origin(tmp_path):
+    from tl_lab.exercise import workspace as wsm
+
+    ws = _hook_workspace(tmp_path)
+    got = wsm.plan(ws)
+    assert (got["quant"].origin, got["quant"].file, got["quant"].why) == ("learner", str(ws / "quant.py"),
+                                                                         "the learner's file")
+    assert (got["kv"].origin, got["kv"].why) == ("reference", "untouched since start (the stub)")
+    assert (got["model"].origin, got["model"].why) == ("reference", "no model.py in the workspace")
+    assert got["model"].file == str(wsm.reference_path("model")) == got["kv"].file.replace("kv.py", "model.py")
+    asked = wsm.plan(ws, use={"kv"})  # asked for by name: the stub is the learner's now
+    assert asked["kv"].origin == "learner" and asked["quant"].why == "the reference stands in (not asked for)"
+    instead = wsm.plan(ws, instead={"quant": "its tests fail"})
+    assert (instead["quant"].origin, instead["quant"].why) == ("reference", "its tests fail")
+    finder = wsm.WorkspaceFinder(ws, got)
+    assert set(finder.served) == {"tl_lab.quant"} and finder.served["tl_lab.quant"][1] == reference_source("quant")
+    assert finder.workspace == ws and finder.origins is got
+
+def test_in_process_hook_installs_once_first_on_the_path(tmp_path, monkeypatch):
+    from tl_lab.exercise import workspace as wsm
+
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    ws = _hook_workspace(tmp_path)
+    import tl_lab.quant  # noqa: F401  (the reference, already imported here)
+
+    with pytest.raises(ExerciseError, match=r"^(tl_lab\.\w+, )*tl_lab\.quant(, tl_lab\.\w+)* already imported "
+                                            r"from the reference: activate"):
+        wsm.install(ws)
+    assert wsm.active() is None  # refused whole: nothing installed
+    finder = wsm.install(ws, use=set())  # nothing from the learner: the modules already imported do not matter
+    assert sys.meta_path[0] is finder and wsm.active() is finder
+    assert {o.origin for o in finder.origins.values()} == {"reference"}
+    assert wsm.install(str(ws), use=set()) is finder  # the same workspace again: the same hook
+    other = tmp_path / "other"
+    other.mkdir()
+    with pytest.raises(ExerciseError, match=f"workspace {ws} is already active in this process"):
+        wsm.install(other, use=set())
+
+@pytest.mark.parametrize("value", ["off", "", " NONE ", None])  # None: unset
+def test_in_process_hook_from_the_environment_off_installs_nothing(monkeypatch, value):
+    from tl_lab.exercise import workspace as wsm
+
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    if value is None:
+        monkeypatch.delenv(wsm.ENV, raising=False)
+    else:
+        monkeypatch.setenv(wsm.ENV, value)
+    assert wsm.install_from_env() is None and wsm.active() is None
+
+def test_in_process_hook_from_the_environment_takes_the_modules_named(tmp_path, monkeypatch):
+    from tl_lab.exercise import workspace as wsm
+
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    ws = _hook_workspace(tmp_path)
+    import tl_lab.kv  # noqa: F401  (the reference, imported here whatever ran before)
+    import tl_lab.quant  # noqa: F401
+
+    monkeypatch.setenv(wsm.ENV, str(ws))
+    monkeypatch.setenv(wsm.ENV_USE, " , ")  # no module named: the reference for all six
+    finder = wsm.install_from_env()
+    assert finder.workspace == ws and {o.origin for o in finder.origins.values()} == {"reference"}
+    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if f is not finder])
+    monkeypatch.setenv(wsm.ENV_USE, "kv, quant")
+    with pytest.raises(ExerciseError, match="already imported from the reference"):  # both named, both imported
+        wsm.install_from_env()
+    monkeypatch.delenv(wsm.ENV_USE)
+    with pytest.raises(ExerciseError, match=r"^tl_lab\.\w+(, tl_lab\.\w+)* already imported"):  # quant differs
+        wsm.install_from_env()
+
+def test_in_process_hook_refuses_the_six_after_a_bad_environment(monkeypatch):
+    from tl_lab.exercise import workspace as wsm
+
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.setenv(wsm.ENV, "/no/such/folder")
+    wsm.refuse_from_env(ExerciseError("workspace /no/such/folder does not exist"))
+    finder = sys.meta_path[0]
+    assert wsm.env_error() is finder.error
+    assert str(finder.error) == "TL_LAB_WORKSPACE=/no/such/folder: workspace /no/such/folder does not exist"
+    for module in MODULES:
+        with pytest.raises(ExerciseError, match="^TL_LAB_WORKSPACE=/no/such/folder: "):
+            finder.find_spec(f"tl_lab.{module}")
+    for other in ("tl_lab.lanes", "tl_lab", "kv", "tl_lab.kv_extra", "tl_lab.widgets.kv"):
+        assert finder.find_spec(other) is None, other
