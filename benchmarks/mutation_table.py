@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from pathlib import Path
 
 from table import README, RESULTS, write_readme
@@ -135,12 +136,13 @@ def table(doc: dict) -> str:
 
 
 def section(doc: dict) -> str:
-    lead = ("Killed of tried (mutmut 3.8.1, a seeded sample per module, each module mutated alone under "
-            "its own tests; `tools/mutation.py` says how), when first run and after the tests written for "
-            "its survivors. Untried: reached by no test, or, after, left out of a rerun of the survivors:")
+    lead = ("Killed of tried (mutmut 3.8.1, a seeded sample per module, each module mutated alone under its own "
+            "tests; `tools/mutation.py` says how), when first run and after the tests written for its survivors. "
+            "Untried: mutants of the sample that no test reached, or that a rerun of only the survivors left out:")
     tail = (f"Every survivor left is in `benchmarks/results/mutation.json` with why: {len(doc['equivalent'])} "
             "equivalent mutants, and those killed only outside the module's own tests.")
-    return "\n\n".join([BEGIN, lead, table(doc), tail, END])
+    wrap = textwrap.TextWrapper(width=110, break_on_hyphens=False)
+    return "\n\n".join([BEGIN, wrap.fill(lead), table(doc), wrap.fill(tail), END])
 
 
 def main(argv: list[str] | None = None) -> int:
