@@ -393,3 +393,32 @@ def test_a_probe_measures_this_repository_from_any_working_directory(tmp_path, m
     (tmp_path / "tl_lab" / "__init__.py").write_text("raise ImportError('the wrong tl_lab')")
     monkeypatch.chdir(tmp_path)
     assert pf.probe("zero_pool")["refused_at"].startswith("KvPool(")
+
+
+def test_a_kernel_pitfall_compiles_into_a_numba_cache_of_its_own_edits(monkeypatch):
+    """numba keys its cache by file and function, not by the code: each set of pitfalls (and of their
+    exact edits) gets its own folder under the lab's cache, never the normal one."""
+    from tl_lab.paths import cache_dir
+
+    one, two = pf.numba_cache_dir(["s14"]), pf.numba_cache_dir(["s14", "s08"])
+    assert one.parent == two.parent == cache_dir() / "numba-pitfalls"
+    assert one.name.startswith("s14-") and two.name.startswith("s14-s08-") and one != two
+    assert pf.numba_cache_dir(["s14"]) == one and len(one.name.split("-")[-1]) == 12  # the same edits, the same folder
+    edited = replace(pf.get("s14"), edits=[*pf.get("s14").edits[:-1], ("x", "y", "z", "w")])
+    monkeypatch.setattr(pf, "get", lambda i: edited if i == "s14" else pf.PITFALLS[i])
+    assert pf.numba_cache_dir(["s14"]).name.startswith("s14-") and pf.numba_cache_dir(["s14"]) != one  # new edits
+
+
+def test_a_bad_setting_refuses_every_later_tl_lab_import_but_the_command_lines(monkeypatch):
+    from tl_lab.switch import RefusingFinder
+
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    error = pf.PitfallError("TL_LAB_PITFALL=s99: no such pitfall")
+    pf.refuse_imports(error)
+    finder = sys.meta_path[0]
+    assert isinstance(finder, RefusingFinder) and pf.env_error() is error
+    for name in ("tl_lab.kv", "tl_lab.widgets.int4", "tl_lab.exercise"):
+        with pytest.raises(pf.PitfallError, match="^TL_LAB_PITFALL=s99: no such pitfall$"):
+            finder.find_spec(name)
+    for name in ("tl_lab.__main__", "tl_lab.errors", "numpy", "tl_lab"):
+        assert finder.find_spec(name) is None, name

@@ -485,3 +485,30 @@ def test_bf16_narrowing_records_its_format_and_rounding():
     assert finite.fmt == nan.fmt == "bf16"
     assert finite.rounding is not None and finite.rounding.result == finite.bits & 0x7FFF
     assert nan.rounding is None
+
+
+def test_int4_scale_in_the_f16_subnormals_keeps_q_in_range():
+    """A group whose scale max|w| / 7 falls among f16's subnormals is rounded far down (to 2^-24 from
+    1.4 x 2^-24), so w / s reaches +-9.8: the clamp keeps q in [-8, 7], W_hat = 7 s and -8 s."""
+    tiny = np.float32(7 * 1.4 * 2.0**-24)
+    w = np.array([[tiny, -tiny, tiny / 2, 0.0]], np.float32)
+    layer = QLinear.quantize(w, group=4)
+    assert f16_to_f32(layer.scales).ravel().tolist() == [2.0**-24]
+    assert layer.dequantize().ravel().tolist() == [7 * 2.0**-24, -8 * 2.0**-24, 5 * 2.0**-24, 0.0]
+
+
+def test_qlinear_stack_is_one_product_of_its_parts():
+    """`QLinear.stack`: the parts' outputs side by side from one product, each part a view of the
+    stack's rows (no copy); linears of another input size or group are refused."""
+    rng = np.random.default_rng(8)
+    parts = [QLinear.quantize(rng.standard_normal((n, 64)).astype(np.float32), 32) for n in (16, 8, 24)]
+    stacked, views = QLinear.stack(parts)
+    assert (stacked.out, stacked.inp, stacked.group) == (48, 64, 32)
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    assert np.array_equal(stacked.forward(x), np.concatenate([p.forward(x) for p in parts], axis=1))
+    for part, view in zip(parts, views):
+        assert np.shares_memory(view.planar, stacked.planar) and np.shares_memory(view.scales, stacked.scales)
+        assert (view.out, view.inp, view.group) == (part.out, 64, 32)
+        assert np.array_equal(view.dequantize(), part.dequantize())
+    with pytest.raises(ValueError, match="stacked int4 linears need one input size and group"):
+        QLinear.stack([parts[0], QLinear.quantize(np.ones((4, 32), np.float32), 32)])

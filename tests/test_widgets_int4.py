@@ -186,3 +186,14 @@ def test_the_tables_headers_are_one_row_of_cells_and_nothing_else():
     assert re.search(r"<table[^>]*><tr><th>col</th><th>group</th>.*<th>within s/2</th></tr><tr style=", w.table.value)
     assert re.search(r"<table[^>]*><tr><th>group</th><th>max\|W\|</th><th>max\|W\| / 7 \(f32\)</th>"
                      r"<th>stored f16 bits</th><th>s \(stored value\)</th></tr><tr><td>0</td>", w.summary.value)
+
+
+def test_show_displays_the_widget_it_returns(monkeypatch):
+    import IPython.display
+
+    from tl_lab.widgets import int4
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", shown.append)
+    w = int4.show("0.5 -0.25 0.125 0.0625", 2)
+    assert shown == [w] and isinstance(w, int4.Int4Widget)

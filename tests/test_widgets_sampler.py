@@ -512,3 +512,14 @@ def test_model_playground_shows_its_top_ids_and_each_tokens_id_on_hover(tiny_run
 def test_model_playground_on_an_int4_model_names_its_group():
     w = ModelPlayground(DATA_DIR / "tiny-llama-int4", "Hi")
     assert "llama, 2 layers, vocabulary 256, int4 g32." in plain(w.info.value)
+
+
+def test_the_playgrounds_show_displays_the_widget_it_returns(monkeypatch):
+    import IPython.display
+
+    from tl_lab.widgets import sampler_playground
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", shown.append)
+    w = sampler_playground.show()
+    assert shown == [w] and isinstance(w, sampler_playground.SamplerPlayground)

@@ -367,6 +367,11 @@ EQUIVALENT = [
      "and a module that ran (and so raised) ran its file's code: no input reaches it"),
     ("exercise.cli", "_parity: the learner's line looked up without the default None",
      "the same case: the import ran the learner's file, so its frame is in the traceback"),
+    ("quant", "_bits16: `h.dtype.kind not in \"iu\"` -> `not in \"XXiuXX\"`",
+     "no numpy dtype's kind is X: the same test"),
+    ("quant", "_int4_pair_table: a nibble's value one off",
+     "the tables are built when the module is imported, before a forked run switches its mutant on (as the "
+     "catalogue's rows); in a fresh process the int4 tests fail, and s09 edits the same line"),
     ("kernels (hand-written)", "attention: the next block's keys not prefetched",
      "speed only: a prefetch is a hint; the same bits (kept in the list as the harness's own check)"),
 ]
