@@ -503,6 +503,7 @@ def test_qlinear_stack_is_one_product_of_its_parts():
     rng = np.random.default_rng(8)
     parts = [QLinear.quantize(rng.standard_normal((n, 64)).astype(np.float32), 32) for n in (16, 8, 24)]
     stacked, views = QLinear.stack(parts)
+    assert len(views) == len(parts)
     assert (stacked.out, stacked.inp, stacked.group) == (48, 64, 32)
     x = rng.standard_normal((3, 64)).astype(np.float32)
     assert np.array_equal(stacked.forward(x), np.concatenate([p.forward(x) for p in parts], axis=1))

@@ -197,3 +197,4 @@ def test_show_displays_the_widget_it_returns(monkeypatch):
     monkeypatch.setattr(IPython.display, "display", shown.append)
     w = int4.show("0.5 -0.25 0.125 0.0625", 2)
     assert shown == [w] and isinstance(w, int4.Int4Widget)
+    assert (w.weights_text.value, w.group.value) == ("0.5 -0.25 0.125 0.0625", "2")  # what it was given

@@ -521,5 +521,6 @@ def test_the_playgrounds_show_displays_the_widget_it_returns(monkeypatch):
 
     shown = []
     monkeypatch.setattr(IPython.display, "display", shown.append)
-    w = sampler_playground.show()
+    w = sampler_playground.show([1.0, 3.0, 2.0], ["a", "b", "c"], seed=3)
     assert shown == [w] and isinstance(w, sampler_playground.SamplerPlayground)
+    assert w.labels == ["a", "b", "c"] and w._given[0].tolist() == [1.0, 3.0, 2.0]  # what it was given
