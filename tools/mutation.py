@@ -443,7 +443,11 @@ METHOD = (
     "guard or the plugin's hooks); "
     "'s48-exercise-after' the same 40 of the first four with tests that run them in this process (a report "
     "read into a row, the guard's trial process, the command line's parser), and 's48-exercise-after2' all "
-    "six whole again with the tests written for their survivors (side at d4f469e, after its mend)."
+    "six whole again with the tests written for their survivors (side at d4f469e, after its mend). "
+    "'s48-whole2': the samples whose last run had still left mutants untried, run whole with their first "
+    "seeds (quant 60 seed 21, pitfalls 40 seed 20, widgets.sampler_playground 40 seed 20, widgets.int4 40 "
+    "seed 46, machine 30 seed 46) at 01ea5ac or the next commit; 's48-whole2-after' the first four again "
+    "with the tests written for what they found."
 )
 
 
