@@ -524,3 +524,15 @@ def test_the_playgrounds_show_displays_the_widget_it_returns(monkeypatch):
     w = sampler_playground.show([1.0, 3.0, 2.0], ["a", "b", "c"], seed=3)
     assert shown == [w] and isinstance(w, sampler_playground.SamplerPlayground)
     assert w.labels == ["a", "b", "c"] and w._given[0].tolist() == [1.0, 3.0, 2.0]  # what it was given
+
+
+def test_show_model_displays_the_playground_it_returns(monkeypatch):
+    import IPython.display
+
+    from tl_lab.widgets import model_playground
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", shown.append)
+    w = model_playground.show_model(DATA_DIR / "bigram", "ab", seed=5)
+    assert shown == [w] and isinstance(w, ModelPlayground)
+    assert w.model_dir == DATA_DIR / "bigram" and w.prompt.value == "ab"  # what it was given
