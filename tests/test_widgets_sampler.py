@@ -535,4 +535,4 @@ def test_show_model_displays_the_playground_it_returns(monkeypatch):
     monkeypatch.setattr(IPython.display, "display", shown.append)
     w = model_playground.show_model(DATA_DIR / "bigram", "ab", seed=5)
     assert shown == [w] and isinstance(w, ModelPlayground)
-    assert w.model_dir == DATA_DIR / "bigram" and w.prompt.value == "ab"  # what it was given
+    assert w.model_dir == DATA_DIR / "bigram" and w.prompt.value == "ab" and w.sampler.seed.value == "5"  # as given
