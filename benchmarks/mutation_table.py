@@ -72,7 +72,7 @@ SHOWN = [
     ("widgets.sampler_charts", "the sampler's charts", "s47-widgets", "s47-widgets-rerun2", "at one kernel thread"),
     ("widgets.sampler_playground", "the sampler's playground", "s47-widgets", "s48-whole2-after-rerun",
      "at one kernel thread"),
-    ("widgets.model_playground", "the playground on a model", "s47-widgets", "s47-widgets-rerun",
+    ("widgets.model_playground", "the playground on a model", "s47-widgets", "s48-whole2-after-rerun",
      "at one kernel thread: workqueue aborts its pipelined prefill at two"),
     ("exercise.stubs", "the exercise's stubs", "s47-exercise", "s47-exercise-rerun", ""),
     ("exercise.workspace", "the exercise's workspace", "s47-exercise", "s48-after-rerun",

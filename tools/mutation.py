@@ -447,7 +447,8 @@ METHOD = (
     "'s48-whole2': the samples whose last run had still left mutants untried, run whole with their first "
     "seeds (quant 60 seed 21, pitfalls 40 seed 20, widgets.sampler_playground 40 seed 20, widgets.int4 40 "
     "seed 46, machine 30 seed 46) at 01ea5ac or the next commit; 's48-whole2-after' the first four again "
-    "with the tests written for what they found."
+    "with the tests written for what they found, and widgets.model_playground's 40 (seed 20) whole; "
+    "'s48-whole2-after-rerun' the survivors of quant, the int4 widget and the two playgrounds again."
 )
 
 
