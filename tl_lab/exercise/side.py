@@ -36,10 +36,15 @@ def load(path: Path, name: str):
     return module
 
 
+def _learner_file(module: str, workspace=None) -> Path:
+    """The learner's file of `module` in the workspace (as `resolve` finds it)."""
+    return resolve(workspace) / f"{module}.py"
+
+
 def yours(module: str, workspace=None):
     """The learner's `module` from the workspace, or None while it is missing or still the stub.
     An error inside it (a SyntaxError, a failing import) is raised as it is, from the learner's file."""
-    f = resolve(workspace) / f"{module}.py"
+    f = _learner_file(module, workspace)
     if not f.is_file() or f.read_text(encoding="utf-8", errors="replace") == stub_source(module):
         return None
     return load(f, f"{__name__}.yours_{module}")
@@ -58,7 +63,7 @@ def yours_or_none(module: str, workspace=None):
     except Exception as exc:  # noqa: BLE001: the learner's code; its error is what to show
         # the learner's file by its path: a clone is often a folder named tl_lab, so the reference's
         # files are not told apart from the learner's by their names
-        f = str(resolve(workspace) / f"{module}.py")
+        f = str(_learner_file(module, workspace))
         tb = exc.__traceback__
         where = ""
         while tb is not None:
