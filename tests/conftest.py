@@ -145,3 +145,16 @@ def joined_text(html: str) -> str:
     import re
 
     return html_module.unescape(re.sub(r"<[^>]+>", "", html))
+
+
+def workspace(tmp_path, kind: str = "stub", modules=None):
+    """An exercise workspace (tmp_path/ws) of stubs or of copies of the reference, for `modules`
+    (default: all six)."""
+    from tl_lab.exercise.registry import MODULES
+    from tl_lab.exercise.stubs import reference_source, stub_source
+
+    ws = tmp_path / "ws"
+    ws.mkdir(parents=True, exist_ok=True)
+    for m in MODULES if modules is None else modules:
+        (ws / f"{m}.py").write_text(stub_source(m) if kind == "stub" else reference_source(m), encoding="utf-8")
+    return ws

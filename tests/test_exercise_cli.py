@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from conftest import workspace
 from tl_lab.exercise import registry
 from tl_lab.exercise.registry import CATALOGUE
 from tl_lab.exercise.stubs import ExerciseError, reference_source, stub_source
@@ -23,6 +24,7 @@ def _in_process_cli(capsys, *argv):
     code = args.run(args)
     out = capsys.readouterr()
     return code, out.out, out.err
+
 
 def test_in_process_cli_start_status_hint_reset_and_check(tmp_path, capsys):
     ws = tmp_path / "ws"
@@ -60,6 +62,7 @@ def test_in_process_cli_start_status_hint_reset_and_check(tmp_path, capsys):
     code, out, _ = _in_process_cli(capsys, "reset", "model", "--workspace", str(ws))
     assert out.splitlines()[0] == "there was no model.py"
 
+
 def test_in_process_cli_refuses_in_one_line(tmp_path, capsys):
     ws = tmp_path / "ws"
     code, out, err = _in_process_cli(capsys, "status", "--workspace", str(ws))
@@ -77,6 +80,7 @@ def test_in_process_cli_refuses_in_one_line(tmp_path, capsys):
     code, _, err = _in_process_cli(capsys, "hint", "kvv", "--workspace", str(ws))
     assert code == 2 and err.startswith("error: ") and "kvv" in err and len(err.splitlines()) == 1
 
+
 def test_in_process_cli_tests_lists_the_last_results(tmp_path, capsys):
     from tl_lab.exercise.grading import Row, _save
 
@@ -92,6 +96,7 @@ def test_in_process_cli_tests_lists_the_last_results(tmp_path, capsys):
         row = next(line for line in lines if line.startswith(head))
         assert row[len(head):].split()[0] == ("failed" if g == first else "-"), g.name
 
+
 def test_in_process_cli_parity_runs_the_learners_sample(tmp_path, capsys, monkeypatch):
     """`exercise parity` in a process where tl_lab.sample is not imported yet: the workspace's
     sample.py is the one held to the golden files, and one that does not import is named at its line."""
@@ -101,9 +106,7 @@ def test_in_process_cli_parity_runs_the_learners_sample(tmp_path, capsys, monkey
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     monkeypatch.setattr(tl_lab, "sample", tl_lab.sample)
     monkeypatch.delitem(sys.modules, "tl_lab.sample")
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    (ws / "sample.py").write_text(reference_source("sample"), encoding="utf-8")
+    ws = workspace(tmp_path, "reference", ["sample"])
     code, out, _ = _in_process_cli(capsys, "parity", "rng", "rng", "--workspace", str(ws))
     assert code == 0 and out.splitlines()[0] == (f"your {ws / 'sample.py'} against data/golden/sampler.json, "
                                                  "data/golden/pcg32.vectors.json")
@@ -118,6 +121,7 @@ def test_in_process_cli_parity_runs_the_learners_sample(tmp_path, capsys, monkey
     code, out, _ = _in_process_cli(capsys, "parity", "--workspace", str(other))
     assert code == 1 and out == f"parity: {other / 'sample.py'}:3: NameError: name 'undefined_name' is not defined\n"
 
+
 def test_in_process_cli_knows_which_commands_need_the_workspace(tmp_path, capsys, monkeypatch):
     from tl_lab.exercise import cli as cli_module, workspace as wsm
 
@@ -131,6 +135,7 @@ def test_in_process_cli_knows_which_commands_need_the_workspace(tmp_path, capsys
     code, _, err = _in_process_cli(capsys, "tests", "--workspace", str(missing))  # a named one must exist
     assert code == 2 and "does not exist" in err
 
+
 def test_in_process_cli_workspace_option_lifts_a_bad_environment(tmp_path, capsys, monkeypatch):
     from tl_lab.exercise import workspace as wsm
 
@@ -140,6 +145,7 @@ def test_in_process_cli_workspace_option_lifts_a_bad_environment(tmp_path, capsy
     assert wsm.env_error() is not None  # no --workspace: the refusal stays for the command line to report
     _in_process_cli(capsys, "tests", "--workspace", str(tmp_path))
     assert wsm.env_error() is None
+
 
 def test_in_process_cli_help_names_every_command_and_argument(capsys):
     import argparse

@@ -4,19 +4,22 @@ in each of its states, the hints, the saved status, the table (the pytest runs a
 
 import pytest
 
+from conftest import workspace
 from tl_lab.exercise import registry
 from tl_lab.exercise.grading import pitfall_hint
 from tl_lab.exercise.registry import MODULES, graded
-from tl_lab.exercise.stubs import ExerciseError, reference_source, stub_source
+from tl_lab.exercise.stubs import ExerciseError
 
 
 def _report(results=(), errors=(), loaded=None, module="kv"):
     """A report as the plugin writes it (tl_lab.exercise.plugin): results, errors and origins."""
     return {"results": list(results), "errors": list(errors), "origins": {module: {"loaded": loaded}}}
 
+
 def _result(name, outcome="passed", message="", params=""):
     return {"nodeid": f"tests/test_kv.py::test_{name}{params}", "chapter_test": name, "outcome": outcome,
             "message": message}
+
 
 def test_in_process_grading_orders_the_modules_with_their_dependencies():
     from tl_lab.exercise.grading import order
@@ -26,6 +29,7 @@ def test_in_process_grading_orders_the_modules_with_their_dependencies():
     assert order(["sample", "model"]) == ["quant", "model", "sample"]
     with pytest.raises(ExerciseError):
         order(["kvv"])
+
 
 def test_in_process_grading_reads_a_report_into_the_modules_row(tmp_path):
     from tl_lab.exercise.grading import MESSAGE_LINES, MESSAGE_WIDTH, _row
@@ -60,6 +64,7 @@ def test_in_process_grading_reads_a_report_into_the_modules_row(tmp_path):
     assert row.hint == pitfall_hint("kv", failing[1]["nodeid"], long, 120)
     assert row.hint.startswith("this is what s18 looks like: evicting the newest prefix instead of the oldest")
 
+
 def test_in_process_grading_hints_in_the_chapters_words():
     from tl_lab.exercise.grading import pitfall_hint
     from tl_lab.exercise.stubs import NOT_WRITTEN
@@ -79,12 +84,11 @@ def test_in_process_grading_hints_in_the_chapters_words():
     assert pitfall_hint("sample", "tests/test_kv.py::test_kv_pool_rejects_zero_capacity", "x") == (
         f"reread {registry.SECTIONS['sample']}")  # s19 edits kv, not sample
 
+
 def test_in_process_grading_of_a_workspace_not_started_saves_every_row(tmp_path):
     from tl_lab.exercise.grading import STATUS_DIR, check, format_table, load_status
 
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    (ws / "quant.py").write_text(stub_source("quant"), encoding="utf-8")
+    ws = workspace(tmp_path, modules=["quant"])
     (ws / "sample.py").write_text("def sample(:\n", encoding="utf-8")
     seen = []
     rows = check(ws, progress=seen.append)
@@ -105,6 +109,7 @@ def test_in_process_grading_of_a_workspace_not_started_saves_every_row(tmp_path)
     (ws / STATUS_DIR / "status.json").write_text("{not json", encoding="utf-8")
     assert load_status(ws) == {}
 
+
 def test_in_process_grading_table_says_where_each_module_came_from():
     from tl_lab.exercise.grading import Row, format_table
 
@@ -120,6 +125,7 @@ def test_in_process_grading_table_says_where_each_module_came_from():
         "         hint: reread it",
         "1 of 2 modules pass"]
 
+
 def test_in_process_grading_needs_the_clones_tests(tmp_path, monkeypatch):
     from tl_lab.exercise import grading
 
@@ -128,6 +134,7 @@ def test_in_process_grading_needs_the_clones_tests(tmp_path, monkeypatch):
     with pytest.raises(ExerciseError, match=r"^exercise check runs the chapter's tests from a clone .* has no "
                                             r"tests/conftest\.py: clone it"):
         grading.need_tests(["kv"])
+
 
 def test_in_process_grading_of_a_row_names_each_test_and_passes_the_limit(tmp_path):
     from tl_lab.exercise.grading import _row, pitfall_hint
@@ -148,13 +155,11 @@ def test_in_process_grading_of_a_row_names_each_test_and_passes_the_limit(tmp_pa
     assert hint.startswith(f"this is what {' or '.join(both)} looks like: "
                            f"{mistakes[0][0].lower()}{mistakes[0][1:]}; {mistakes[1][0].lower()}{mistakes[1][1:]}; reread")
 
+
 def test_in_process_grading_blocks_a_module_whose_dependencies_do_not_pass(tmp_path, monkeypatch):
     from tl_lab.exercise import grading
 
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    (ws / "forward.py").write_text(reference_source("forward"), encoding="utf-8")
-    (ws / "kv.py").write_text(reference_source("kv"), encoding="utf-8")
+    ws = workspace(tmp_path, "reference", ["forward", "kv"])
     ran = []
 
     def run(workspace, module, use, timeout, tests=None, first_failure=False):

@@ -20,6 +20,7 @@ def _raised_in(ws, module, source, call="f()"):
         return exc
     raise AssertionError("did not raise")
 
+
 def test_in_process_guard_blames_the_learners_innermost_frame(tmp_path):
     from tl_lab.exercise import guard
 
@@ -39,6 +40,7 @@ def test_in_process_guard_blames_the_learners_innermost_frame(tmp_path):
         f"   {fault.at} in {piece.qualname}: ZeroDivisionError: division by zero",
         f"   hint: {fault.hint}",
         "   fix it (python -m tl_lab exercise check kv says more), then restart the kernel"]
+
 
 def test_in_process_guard_blames_imports_syntax_stubs_and_long_errors(tmp_path):
     from tl_lab.exercise import guard
@@ -63,6 +65,7 @@ def test_in_process_guard_blames_imports_syntax_stubs_and_long_errors(tmp_path):
     assert (fault.module, fault.file, fault.line, fault.at, fault.function) == (
         "runner", str(tmp_path / "runner.py"), None, str(tmp_path / "runner.py"), "(import)")
 
+
 def test_in_process_guard_tries_each_module_once_without_the_ones_that_raised(tmp_path, monkeypatch):
     from tl_lab.exercise import guard
 
@@ -78,6 +81,7 @@ def test_in_process_guard_tries_each_module_once_without_the_ones_that_raised(tm
     assert guard._last_tried("trying model\n", ["kv", "quant"]) == "kv"  # not asked: the first
     assert guard._last_tried("", ["sample"]) == "sample"
     assert guard._last_tried("trying kv\ntrying quant\ntrying model\n", ["kv", "quant", "model"]) == "model"
+
 
 def test_in_process_guard_trial_process_prints_its_verdict_last(tmp_path, monkeypatch, capsys):
     import json

@@ -5,8 +5,6 @@ the first case that differs said with both values.
 import numpy as np
 
 
-
-
 class _Off:
     """The reference sample module with one thing changed: `name` replaced by `value`."""
 
@@ -18,6 +16,7 @@ class _Off:
     def __getattr__(self, name):
         return self._changed.get(name, getattr(self._ts, name))
 
+
 def test_in_process_parity_of_the_reference_is_every_case():
     from tl_lab.exercise import parity
     from tl_lab import sample as ts
@@ -26,6 +25,7 @@ def test_in_process_parity_of_the_reference_is_every_case():
     assert [(v.suite, v.ok, v.first_difference) for v in got] == [("sampler", True, ""), ("rng", True, "")]
     assert got[0].matched == got[0].total == 12 and got[1].matched == got[1].total > 12
     assert got[0].line() == "parity sampler: 12/12 cases identical"
+
 
 def test_in_process_parity_names_the_first_output_that_differs():
     from tl_lab.exercise import parity
@@ -60,6 +60,7 @@ def test_in_process_parity_names_the_first_output_that_differs():
         ": raised ValueError: not written yet") and n_before == 1
     assert 0 < v.matched < v.total  # the PCG32 cases before mix64's matched
     assert parity._first_diff(5, 7) == "5, golden 7" and parity._first_diff([1], [1, 2]) == "[1], golden [1, 2]"
+
 
 def test_in_process_parity_of_the_sampler_is_bit_for_bit():
     from tl_lab.exercise import parity

@@ -20,10 +20,12 @@ def plugin(monkeypatch):
     monkeypatch.setattr(p, "REPORT", "")
     return p
 
+
 def _item(nodeid):
     import types
 
     return types.SimpleNamespace(nodeid=nodeid)
+
 
 def test_in_process_plugin_keeps_only_the_graded_modules_tests(plugin, monkeypatch):
     import types
@@ -41,6 +43,7 @@ def test_in_process_plugin_keeps_only_the_graded_modules_tests(plugin, monkeypat
     items = [_item(n) for n in other]
     plugin.pytest_collection_modifyitems(None, config, items)  # no module graded: the lab's own run
     assert [it.nodeid for it in items] == other
+
 
 def test_in_process_plugin_stops_a_run_without_the_learners_code(plugin, tmp_path, monkeypatch):
     import json
@@ -73,6 +76,7 @@ def test_in_process_plugin_stops_a_run_without_the_learners_code(plugin, tmp_pat
     origins["quant"] = wsm.Origin("quant", "reference", "elsewhere", "not the learner's")
     plugin.pytest_collection_finish(None)  # the learner's module is where it was meant to be: no stop
 
+
 def test_in_process_plugin_reports_each_test_and_each_collection_error(plugin):
     import types
 
@@ -98,6 +102,7 @@ def test_in_process_plugin_reports_each_test_and_each_collection_error(plugin):
     plugin.pytest_collectreport(report("tests/test_kv.py", "collect", "failed", "a" * 10 + "b" * plugin.MESSAGE_CHARS))
     assert plugin._errors == [{"kind": "collect", "nodeid": "tests/test_kv.py", "message": "b" * plugin.MESSAGE_CHARS}]
     plugin._write()  # no report asked for: nothing written, nothing raised
+
 
 def test_in_process_plugin_limits_each_test(plugin, monkeypatch):
     import signal

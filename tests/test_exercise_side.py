@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from conftest import workspace
 from tl_lab.exercise.stubs import reference_source, stub_source
 
 
@@ -38,6 +39,17 @@ def test_in_process_side_loads_yours_beside_the_reference(tmp_path, capsys):
     assert side.yours_or_none("sample", ws) is None
     assert capsys.readouterr().out.startswith(f"your sample.py does not import: {ws / 'sample.py'}:1: ImportError: ")
 
+
+def test_a_learner_module_that_does_not_import_is_a_printed_line(tmp_path, capsys):
+    from tl_lab.exercise.side import yours_or_none
+
+    ws = workspace(tmp_path, modules=["sample"])
+    assert yours_or_none("sample", ws) is None and capsys.readouterr().out == ""  # the stub: nothing yet
+    (ws / "sample.py").write_text("x = 1\ndef broken(:\n")
+    assert yours_or_none("sample", ws) is None
+    assert f"your sample.py does not import: {ws / 'sample.py'}:2: SyntaxError" in capsys.readouterr().out
+
+
 def test_in_process_side_says_where_yours_raised(tmp_path):
     from tl_lab.exercise import side
 
@@ -53,6 +65,7 @@ def test_in_process_side_says_where_yours_raised(tmp_path):
     line = len(reference_source("sample").splitlines()) + 4
     assert said.startswith(f"your sample.py raised at {ws / 'sample.py'}:{line} in broken: ZeroDivisionError: "
                            "division by zero; hint: reread ")
+
 
 def test_in_process_side_reference_against_hf_is_the_compare_of_the_tiny_llama():
     from tl_lab.compare import hf_golden_cases

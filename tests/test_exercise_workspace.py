@@ -6,8 +6,9 @@ import sys
 
 import pytest
 
+from conftest import workspace
 from tl_lab.exercise.registry import MODULES
-from tl_lab.exercise.stubs import ExerciseError, reference_source, stub_source
+from tl_lab.exercise.stubs import ExerciseError, reference_source
 from tl_lab.paths import REPO_ROOT
 
 
@@ -23,6 +24,7 @@ def test_the_workspace_is_the_one_named_else_the_clones(tmp_path, monkeypatch, v
     monkeypatch.delenv(wsm.ENV)
     assert wsm.resolve() == wsm.default_workspace()
 
+
 def test_the_workspace_is_the_one_the_readme_names_and_git_ignores():
     """The default workspace is work/L10.1 in the clone, as the README tells the learner, and git
     ignores it (pulling an update never touches the learner's files)."""
@@ -31,6 +33,7 @@ def test_the_workspace_is_the_one_the_readme_names_and_git_ignores():
     where = wsm.default_workspace().relative_to(REPO_ROOT).as_posix()
     assert where == "work/L10.1" and f"`{where}/`" in (REPO_ROOT / "README.md").read_text()
     assert "/work/" in (REPO_ROOT / ".gitignore").read_text().split(), ".gitignore does not name /work/"
+
 
 def test_the_workspace_is_the_one_whose_refusal_is_kept_and_lifted_alone(monkeypatch):
     """A bad TL_LAB_WORKSPACE kept by `import tl_lab` (a RefusingFinder with an ExerciseError) is what
@@ -47,15 +50,14 @@ def test_the_workspace_is_the_one_whose_refusal_is_kept_and_lifted_alone(monkeyp
     assert ours not in sys.meta_path and theirs in sys.meta_path
     assert wsm.env_error() is None
 
+
 def _hook_workspace(tmp_path):
     """A workspace of three kinds of file: kv.py the untouched stub, quant.py the learner's (here the
     reference's text), model.py absent, the rest stubs."""
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    for m in MODULES:
-        if m != "model":
-            (ws / f"{m}.py").write_text(reference_source(m) if m == "quant" else stub_source(m), encoding="utf-8")
+    ws = workspace(tmp_path, modules=[m for m in MODULES if m != "model"])
+    (ws / "quant.py").write_text(reference_source("quant"), encoding="utf-8")
     return ws
+
 
 def test_in_process_hook_plans_each_modules_origin(tmp_path):
     from tl_lab.exercise import workspace as wsm
@@ -74,6 +76,7 @@ def test_in_process_hook_plans_each_modules_origin(tmp_path):
     finder = wsm.WorkspaceFinder(ws, got)
     assert set(finder.served) == {"tl_lab.quant"} and finder.served["tl_lab.quant"][1] == reference_source("quant")
     assert finder.workspace == ws and finder.origins is got
+
 
 def test_in_process_hook_installs_once_first_on_the_path(tmp_path, monkeypatch):
     from tl_lab.exercise import workspace as wsm
@@ -95,6 +98,7 @@ def test_in_process_hook_installs_once_first_on_the_path(tmp_path, monkeypatch):
     with pytest.raises(ExerciseError, match=f"workspace {ws} is already active in this process"):
         wsm.install(other, use=set())
 
+
 @pytest.mark.parametrize("value", ["off", "", " NONE ", None])  # None: unset
 def test_in_process_hook_from_the_environment_off_installs_nothing(monkeypatch, value):
     from tl_lab.exercise import workspace as wsm
@@ -105,6 +109,7 @@ def test_in_process_hook_from_the_environment_off_installs_nothing(monkeypatch, 
     else:
         monkeypatch.setenv(wsm.ENV, value)
     assert wsm.install_from_env() is None and wsm.active() is None
+
 
 def test_in_process_hook_from_the_environment_takes_the_modules_named(tmp_path, monkeypatch):
     from tl_lab.exercise import workspace as wsm
@@ -125,6 +130,7 @@ def test_in_process_hook_from_the_environment_takes_the_modules_named(tmp_path, 
     monkeypatch.delenv(wsm.ENV_USE)
     with pytest.raises(ExerciseError, match=r"^tl_lab\.\w+(, tl_lab\.\w+)* already imported"):  # quant differs
         wsm.install_from_env()
+
 
 def test_in_process_hook_refuses_the_six_after_a_bad_environment(monkeypatch):
     from tl_lab.exercise import workspace as wsm
