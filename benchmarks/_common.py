@@ -7,6 +7,7 @@ caches) and its roofline measured in the same run (`roofline`: read bandwidth an
 and N threads), so a reader can tell which machine a figure describes and how near its limit it is.
 """
 
+import ctypes
 import json
 import os
 import platform
@@ -18,6 +19,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
+
+from tl_lab.machine import AVX2_ONLY
 
 RESULTS = Path(__file__).resolve().parent / "results"
 STARTED = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M")
@@ -55,12 +58,72 @@ def current_rss_mb() -> float:
 def machine() -> dict:
     """What the machine is (`tl_lab.machine.describe`), its architecture, and how busy it was when
     the results were written: the load average over 1, 5 and 15 minutes (`os.getloadavg`; on a
-    shared machine a figure means little without it), and when the run began (`started`, UTC to the
-    minute: the README's table names each column's run by it)."""
+    shared machine a figure means little without it), when the run began (`started`, UTC to the
+    minute: the README's table names each column's run by it), and, in a run held to another
+    processor's instructions (`held_to`), which."""
     from tl_lab.machine import describe
 
     load = [round(v, 2) for v in os.getloadavg()] if hasattr(os, "getloadavg") else None
-    return {**describe(), "machine": platform.machine(), "load_avg_1_5_15min": load, "started": STARTED}
+    held = {"held_to": held_to()} if held_to() else {}
+    return {**describe(), "machine": platform.machine(), "load_avg_1_5_15min": load, "started": STARTED, **held}
+
+
+AS = {"avx2": {**AVX2_ONLY, "OPENBLAS_CORETYPE": "Haswell", "ATEN_CPU_CAPABILITY": "avx2",
+               "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}}
+"""`--as avx2`: the environment that holds every library of a run to the instructions of a processor
+with AVX2 and no AVX-512 (processor D), on any host: numba compiles the kernels for it
+(`tl_lab.machine.AVX2_ONLY`), numpy's OpenBLAS runs its Haswell kernels, torch its AVX2 kernels (its
+own, MKL's and oneDNN's). The host's memory, caches and cores stay its own, so such a run tells
+whether the code that processor gets meets its goals against peers held to the same instructions,
+not what that processor measures."""
+
+HELD = "TL_BENCH_AS"
+"""Set (to a key of AS) in a run held to another processor's instructions, and in its children."""
+
+
+def held_to() -> str | None:
+    """The instructions this run is held to (a key of AS), or None for the host's own."""
+    return os.environ.get(HELD) or None
+
+
+def hold_to(isa: str, argv: list[str]) -> None:
+    """Start this benchmark again, argv and all, in AS[isa]'s environment (numba, OpenBLAS and torch
+    read theirs once, at import), with numba's cache in a folder of its own; returns only when
+    already held."""
+    if held_to() == isa:
+        return
+    from tl_lab.paths import cache_dir
+
+    env = {**os.environ, **AS[isa], HELD: isa, "NUMBA_CACHE_DIR": str(cache_dir() / f"numba-as-{isa}")}
+    os.execve(sys.executable, [sys.executable, *argv], env)
+
+
+def check_held() -> None:
+    """Refuse (SystemExit naming the library) a held run whose libraries do not run the instructions
+    it is held to: numpy's OpenBLAS must run its Haswell kernels, torch (when installed) AVX2's."""
+    if held_to() is None:
+        return
+    got = {"numpy's OpenBLAS": (openblas_core(), "Haswell")}
+    try:
+        import torch
+
+        got["torch"] = (torch.backends.cpu.get_cpu_capability(), "AVX2")
+    except ImportError:
+        pass
+    bad = [f"{lib} runs {have} kernels, not {want}" for lib, (have, want) in got.items() if have != want]
+    if bad:
+        raise SystemExit(f"--as {held_to()}: " + "; ".join(bad))
+
+
+def openblas_core() -> str | None:
+    """The kernels numpy's OpenBLAS runs (its core name: "Haswell", "SkylakeX", ...), None if unknown."""
+    from tl_lab.tuning import _blas_fn
+
+    fn = _blas_fn("scipy_openblas_get_corename64_", "openblas_get_corename64_", "openblas_get_corename")
+    if fn is None:
+        return None
+    fn.restype = ctypes.c_char_p
+    return fn().decode()
 
 
 SGEMM_SHAPES = ((512, 576, 1536), (2048, 2048, 2048))
@@ -102,7 +165,7 @@ def sgemm_gflops(threads: int, rounds: int = 3) -> dict:
     finally:
         if before is not None:
             set_blas_threads(before)
-    if "OPENBLAS_CORETYPE" in os.environ:
+    if "OPENBLAS_CORETYPE" in os.environ and not held_to():  # a held run set it itself
         env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
         env["OPENBLAS_NUM_THREADS"] = str(threads)
         code = f"import json, _common; print(json.dumps(_common._sgemm_rates({rounds})))"
@@ -185,7 +248,8 @@ def report(name: str, rows: list[dict], notes: str = "", limits: dict | None = N
     machine, its roofline (`limits`, measured by the caller in the same run, else measured here, now;
     none with measure_limits=False, for a benchmark no roofline bounds, such as the probes') and
     `extra`'s sections after the rows; the same file also as results/machines/<name>.<LLVM's CPU
-    name>.json, so the last run on each processor stays beside the latest run."""
+    name>.json, so the last run on each processor stays beside the latest run. A run held to another
+    processor's instructions (`hold_to`) writes <name>-as-<isa> instead, beside the host's own."""
     print_table(name, table or rows)
     if notes:
         print(notes)
@@ -194,6 +258,7 @@ def report(name: str, rows: list[dict], notes: str = "", limits: dict | None = N
         print(f"roofline: read GB/s {_rounded(limits['read_GBps'])}, sgemm GFLOP/s "
               f"{ {t: round(r['best']) for t, r in limits['sgemm_GFLOPs'].items()} }")
     here = machine()
+    name = f"{name}-as-{held_to()}" if held_to() else name  # never in place of the host's own figures
     text = json.dumps({"name": name, "machine": here, "roofline": limits, "rows": rows, "notes": notes,
                        **(extra or {})}, indent=2)
     out = RESULTS / f"{name}.json"

@@ -1,6 +1,6 @@
 """The real SmolLM2-135M-Instruct: tl_lab's runner (f32 and int4) against Hugging Face transformers.
 
-    python benchmarks/bench_smollm2.py [--threads N] [--quick] [--no-hf] [--llamacpp-python PY]
+    python benchmarks/bench_smollm2.py [--threads N] [--quick] [--no-hf] [--llamacpp-python PY] [--as avx2]
 
 Needs the fetched model (python -m tl_lab fetch smollm2) and, for the transformers rows, the hf extra.
 The llama.cpp rows need llama-cpp-python (an optional benchmark dependency, built from its PyPI
@@ -58,6 +58,14 @@ and sampling, f32 and int4), written to results/smollm2.json under "decode_profi
 
 Threads: EngineConfig(threads=N) sets the compiled kernels' pool (numba) and OpenBLAS; --threads 0 means
 the default (every core).
+
+--as avx2 runs all of it held to the instructions of a processor with AVX2 and no AVX-512 (`_common.AS`):
+tl_lab's kernels as numba compiles them for such a processor, transformers on torch's AVX2 kernels, the
+sgemm limit on OpenBLAS's Haswell kernels and torch's AVX2 ones, llama.cpp as --llamacpp-python's build
+has it (refused unless built without AVX-512: CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=OFF"). The
+host's memory, caches and cores stay its own: the code processor D gets, against peers held to the
+same instructions, on whichever processor the run lands. Written to results/smollm2-as-avx2.json (and
+machines/smollm2-as-avx2.<LLVM CPU name>.json), never over the host's own figures.
 """
 
 from __future__ import annotations
@@ -74,7 +82,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, best_roofline, current_rss_mb, print_table, report, roofline  # noqa: E402
+from _common import (AS, best_roofline, check_held, current_rss_mb, held_to, hold_to,  # noqa: E402
+                     print_table, report, roofline)
 
 from tl_lab.compare import INT4_QUESTIONS as QUESTIONS  # noqa: E402
 
@@ -414,6 +423,9 @@ def measure_llamacpp(py: str, gguf: Path, threads: int, quick: bool) -> dict:
     cmd = [py, str(Path(__file__).with_name("_llamacpp.py")), str(gguf), str(threads), str(PREFILL), str(PROMPT),
            str(steps), str(rounds)]
     res = run_child([], cmd)
+    if held_to() and "AVX512 = 1" in res["system_info"]:
+        raise SystemExit(f"--as {held_to()}: {py}'s llama.cpp runs AVX-512 ({res['system_info']}); build "
+                         "llama-cpp-python for AVX2 only: CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_AVX512=OFF\"")
     return {**res, "weights_MB": gguf.stat().st_size / 2**20}
 
 
@@ -486,8 +498,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-hf", action="store_true", help="skip the transformers rows")
     ap.add_argument("--llamacpp-python", help="an interpreter with llama-cpp-python (default: $TL_LLAMACPP_PYTHON, "
                                               "else this one); the llama.cpp rows are skipped without one")
+    ap.add_argument("--as", dest="held", choices=sorted(AS),
+                    help="hold every library to another processor's instructions (avx2: the code an AVX2-only "
+                         "processor gets, and its peers', on this host's memory and cores); writes smollm2-as-avx2.json")
     ap.add_argument("--one", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.held:
+        hold_to(args.held, [__file__, *(sys.argv[1:] if argv is None else argv)])
+        check_held()
     thread_counts = [int(t) for t in str(args.threads).split(",")]
     if args.one:
         kind, threads = args.one[0], thread_counts[0]
@@ -563,12 +581,12 @@ def main(argv: list[str] | None = None) -> None:
               "'decode_b1 / bandwidth beside': the same batch-1 speed over the read bandwidth at its thread count "
               "measured in its own process just before and just after its steps (the larger reading, "
               "'read_GBps_beside_b1'): this shared host's bandwidth moves from minute to minute.")
-    report("smollm2", rows, notes, limits, extra={"agreement": agreement, "decode_profile": profile})
+    out = report("smollm2", rows, notes, limits, extra={"agreement": agreement, "decode_profile": profile})
     cols = ["prompt", "prompt_tokens", "f32_tokens", "parts_at", "agree_before", "teacher_forced", "max_abs_err",
             "rel_err", "shift", "spread", "kl_f32_int4"]
     print_table("smollm2: int4 g32 against f32", agreement["rows"] + [agreement["summary"]], cols)
     print(f"first greedy token agrees on {agreement['summary']['first_token_agrees']} of {len(QUESTIONS)} prompts, "
-          f"the first 4 on {agreement['summary']['first_4_agree']}; written to {RESULTS / 'smollm2.json'}")
+          f"the first 4 on {agreement['summary']['first_4_agree']}; written to {out}")
 
 
 if __name__ == "__main__":

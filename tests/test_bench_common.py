@@ -4,9 +4,15 @@ the largest reading and the library that gave it; a results file lands beside th
 same processor. Rates are the benchmark's to measure: these tests hand them in."""
 
 import json
+import os
 import re
+import subprocess
 import sys
 import types
+
+import pytest
+
+import tl_lab.machine
 
 from bench_module import load
 
@@ -105,3 +111,50 @@ def test_the_machine_record_says_when_the_run_began():
     started = common.machine()["started"]
     assert started == common.STARTED
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d", started), started
+
+
+def test_a_held_run_writes_its_own_file_beside_the_hosts_and_says_so(tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    monkeypatch.setenv(common.HELD, "avx2")
+    monkeypatch.setattr(tl_lab.machine, "describe", lambda: {"llvm_host_cpu": "somecpu"})
+    (tmp_path / "machines").mkdir()
+    host = tmp_path / "machines" / "demo.somecpu.json"
+    host.write_text("the host's own run")
+    out = common.report("demo", [{"x": 1}], measure_limits=False)
+    data = json.loads(out.read_text())
+    assert out == tmp_path / "demo-as-avx2.json" and data["name"] == "demo-as-avx2"
+    assert data["machine"]["held_to"] == "avx2"
+    assert json.loads((tmp_path / "machines" / "demo-as-avx2.somecpu.json").read_text()) == data
+    assert host.read_text() == "the host's own run" and not (tmp_path / "demo.json").exists()
+
+
+def test_a_held_run_measures_openblas_as_it_set_it_only(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
+    monkeypatch.setenv(common.HELD, "avx2")
+    monkeypatch.setattr(common, "_sgemm_rates", lambda rounds, wrap=None: {SMALL: 1.0, LARGE: 2.0})
+    out = common.sgemm_gflops(1, rounds=1)
+    assert list(out["by_library"]) == [out["by"]] and out["by"].endswith("(OPENBLAS_CORETYPE=Haswell)")
+
+
+def test_a_held_run_refuses_libraries_on_other_instructions(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)
+    monkeypatch.setenv(common.HELD, "avx2")
+    monkeypatch.setattr(common, "openblas_core", lambda: "SkylakeX")
+    with pytest.raises(SystemExit, match="--as avx2: numpy's OpenBLAS runs SkylakeX kernels, not Haswell"):
+        common.check_held()
+    monkeypatch.setattr(common, "openblas_core", lambda: "Haswell")
+    common.check_held()  # held as it should be
+    monkeypatch.delenv(common.HELD)
+    monkeypatch.setattr(common, "openblas_core", lambda: "SkylakeX")
+    common.check_held()  # the host's own run asks nothing
+
+
+def test_the_held_environment_reaches_every_library():
+    env = common.AS["avx2"]
+    assert "avx512" not in env["NUMBA_CPU_FEATURES"] and "+avx2" in env["NUMBA_CPU_FEATURES"]
+    assert env["OPENBLAS_CORETYPE"] == "Haswell" and env["ATEN_CPU_CAPABILITY"] == "avx2"
+    code = "import _common; _common.check_held(); print(_common.openblas_core())"  # torch too, where installed
+    run = subprocess.run([sys.executable, "-c", code], cwd=common.RESULTS.parent, capture_output=True, text=True,
+                         env={**os.environ, **env, common.HELD: "avx2"}, check=False)
+    assert run.returncode == 0 and run.stdout.split() == ["Haswell"], run.stderr
