@@ -4,7 +4,9 @@
     python benchmarks/table.py --write    # put them into README.md, between its two markers
 
 A column is a processor's last run of `bench_smollm2.py --threads 1,2`
-(results/machines/smollm2.<LLVM CPU name>.json), newest first; every figure in it, and every goal
+(results/machines/smollm2.<LLVM CPU name>.json), newest first, then the last run held to another
+processor's instructions on each host (`--as avx2`: smollm2-as-avx2.<LLVM CPU name>.json, named for
+the processor whose code it runs and the host it ran on); every figure in it, and every goal
 said to be missed under it, is read or divided out of that file, so the README cannot drift from
 the runs (tests/test_bench_table.py holds it to them).
 """
@@ -24,6 +26,9 @@ END = "<!-- end of the speed table -->"
 LETTERS = {"rocketlake": "A", "emeraldrapids": "B", "znver5": "C", "znver3": "D", "znver4": "E"}
 """The names the project's notes (docs/speed.md) give the processors its machines have landed on;
 a processor not among them is called by its LLVM name."""
+
+HELD_AS = {"avx2": "D"}
+"""The processor whose instructions a held run (`bench_smollm2.py --as`) is held to."""
 
 DISTURBED = 0.8
 """A default-count batch 1 slower than this share of the one-thread run's was disturbed: the
@@ -46,8 +51,14 @@ class Run:
         return self.machine["llvm_host_cpu"]
 
     @property
+    def held(self) -> str | None:
+        """The instructions the run was held to (`bench_smollm2.py --as`), None for the host's own."""
+        return self.machine.get("held_to")
+
+    @property
     def name(self) -> str:
-        return LETTERS.get(self.cpu, self.cpu)
+        host = LETTERS.get(self.cpu, self.cpu)
+        return f"{HELD_AS.get(self.held, self.held)}'s code on {host}" if self.held else host
 
     def b8_over_b1(self, weights: str, threads) -> float:
         """Batch 8's aggregate over batch 1 (the older runs did not record it; it is the same division)."""
@@ -60,11 +71,16 @@ class Run:
 
 
 def load_runs(folder: Path = RESULTS / "machines") -> list[Run]:
-    runs = [Run(json.loads(p.read_text())) for p in sorted(folder.glob("smollm2.*.json"))]
-    return sorted(runs, key=lambda r: r.machine["started"], reverse=True)
+    """The host runs, newest first, then the held runs, newest first."""
+    paths = [*folder.glob("smollm2.*.json"), *folder.glob("smollm2-as-*.json")]
+    runs = sorted((Run(json.loads(p.read_text())) for p in paths), key=lambda r: r.machine["started"], reverse=True)
+    return sorted(runs, key=lambda r: r.held is not None)
 
 
-def _isa(isa: list[str]) -> str:
+def _isa(run: Run) -> str:
+    isa = run.machine["isa"]
+    if run.held:
+        return f"held to {run.held.upper()} only"
     if "avx512f" not in isa:
         return "AVX2 only"
     return "AVX-512, AMX" if "amx_tile" in isa else "AVX-512"
@@ -112,7 +128,7 @@ def _busy(run: Run) -> str:
 
 
 ROWS = (
-    ("processor", lambda r: f"{_model(r.machine['cpu_model'])}, {r.cpu}, {_isa(r.machine['isa'])}"),
+    ("processor", lambda r: f"{_model(r.machine['cpu_model'])}, {r.cpu}, {_isa(r)}"),
     ("limits, 1t / 2t: read; sgemm", _limits),
     ("f32 decode batch 1 vs transformers (share of read bandwidth)",
      _against("tl_lab f32 / transformers", "decode_b1_tok_s", "decode_b1 / bandwidth")),

@@ -106,7 +106,10 @@ def test_load_runs_orders_newest_first(tmp_path):
     for cpu, started in runs:
         (tmp_path / f"smollm2.{cpu}.json").write_text(json.dumps(_doc(cpu, started)))
     (tmp_path / "targets.znver4.json").write_text("{}")  # another benchmark's file: not a column
-    assert [r.name for r in table.load_runs(tmp_path)] == ["C", "E", "D"]
+    held = _doc("znver4", "2026-12-06 10:54")
+    held["machine"]["held_to"] = "avx2"
+    (tmp_path / "smollm2-as-avx2.znver4.json").write_text(json.dumps(held))
+    assert [r.name for r in table.load_runs(tmp_path)] == ["C", "E", "D", "D's code on E"]  # held runs last
 
 
 def test_the_cells_read_the_runs_figures():
@@ -123,6 +126,8 @@ def test_the_cells_read_the_runs_figures():
     assert cells["batch 8 over batch 1, f32 (1t / 2t; in brackets the most the run's limits allow)"] == (
         "5.0x / 5.0x (not computed in this run)")
     assert cells["batch 1 with one core busy (kept of quiet speed)"] == "0.50"
+    doc["machine"]["held_to"] = "avx2"
+    assert table.ROWS[0][1](table.Run(doc)) == "Intel Xeon, znver4, held to AVX2 only"
 
 
 def test_write_replaces_only_what_lies_between_the_markers(tmp_path):

@@ -501,6 +501,7 @@ X = rng.standard_normal((9, 576)).astype(np.float32)
 X_long = rng.standard_normal((9, 1536)).astype(np.float32)  # K = 1536: matmul_f32's 6 x 4 blocks (in halves: passes)
 q4, q8 = QLinear.quantize(W * 0.05, group=32), Q8Linear.quantize(W, group=32)
 q4_long = QLinear.quantize(W.T * 0.05, group=32)  # K = 1536: in halves, in passes of columns
+q4_odd = QLinear.quantize(W[:21] * 0.05, group=32)  # in halves: a last tile of 5 rows, its last pair one feature
 B, D, H, H_kv, n = 16, 64, 9, 3, 512  # SmolLM2's heads; a 512-token prefill and a decode row
 data = f32_to_f16(rng.standard_normal((52, 1, 2, H_kv, B, D)).astype(np.float32))
 step = Step.of([([1] * n, 0, list(range(32))), ([1], 300, list(range(32, 51)))])
@@ -517,7 +518,9 @@ for t in (1, 2):
                     ("matmul8_f32, passes of 400, odd N", run(lambda *a: K.matmul8_f32(*a, 3, 400), X_long[:8], W.T[:21].copy())),
                     ("matmul_q4", q4.forward(X)),
                     ("matmul_q4, K = 1536", q4_long.forward(X_long)),
-                    ("matmul8_q4", q4.forward(X[:8])), ("attend_paged", PoolKv(data, step).attend(0, q)),
+                    ("matmul8_q4", q4.forward(X[:8])), ("matmul8_q4, K = 1536", q4_long.forward(X_long[:8])),
+                    ("matmul8_q4, six rows, N = 21", q4_odd.forward(X[:6])),
+                    ("attend_paged", PoolKv(data, step).attend(0, q)),
                     ("attend_paged, decodes", PoolKv(data, decodes).attend(0, q[:2])),
                     ("matvec_q8", q8.forward(X)), ("matmul8_q8", q8.forward(X[:8])),
                     ("matvec_q8, four features", run_q8(K.matvec_q8, X)), ("matvec1_q8", run_q8(K.matvec1_q8, X))):
