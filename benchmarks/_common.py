@@ -7,7 +7,6 @@ caches) and its roofline measured in the same run (`roofline`: read bandwidth an
 and N threads), so a reader can tell which machine a figure describes and how near its limit it is.
 """
 
-import ctypes
 import json
 import os
 import platform
@@ -21,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from tl_lab.machine import AVX2_ONLY
+from tl_lab.tuning import blas_core
 
 RESULTS = Path(__file__).resolve().parent / "results"
 STARTED = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M")
@@ -103,7 +103,7 @@ def check_held() -> None:
     it is held to: numpy's OpenBLAS must run its Haswell kernels, torch (when installed) AVX2's."""
     if held_to() is None:
         return
-    got = {"numpy's OpenBLAS": (openblas_core(), "Haswell")}
+    got = {"numpy's OpenBLAS": (blas_core(), "Haswell")}
     try:
         import torch
 
@@ -113,17 +113,6 @@ def check_held() -> None:
     bad = [f"{lib} runs {have} kernels, not {want}" for lib, (have, want) in got.items() if have != want]
     if bad:
         raise SystemExit(f"--as {held_to()}: " + "; ".join(bad))
-
-
-def openblas_core() -> str | None:
-    """The kernels numpy's OpenBLAS runs (its core name: "Haswell", "SkylakeX", ...), None if unknown."""
-    from tl_lab.tuning import _blas_fn
-
-    fn = _blas_fn("scipy_openblas_get_corename64_", "openblas_get_corename64_", "openblas_get_corename")
-    if fn is None:
-        return None
-    fn.restype = ctypes.c_char_p
-    return fn().decode()
 
 
 SGEMM_SHAPES = ((512, 576, 1536), (2048, 2048, 2048))

@@ -399,6 +399,12 @@ def llamacpp_python(given: str | None) -> str | None:
               "(CFLAGS/CXXFLAGS -mno-amx-tile -mno-amx-int8 -mno-amx-bf16 where AMX is not enabled), e.g. in a venv "
               "of its own, and pass --llamacpp-python that/venv/bin/python", file=sys.stderr)
         return None
+    if held_to():  # before anything is timed: a build that runs AVX-512 is not the peer of a held run
+        code = "import llama_cpp; print(llama_cpp.llama_print_system_info().decode())"
+        info = subprocess.run([py, "-c", code], capture_output=True, text=True, check=False).stdout.strip()
+        if "AVX512 = 1" in info:
+            raise SystemExit(f"--as {held_to()}: {py}'s llama.cpp runs AVX-512 ({info}); build llama-cpp-python "
+                             "for AVX2 only: CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_AVX512=OFF\"")
     return py
 
 
@@ -423,9 +429,6 @@ def measure_llamacpp(py: str, gguf: Path, threads: int, quick: bool) -> dict:
     cmd = [py, str(Path(__file__).with_name("_llamacpp.py")), str(gguf), str(threads), str(PREFILL), str(PROMPT),
            str(steps), str(rounds)]
     res = run_child([], cmd)
-    if held_to() and "AVX512 = 1" in res["system_info"]:
-        raise SystemExit(f"--as {held_to()}: {py}'s llama.cpp runs AVX-512 ({res['system_info']}); build "
-                         "llama-cpp-python for AVX2 only: CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_AVX512=OFF\"")
     return {**res, "weights_MB": gguf.stat().st_size / 2**20}
 
 

@@ -140,13 +140,13 @@ def test_a_held_run_measures_openblas_as_it_set_it_only(monkeypatch):
 def test_a_held_run_refuses_libraries_on_other_instructions(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)
     monkeypatch.setenv(common.HELD, "avx2")
-    monkeypatch.setattr(common, "openblas_core", lambda: "SkylakeX")
+    monkeypatch.setattr(common, "blas_core", lambda: "SkylakeX")
     with pytest.raises(SystemExit, match="--as avx2: numpy's OpenBLAS runs SkylakeX kernels, not Haswell"):
         common.check_held()
-    monkeypatch.setattr(common, "openblas_core", lambda: "Haswell")
+    monkeypatch.setattr(common, "blas_core", lambda: "Haswell")
     common.check_held()  # held as it should be
     monkeypatch.delenv(common.HELD)
-    monkeypatch.setattr(common, "openblas_core", lambda: "SkylakeX")
+    monkeypatch.setattr(common, "blas_core", lambda: "SkylakeX")
     common.check_held()  # the host's own run asks nothing
 
 
@@ -154,7 +154,7 @@ def test_the_held_environment_reaches_every_library():
     env = common.AS["avx2"]
     assert "avx512" not in env["NUMBA_CPU_FEATURES"] and "+avx2" in env["NUMBA_CPU_FEATURES"]
     assert env["OPENBLAS_CORETYPE"] == "Haswell" and env["ATEN_CPU_CAPABILITY"] == "avx2"
-    code = "import _common; _common.check_held(); print(_common.openblas_core())"  # torch too, where installed
+    code = "import _common; _common.check_held(); print(_common.blas_core())"  # torch too, where installed
     run = subprocess.run([sys.executable, "-c", code], cwd=common.RESULTS.parent, capture_output=True, text=True,
                          env={**os.environ, **env, common.HELD: "avx2"}, check=False)
     assert run.returncode == 0 and run.stdout.split() == ["Haswell"], run.stderr

@@ -72,3 +72,25 @@ def test_blas_threads_find_each_openblas_builds_names(monkeypatch):
         assert tuning.set_blas_threads(3) and tuning.blas_threads() == 3, set_name
     monkeypatch.setattr(tuning, "_openblas", lambda: None)
     assert tuning.set_blas_threads(3) is False and tuning.blas_threads() is None
+
+
+def test_blas_core_names_the_kernels_openblas_runs(monkeypatch):
+    """The core name OpenBLAS chose (this process's, a real name), the one OPENBLAS_CORETYPE asks for in
+    a fresh process, each build's function name found, and None without OpenBLAS."""
+    import os
+    import subprocess
+    import sys
+
+    from tl_lab import tuning
+
+    assert tuning.blas_core() and tuning.blas_core().isalnum()
+    code = "from tl_lab.tuning import blas_core; print(blas_core())"
+    run = subprocess.run([sys.executable, "-c", code], env={**os.environ, "OPENBLAS_CORETYPE": "Haswell"},
+                         capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == "Haswell"
+    for name in ("scipy_openblas_get_corename64_", "openblas_get_corename64_", "openblas_get_corename"):
+        lib = type("Lib", (), {name: staticmethod(lambda: b"Zen")})()
+        monkeypatch.setattr(tuning, "_openblas", lambda: lib)
+        assert tuning.blas_core() == "Zen", name
+    monkeypatch.setattr(tuning, "_openblas", lambda: None)
+    assert tuning.blas_core() is None

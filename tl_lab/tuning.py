@@ -10,7 +10,7 @@ import ctypes
 import glob
 import os
 
-__all__ = ["KEEP_FREED_BYTES", "keep_freed_memory", "set_blas_threads", "blas_threads"]
+__all__ = ["KEEP_FREED_BYTES", "keep_freed_memory", "set_blas_threads", "blas_threads", "blas_core"]
 
 
 def _openblas():
@@ -72,3 +72,13 @@ def blas_threads() -> int | None:
         return None
     fn.restype = ctypes.c_int
     return int(fn())
+
+
+def blas_core() -> str | None:
+    """The kernels numpy's OpenBLAS runs, by its core name ("Haswell", "SkylakeX", ...: chosen from the
+    processor at load, or from OPENBLAS_CORETYPE), or None when numpy's OpenBLAS is not found."""
+    fn = _blas_fn("scipy_openblas_get_corename64_", "openblas_get_corename64_", "openblas_get_corename")
+    if fn is None:
+        return None
+    fn.restype = ctypes.c_char_p
+    return fn().decode()
