@@ -11,6 +11,20 @@ def test_keep_freed_memory_tunes_glibc_and_only_glibc():
     assert keep_freed_memory() is (platform.libc_ver()[0] == "glibc")
 
 
+def test_keep_freed_memory_without_mallopt_says_it_did_nothing(monkeypatch):
+    """A C library without mallopt (musl, macOS), or none to open: False, and nothing raised."""
+    from tl_lab import tuning
+
+    monkeypatch.setattr(tuning.ctypes, "CDLL", lambda name: object())  # no mallopt: AttributeError
+    assert tuning.keep_freed_memory() is False
+
+    def no_libc(name):
+        raise OSError("no C library")
+
+    monkeypatch.setattr(tuning.ctypes, "CDLL", no_libc)
+    assert tuning.keep_freed_memory() is False
+
+
 def test_keep_freed_memory_asks_for_both_thresholds(monkeypatch):
     """The two mallopt calls, each with its parameter's number and size: the mmap threshold (-3) at
     KEEP_FREED_BYTES, the trim threshold (-1) at twice that; -> True only when both are accepted."""

@@ -315,6 +315,8 @@ EQUIVALENT = [
      "the mutant is switched on (a fresh process would call None and fail)"),
     ("tuning", "_blas_fn: `... if lib is not None else None` -> `... if (lib is not None) or True else None`",
      "getattr(None, name, None) is None too: the same answer"),
+    ("tuning", "set_blas_threads: `fn.argtypes = [ctypes.c_int]` -> `None`",
+     "without argtypes ctypes passes a Python int as a C int all the same: the same call"),
     ("widening", "Arena.__init__: the map's flags (private, anonymous) left to mmap's default (shared)",
      "the same zeroed memory either way; private is what lets the kernel back it with 2 MiB pages, a "
      "speed no test times (benchmarks/ measure it)"),
