@@ -46,6 +46,8 @@ SHOWN = [
     ("tuning", "the process tuning", "s43-new-modules", "s43-new-modules-after-rerun",
      "the first run's 9 tried of 40: under GNU OpenMP a forked run hung at its first parallel kernel; "
      "the runs since are on numba's fork-safe workqueue layer"),
+    ("tuning", "the process tuning", "s49-tuning", "s49-tuning-after",
+     "all of it again, after `blas_core` (the benchmarks' check of OpenBLAS's kernels); the 2 left are equivalent"),
     ("pipeline", "the pipelined prefill", "s44-new-modules", "s44-new-modules-rerun",
      "on numba's TBB layer (`pip install 'tbb<2023'`): two Python threads launch kernels"),
     ("fp8", "the fp8 numbers", "s44-new-modules", "s44-new-modules-rerun", ""),
