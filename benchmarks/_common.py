@@ -100,14 +100,16 @@ def hold_to(isa: str, argv: list[str]) -> None:
 
 def check_held() -> None:
     """Refuse (SystemExit naming the library) a held run whose libraries do not run the instructions
-    it is held to: numpy's OpenBLAS must run its Haswell kernels, torch (when installed) AVX2's."""
+    it is held to: numpy's OpenBLAS the kernels its OPENBLAS_CORETYPE names, torch (when installed)
+    those its ATEN_CPU_CAPABILITY names."""
     if held_to() is None:
         return
-    got = {"numpy's OpenBLAS": (blas_core(), "Haswell")}
+    env = AS[held_to()]
+    got = {"numpy's OpenBLAS": (blas_core(), env["OPENBLAS_CORETYPE"])}
     try:
         import torch
 
-        got["torch"] = (torch.backends.cpu.get_cpu_capability(), "AVX2")
+        got["torch"] = (torch.backends.cpu.get_cpu_capability(), env["ATEN_CPU_CAPABILITY"].upper())
     except ImportError:
         pass
     bad = [f"{lib} runs {have} kernels, not {want}" for lib, (have, want) in got.items() if have != want]
