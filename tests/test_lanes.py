@@ -53,6 +53,21 @@ def test_transpose16_moves_one_block_transposed_and_nothing_else():
     assert np.array_equal(dst, want)
 
 
+def test_transpose16_of_f16_bits_widens_them_exactly_as_it_moves_them():
+    """A uint16 source is f16 bits (the KV pool's keys): the block lands transposed and widened,
+    every f16 exactly its float32, the specials included; other dtypes are refused when compiled."""
+    rng = np.random.default_rng(3)
+    half = rng.standard_normal((40, 50)).astype(np.float16)
+    half[4, 9], half[10, 8], half[17, 20] = np.inf, -0.0, np.float16(6e-8)  # inf, -0 and a subnormal inside the block
+    dst = np.full((30, 60), -1.0, np.float32)
+    _transpose_at(half.view(np.uint16), 3, 7, dst, 5, 11)
+    want = np.full_like(dst, -1.0)
+    want[5:21, 11:27] = half[3:19, 7:23].astype(np.float32).T
+    assert np.array_equal(dst.view(np.uint32), want.view(np.uint32))
+    with pytest.raises(TypeError, match="float32 or f16 bits"):
+        _transpose_at(np.zeros((16, 16), np.int32), 0, 0, dst, 0, 0)
+
+
 def test_a_dot_product_adds_in_lanes_then_folds_in_halves():
     """Lane l adds x[k] w[k] for k = l, l + 16, ... one fused multiply-add at a time; the lanes
     fold l + 8 onto l, then l + 4, l + 2, l + 1. Emulated here with numpy (each product exact in

@@ -1336,21 +1336,40 @@ def _widen_seq(data, layer, table, g, L, kT, k0, c0, vals, v0, tail):  # pragma:
     """Keys and values 0 .. L - 1 of KV head g, widened from the pool's f16 (exact): value j into
     vals[v0 + j] (a row, as the weighted sum reads it), key j into column c0 + j of kT's rows
     k0 .. k0 + D - 1 (transposed, as `_scores` reads it: sixteen keys' dimension d in one vector).
-    Read block by block, the next block asked for while one is widened."""
+    Read block by block, the next block asked for while one is widened.
+
+    The keys go sixteen at a time: straight from their block into kT where the sixteen lie in one
+    block and D is whole steps (`vtranspose16` widens them as it loads), else through sixteen rows of
+    their own, the rows past L zeros (scored, never used: zeros keep them ordinary numbers). Every
+    key widened into rows first and transposed after had passed through a buffer the size of kT,
+    out of the L1 cache."""
     D = vals.shape[1]
     B = data.shape[4]
-    krows = np.empty((_steps(L), D), dtype=np.float32)  # the keys as rows first
-    krows[L:] = 0.0  # the last step's rows past L: scored, never used (zeros keep them ordinary numbers)
     for blk in range((L + B - 1) // B):
-        kb, vb = data[table[blk], layer, 0, g], data[table[blk], layer, 1, g]  # (B, D) f16 bits, in place
+        vb = data[table[blk], layer, 1, g]  # (B, D) f16 bits, in place
         if (blk + 1) * B < L:  # a block sits far from the next one: ask for the next now
             _prefetch_block(data[table[blk + 1], layer, 0, g])
             _prefetch_block(data[table[blk + 1], layer, 1, g])
         for jj in range(min(B, L - blk * B)):
             for d in range(0, D, LANES):
                 _store(vals, v0 + blk * B + jj, d, tail, _load_f16(vb, jj, d, tail))
-                _store(krows, blk * B + jj, d, tail, _load_f16(kb, jj, d, tail))
-    _transpose(krows, kT, k0, c0, tail)
+    rows = np.empty((LANES, D), dtype=np.float32)
+    for j0 in range(0, L, LANES):
+        slot = j0 % B
+        if len(tail) == 0 and j0 + LANES <= L and slot + LANES <= B:  # sixteen keys of one block
+            keys = data[table[j0 // B], layer, 0, g]
+            for d in range(0, D, LANES):
+                vtranspose16(keys, slot, d, kT, k0 + d, c0 + j0)
+            continue
+        for jj in range(LANES):
+            j = j0 + jj
+            if j >= L:
+                rows[jj] = 0.0
+                continue
+            keys = data[table[j // B], layer, 0, g]
+            for d in range(0, D, LANES):
+                _store(rows, jj, d, tail, _load_f16(keys, j % B, d, tail))
+        _transpose(rows, kT, k0, c0 + j0, tail)
 
 
 @njit(inline="always", cache=True)

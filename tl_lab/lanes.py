@@ -60,6 +60,7 @@ __all__ = ["LANES", "HALF", "F32x16", "F32x8", "vzero8", "vload8", "vfma8", "vjo
 LANES = 16
 _VEC = ir.VectorType(ir.FloatType(), LANES)
 _I32 = ir.IntType(32)
+_F16_BITS = ir.VectorType(ir.IntType(16), LANES)  # sixteen f16 values' bits
 
 
 class F32x16(types.Type):
@@ -257,17 +258,25 @@ prefetch_l2 = _prefetch(2)
 @intrinsic
 def vtranspose16(typingctx, src, i, k, dst, r, c):
     """dst[r + a, c + b] = src[i + b, k + a] for a, b = 0 .. 15: a 16 x 16 block of float32 moved
-    transposed (both C-contiguous 2-D float32, unchecked like `vload`). Sixteen loads, four rounds of
-    sixteen two-vector shuffles (each round swaps the off-diagonal blocks of size 8, 4, 2, 1), and
-    sixteen stores: a quarter of an instruction per value, where one value at a time took two."""
-    _check_2d(src)
+    transposed (both C-contiguous 2-D, unchecked like `vload`; src float32, or uint16 f16 bits widened
+    as they are loaded, as `vload_f16` does: attention's keys straight from the pool). Sixteen loads,
+    four rounds of sixteen two-vector shuffles (each round swaps the off-diagonal blocks of size 8,
+    4, 2, 1), and sixteen stores: a quarter of an instruction per value, where one value at a time
+    took two."""
+    _check_2d(src, None)
+    if src.dtype not in (types.float32, types.uint16):
+        raise TypeError(f"vtranspose16 reads float32 or f16 bits (uint16), got {src}")
     _check_2d(dst)
+    bits = src.dtype == types.uint16
 
     def codegen(context, builder, sig, args):
         rows = []
         for b in range(LANES):
             ptr, _ = _item_pointer(context, builder, sig.args[0], args[0], builder.add(args[1], ir.Constant(args[1].type, b)), args[2])
-            rows.append(builder.load(builder.bitcast(ptr, _VEC.as_pointer()), align=4))
+            if bits:
+                rows.append(_widen_f16(builder, builder.load(builder.bitcast(ptr, _F16_BITS.as_pointer()), align=2)))
+            else:
+                rows.append(builder.load(builder.bitcast(ptr, _VEC.as_pointer()), align=4))
         size = LANES // 2
         while size >= 1:  # rows x = rows[a], y = rows[a + size] with a's bit `size` clear
             for a in range(LANES):
@@ -337,7 +346,7 @@ def vload_f16(typingctx, arr, i, k):
 
     def codegen(context, builder, sig, args):
         ptr, _ = _item_pointer(context, builder, sig.args[0], args[0], args[1], args[2])
-        bits = builder.load(builder.bitcast(ptr, ir.VectorType(ir.IntType(16), LANES).as_pointer()), align=2)
+        bits = builder.load(builder.bitcast(ptr, _F16_BITS.as_pointer()), align=2)
         return _widen_f16(builder, bits)
 
     return f32x16(arr, i, k), codegen
