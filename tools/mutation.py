@@ -153,6 +153,9 @@ KERNEL_MUTANTS = [
      "_keep_or_store82(part, nb, y, n0, a, b, c1 < K)", "_keep_or_store82(part, nb, y, n0, a, b, False)"),
     ("the next block's keys not prefetched (speed only: an equivalent mutant)", "tl_lab/kernels.py",
      "if (blk + 1) * B < L:", "if False:"),
+    ("attention's keys: sixteen transposed straight from a block that holds fewer", "tl_lab/kernels.py",
+     "slot + LANES <= B:", "slot + LANES <= 2 * B:"),
+    ("the transpose reads f16 bits as float32", "tl_lab/lanes.py", "            if bits:", "            if False:"),
 ]
 
 
