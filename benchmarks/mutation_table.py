@@ -94,6 +94,8 @@ SHOWN = [
      "untried: `reference_against_hf`, which starts a process; a bug found and mended (the learner's line)"),
     ("kernels (hand-written)", "the compiled kernels' hand-written mutants", None, "s42-all-kernels",
      "all on one commit; the survivor leaves out a prefetch, which changes only the speed"),
+    ("kernels (hand-written)", "the compiled kernels' hand-written mutants", None, "s50-kernels",
+     "the two written for attention's keys transposed straight from the pool"),
 ]
 """The rows of the table, in the chapter's order, then the tooling around it."""
 
