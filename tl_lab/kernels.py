@@ -1336,7 +1336,8 @@ def _widen_seq(data, layer, table, g, L, kT, k0, c0, vals, v0, tail):  # pragma:
     """Keys and values 0 .. L - 1 of KV head g, widened from the pool's f16 (exact): value j into
     vals[v0 + j] (a row, as the weighted sum reads it), key j into column c0 + j of kT's rows
     k0 .. k0 + D - 1 (transposed, as `_scores` reads it: sixteen keys' dimension d in one vector).
-    Read block by block, the next block asked for while one is widened.
+    Two passes: the values block by block, the next block's keys and values asked for while one
+    block's values are widened; then the keys, which those asks have brought into the caches.
 
     The keys go sixteen at a time: straight from their block into kT where the sixteen lie in one
     block and D is whole steps (`vtranspose16` widens them as it loads), else through sixteen rows of
