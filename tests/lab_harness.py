@@ -8,7 +8,7 @@ measured on these machines).
     with Lab(scratch) as lab, chromium() as browser:
         page = lab.open(browser, "07_sampler.ipynb")
         lab.run_all(page)
-        act(page, Act("pg = SamplerPlayground()", "slider", "top-k", watch=".tl-token", expect="{1, 2, 3}"))
+        act(page, Act("pg = SamplerPlayground(yours=", "slider", "top-k", watch=".tl-token", expect="{1, 2, 3}"))
 """
 
 from __future__ import annotations

@@ -34,13 +34,12 @@ class Shot:
 
 
 SHOTS = [
-    Shot("sampler_playground.png", "07_sampler.ipynb", "pg = SamplerPlayground()",
-         (Act("pg = SamplerPlayground()", "slider", "top-k", watch=".tl-token", expect="kept 3 of 5"),)),
-    Shot("kv_block_map.png", "04_kv_pool.ipynb", "bm = BlockMap()",
-         (Act("bm = BlockMap()", "click", "reset", watch=".widget-html"),
-          Act("bm = BlockMap()", "click", "next", watch=".widget-html"),
-          Act("bm = BlockMap()", "click", "next", watch=".widget-html"),
-          Act("bm = BlockMap()", "type", "position", "9", watch=".tl-where, .tl-message", expect="pool block 2"))),
+    Shot("sampler_playground.png", "07_sampler.ipynb", "pg = SamplerPlayground(yours=",
+         (Act("pg = SamplerPlayground(yours=", "slider", "top-k", watch=".tl-token", expect="kept 3 of 5"),)),
+    Shot("kv_block_map.png", "04_kv_pool.ipynb", "bm = BlockMap(yours=",
+         (Act("bm = BlockMap(yours=", "click", "next", watch=".widget-html", expect="Step 1 of 5"),  # Run All leaves step 0
+          Act("bm = BlockMap(yours=", "click", "next", watch=".widget-html"),
+          Act("bm = BlockMap(yours=", "type", "position", "9", watch=".tl-where, .tl-message", expect="pool block 2"))),
     Shot("numbers.png", "03_numbers.ipynb", "numbers = NumbersWidget(",
          (Act("numbers = NumbersWidget(", "type", "x =", "0.1", watch=".widget-html", expect="0x2E66"),)),
     Shot("pitfall_lab.png", "10_pitfalls.ipynb", 'lab = PitfallLab("s13")',
