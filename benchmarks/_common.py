@@ -27,6 +27,14 @@ STARTED = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M")
 """When this benchmark's process began (UTC): a run's name, the minute it started."""
 
 
+def no_options(doc: str, argv: list[str] | None = None) -> None:
+    """The command line of a benchmark that takes no options: --help prints its docstring's first
+    paragraph and exits, anything else is refused (exit 2) before it measures or writes a result."""
+    import argparse
+
+    argparse.ArgumentParser(description=doc.strip().split("\n\n")[0]).parse_args(argv)
+
+
 def timeit(fn, *, repeat: int = 5, min_time: float = 0.2) -> float:
     """Best-of-`repeat` seconds per call, each sample looping until `min_time` has passed."""
     fn()  # warm-up: page in weights, fill caches

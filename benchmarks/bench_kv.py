@@ -10,7 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import current_rss_mb, report, timeit  # noqa: E402
+from _common import current_rss_mb, no_options, report, timeit  # noqa: E402
 
 from tl_lab.kv import KvCfg, KvPool, prefix_hash  # noqa: E402
 
@@ -92,6 +92,7 @@ def envelope_rows(shape: dict, label: str, n: int = 8) -> list[dict]:
 
 
 def main():
+    no_options(__doc__)
     rows = pool_rows(100) + pool_rows(100_000)
     rows += envelope_rows(SMALL, "B16 L1 H1 D8") + envelope_rows(SMOLLM2, "B16 L30 H3 D64 (SmolLM2)")
     toks = list(range(16))

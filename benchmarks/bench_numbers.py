@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import current_rss_mb, report, timeit  # noqa: E402
+from _common import current_rss_mb, no_options, report, timeit  # noqa: E402
 
 from tl_lab.q8 import Q8Linear  # noqa: E402
 from tl_lab.quant import QLinear, bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16  # noqa: E402
@@ -64,6 +64,7 @@ def qlinear_rows(rng) -> list[dict]:
 
 
 def main() -> None:
+    no_options(__doc__)
     rng = np.random.default_rng(0)
     rows = conversion_rows(rng) + qlinear_rows(rng)
     notes = (

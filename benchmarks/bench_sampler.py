@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import report, timeit  # noqa: E402
+from _common import no_options, report, timeit  # noqa: E402
 
 from tl_lab.sample import SamplingParams, exp_backend, sample, sample_trace, stream  # noqa: E402
 from tl_lab.sample_reference import sample_reference  # noqa: E402
@@ -37,6 +37,7 @@ def logits_row(seed: int = 0) -> np.ndarray:
 
 
 def main() -> None:
+    no_options(__doc__)
     x = logits_row()
     g = np.random.default_rng(1)
     prompt, output = g.integers(0, V, 200).tolist(), g.integers(0, V, 100).tolist()

@@ -158,3 +158,17 @@ def test_the_held_environment_reaches_every_library():
     run = subprocess.run([sys.executable, "-c", code], cwd=common.RESULTS.parent, capture_output=True, text=True,
                          env={**os.environ, **env, common.HELD: "avx2"}, check=False)
     assert run.returncode == 0 and run.stdout.split() == ["Haswell"], run.stderr
+
+
+def test_every_benchmark_answers_help_and_refuses_a_wrong_option_before_measuring():
+    """`--help` prints what a benchmark does; an option it does not take is refused (exit 2). Neither
+    measures nor writes a result (three benchmarks had ignored their arguments and run in full)."""
+    results = common.RESULTS
+    before = {p: p.stat().st_mtime_ns for p in results.rglob("*")}
+    for script in sorted(results.parent.glob("bench_*.py")):
+        for arg, code, stream in (("--help", 0, "stdout"), ("--no-such-option", 2, "stderr")):
+            run = subprocess.run([sys.executable, str(script), arg], cwd=results.parent, capture_output=True,
+                                 text=True, timeout=60)
+            assert run.returncode == code, (script.name, arg, run.stderr[-500:])
+            assert "usage:" in getattr(run, stream), (script.name, arg)
+    assert {p: p.stat().st_mtime_ns for p in results.rglob("*")} == before
