@@ -28,6 +28,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -504,8 +505,10 @@ def main(argv=None) -> None:
     ap.add_argument("--only", nargs="*", default=[], help="probes whose item or name holds one of these words")
     ap.add_argument("--compare", metavar="JSON", help="an earlier run's results (the code before a change): "
                     "its seconds and MB become each row's before_seconds and before_MB")
-    ap.add_argument("--out", default="probes", help="the results file's name (default probes)")
+    ap.add_argument("--out", default="probes", help="the results file's name (default probes): results/<name>.json")
     args = ap.parse_args(argv)
+    if not re.fullmatch(r"[\w.-]+", args.out) or args.out.endswith(".json"):
+        ap.error(f"--out takes a name, not a path or a file name: {args.out!r} (results/<name>.json is written)")
     probes = [p for p in PROBES if not args.only or any(w in p.item or w in p.name for w in args.only)]
     t0 = time.time()
     rows = run_all(probes, args.repeat)

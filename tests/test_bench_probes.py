@@ -35,3 +35,12 @@ def test_a_wrong_answer_is_reported(tmp_path):
     assert not row["ok"]
     assert row["problems"][:3] == ["exit 0, expected 1", "0 stderr lines, expected 1", "stderr lacks ['nope']"]
     assert row["problems"][3].startswith("changed ['x']"), row["problems"]
+
+
+@pytest.mark.parametrize("out", ["/tmp/elsewhere.json", "probes.json", "sub/probes", ""])
+def test_out_is_a_results_name_and_a_path_is_refused_before_any_probe_runs(out, capsys):
+    """--out names results/<name>.json; a path had been joined onto results/ as it came (an absolute
+    one written outside it, as <path>.json)."""
+    with pytest.raises(SystemExit) as stop:
+        bench.main(["--out", out, "--only", "no probe is called this"])
+    assert stop.value.code == 2 and "--out takes a name" in capsys.readouterr().err
