@@ -401,6 +401,37 @@ def test_the_measured_kernels_are_measured_once_and_are_each_kinds_kernels():
             assert [args[1].shape for args, _ in calls[:4]] == list(K.LAYER)
 
 
+def test_a_weight_that_fits_the_l2_cache_starts_no_probe_and_a_larger_one_does(monkeypatch):
+    """A tiny model's products run each kind's first candidate untimed (`UNPROBED`): the probe's
+    weights, twice the last-level cache, had been most of a tiny chat's memory. The first weight
+    of `UNPROBED` bytes or more starts it, as before; the bits are the same either way."""
+    import tl_lab.kernels as K
+
+    probed = []
+
+    def probe(kind):
+        probed.append(kind)
+        x, W = np.ones((8 if kind == "f32x8" else 1, 64), np.float32), np.ones((32, 64), np.float32)
+        return [((x, W, np.empty((x.shape[0], 32), np.float32)), {})]  # f32 kinds only: no q8 weight is large here
+
+    monkeypatch.setattr(K, "_CHOSEN", {})
+    monkeypatch.setattr(K, "_stream_probe", probe)
+    rng = np.random.default_rng(11)
+    small = rng.standard_normal((64, 576)).astype(np.float32)
+    assert small.nbytes < K.UNPROBED
+    x8 = rng.standard_normal((8, 576)).astype(np.float32)
+    x1 = x8[:1]
+    head = Q8Linear.quantize(small, group=32)
+    got = K.product_f32(x1, small), K.product_f32(x8, small), head.forward(x1)
+    assert probed == [] and K._CHOSEN == {}
+    assert np.array_equal(got[0], _run(matvec_f32, x1, small)) and np.array_equal(got[1][:1], got[0])
+    assert np.array_equal(got[2], K.product_f32(x1, head.dequantize()))
+    big = np.ones((K.UNPROBED // (4 * 576) + 1, 576), np.float32)
+    K.product_f32(x1, big)
+    K.product_f32(x8, big)
+    assert probed == ["f32", "f32x8"] and set(K._CHOSEN) == {"f32", "f32x8"}
+
+
 def test_a_choice_asks_its_bytes_ahead_in_whole_rows_and_never_changes_the_bits():
     """`Choice` hands the kernel its bytes ahead as weight rows (at least one); asking ahead moves
     no sum, so every distance gives the bits of the kernel asking nothing."""

@@ -46,7 +46,9 @@ system or measured while running:
   `matmul8_f32` read 11 GB/s asking one block ahead into L1 only and 18-20 GB/s asking 16 KB ahead
   into L2 as well (now a line a step, `_prefetch_rows`), while the f32 one-row pass read fastest
   asking nothing ahead, and the int8 head's four-feature pass, asking 16 or 32 KB ahead, overtook
-  its one-feature pass (2.2 -> 1.9 ms at 1 thread, 1.5 -> 1.2 at 2);
+  its one-feature pass (2.2 -> 1.9 ms at 1 thread, 1.5 -> 1.2 at 2). Both are timed at the first
+  weight of at least `UNPROBED` bytes (this core's L2 cache); a smaller one, which no step reads
+  from memory, runs the first candidate untimed (a tiny model's chat: 231 -> 167 MB at its peak);
 - the pages the f32 weights lie in: 2 MiB where the OS has them (`widening.Arena` asks for them,
   madvise; the system's transparent_hugepage setting decides), else 4 KB. On processor E
   `matvec1_f32` read a weight at 24.4 GB/s in 4 KB pages and 30.7 in 2 MiB ones at 1 thread (31.0
@@ -1584,7 +1586,7 @@ def product_f32(x: np.ndarray, W: np.ndarray) -> np.ndarray:
     xp, Wp = lanes_ready(padded_rows(x, 8 if eight else ROWS), W)
     y = np.empty((xp.shape[0], W.shape[0]), dtype=np.float32)
     if eight:
-        eight_rows_f32()(xp, Wp, y, cols=x_cols(x.shape[1]))
+        eight_rows_f32(Wp.nbytes)(xp, Wp, y, cols=x_cols(x.shape[1]))
     else:
         matmul_f32(xp, Wp, y, cols=0 if WIDE else cols34(xp.shape[1]))
     return y[:M]
@@ -1595,7 +1597,7 @@ def rows_f32(x: np.ndarray, W: np.ndarray) -> np.ndarray:
     x: (M, K), W: (N, K) float32 -> (M, N) float32."""
     x, W = lanes_ready(x, W)
     y = np.empty((x.shape[0], W.shape[0]), dtype=np.float32)
-    _split(one_row("f32"), W.nbytes, x, W, y)
+    _split(one_row("f32", W.nbytes), W.nbytes, x, W, y)
     return y
 
 
@@ -1632,27 +1634,40 @@ class Choice(NamedTuple):
 _CHOSEN: dict = {}  # kind -> the Choice `_measured` timed fastest, once a process
 
 
-def _measured(kind: str) -> Choice:
+UNPROBED = cache_bytes(2) or 1 << 20
+"""Weights under this many bytes (this core's L2 cache, `machine.cache_bytes`) are multiplied with
+each kind's first candidate while nothing is chosen yet, and never start the probe: it times
+reading from memory, which a weight that fits the L2 cache is not, and it costs its weights,
+twice the last-level cache (a tiny model's first step on processor E took 119 MB and 0.6 s for
+a few KB of weights). SmolLM2's weights are all larger (its stacked q, k, v, the first product a
+step makes, 2.2 MB in float32), so its choices are timed as before."""
+
+
+def _measured(kind: str, nbytes: float = math.inf) -> Choice:
     """The fastest Choice of `kind` on this machine, timed once a process (`faster_of`) on reads from
-    memory (`_stream_probe`) and kept: "f32" and "q8" one row, "f32x8" eight rows."""
+    memory (`_stream_probe`) and kept: "f32" and "q8" one row, "f32x8" eight rows. For a weight of
+    nbytes under `UNPROBED` with nothing kept yet: the first candidate, untimed."""
+    kernels = {"f32": (matvec_f32, matvec1_f32), "q8": (matvec_q8, matvec1_q8), "f32x8": (matmul8_f32,)}[kind]
+    if kind not in _CHOSEN and nbytes < UNPROBED:
+        return Choice(kernels[0])
     if kind not in _CHOSEN:
-        kernels = {"f32": (matvec_f32, matvec1_f32), "q8": (matvec_q8, matvec1_q8), "f32x8": (matmul8_f32,)}[kind]
         _CHOSEN[kind] = faster_of([Choice(k, a) for k in kernels for a in AHEAD], _stream_probe(kind))
     return _CHOSEN[kind]
 
 
-def one_row(kind: str) -> Choice:
-    """The one-row kernel this machine reads a weight fastest with, of `kind`, and how far ahead it
-    asks for the weight (`AHEAD`): "f32", `matvec_f32` (four features a pass) or `matvec1_f32`
-    (one); "q8", `matvec_q8` or `matvec1_q8`. Timed on the first call of a process (`faster_of`, on
-    weights twice the last-level cache, 16 to 96 MB, read as a step reads them (`_stream_probe`), at
-    1 thread: the three kinds 0.6 s on processor E) and kept. The same bits either way."""
-    return _measured(kind)
+def one_row(kind: str, nbytes: float = math.inf) -> Choice:
+    """The one-row kernel this machine reads a weight of nbytes fastest with, of `kind`, and how far
+    ahead it asks for the weight (`AHEAD`): "f32", `matvec_f32` (four features a pass) or
+    `matvec1_f32` (one); "q8", `matvec_q8` or `matvec1_q8`. Timed on the first call of a process
+    with a weight of at least `UNPROBED` bytes (`faster_of`, on weights twice the last-level cache,
+    16 to 96 MB, read as a step reads them (`_stream_probe`), at 1 thread: the three kinds 0.6 s on
+    processor E) and kept. The same bits either way."""
+    return _measured(kind, nbytes)
 
 
-def eight_rows_f32() -> Choice:
-    """`matmul8_f32` and how far ahead it asks for the weight (`AHEAD`), timed as `one_row` is."""
-    return _measured("f32x8")
+def eight_rows_f32(nbytes: float = math.inf) -> Choice:
+    """`matmul8_f32` and how far ahead it asks for a weight of nbytes (`AHEAD`), timed as `one_row` is."""
+    return _measured("f32x8", nbytes)
 
 
 LAYER = ((960, 576), (576, 576), (3072, 576), (576, 1536))
@@ -1767,7 +1782,8 @@ def product_q8(x: np.ndarray, Q: np.ndarray, scales: np.ndarray, f16: np.ndarray
     if eight:
         matmul8_q8(xp, _c(Q), _c(scales), f16, y)
     else:
-        _split(one_row("q8"), Q.nbytes + scales.nbytes, xp, _c(Q), _c(scales), f16, y)
+        nbytes = Q.nbytes + scales.nbytes
+        _split(one_row("q8", nbytes), nbytes, xp, _c(Q), _c(scales), f16, y)
     return y[:M]
 
 
