@@ -1647,11 +1647,12 @@ def _measured(kind: str, nbytes: float = math.inf) -> Choice:
     """The fastest Choice of `kind` on this machine, timed once a process (`faster_of`) on reads from
     memory (`_stream_probe`) and kept: "f32" and "q8" one row, "f32x8" eight rows. For a weight of
     nbytes under `UNPROBED` with nothing kept yet: the first candidate, untimed."""
+    if kind in _CHOSEN:  # every product after the first: nothing more to do
+        return _CHOSEN[kind]
     kernels = {"f32": (matvec_f32, matvec1_f32), "q8": (matvec_q8, matvec1_q8), "f32x8": (matmul8_f32,)}[kind]
-    if kind not in _CHOSEN and nbytes < UNPROBED:
+    if nbytes < UNPROBED:
         return Choice(kernels[0])
-    if kind not in _CHOSEN:
-        _CHOSEN[kind] = faster_of([Choice(k, a) for k in kernels for a in AHEAD], _stream_probe(kind))
+    _CHOSEN[kind] = faster_of([Choice(k, a) for k in kernels for a in AHEAD], _stream_probe(kind))
     return _CHOSEN[kind]
 
 
