@@ -305,6 +305,12 @@ class Act:
         return f"{self.do} {self.target!r}" + (f" = {self.value!r}" if self.value else "")
 
 
+def code_sources(notebook: str) -> list[str]:
+    """The sources of notebooks/<notebook>'s code cells, in order, as the page shows them."""
+    cells = json.loads((ROOT / "notebooks" / notebook).read_text(encoding="utf-8"))["cells"]
+    return ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+
+
 def cell_output(page, cell: str):
     """The output area of the code cell whose source contains `cell`."""
     code = page.locator(".jp-CodeCell").filter(has=page.locator(".jp-InputArea", has_text=cell))

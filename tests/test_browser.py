@@ -19,8 +19,8 @@ import pytest
 
 from conftest import need
 from tl_lab.sample import stream
-from lab_harness import (ROOT, Act, Lab, LabError, act, chromium, cut_labels, cut_off, errors, n_widgets, rss_mb,
-                         sections, shoot, shoot_code_cell)
+from lab_harness import (ROOT, Act, Lab, LabError, act, chromium, code_sources, cut_labels, cut_off, errors, n_widgets,
+                         rss_mb, sections, shoot, shoot_code_cell)
 
 pytestmark = pytest.mark.browser
 
@@ -156,9 +156,9 @@ def pictures_are_on_the_page(page, name: str) -> None:
     outputs: a figure shown as its text "<Figure size 750x320 with 1 Axes>" has none (issue 19). A
     screenshot of each picture cell goes under scratch/browser/<notebook>/sections/."""
     cells = sections(page)
-    sources = [c["source"] for c in json.loads((ROOT / "notebooks" / name).read_text())["cells"] if c["cell_type"] == "code"]
+    sources = code_sources(name)
     assert len(sources) == len(cells), (len(sources), len(cells))
-    drawing = {c["section"] for c, src in zip(cells, sources) if DRAWS.search("".join(src))}
+    drawing = {c["section"] for c, src in zip(cells, sources) if DRAWS.search(src)}
     missing = [sec for sec in drawing if not any(c["image"] for c in cells if c["section"] == sec)]
     assert not missing, f"{name}: sections that draw but show no image: {missing}"
     for c in cells:

@@ -5,24 +5,18 @@ a browser, so a notebook edit that renames a widget's cell fails here, not only 
 runs the tool (the sampler's picture had pointed at a cell the learner-workflow change renamed).
 """
 
-import json
-
 import pytest
 
 from conftest import tool
+from lab_harness import code_sources
 from tl_lab.paths import REPO_ROOT
 
 SHOTS = tool("screenshots").SHOTS
 
 
-def _code_cells(notebook: str) -> list[str]:
-    cells = json.loads((REPO_ROOT / "notebooks" / notebook).read_text(encoding="utf-8"))["cells"]
-    return ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
-
-
 @pytest.mark.parametrize("shot", SHOTS, ids=[s.png for s in SHOTS])
 def test_each_picture_names_one_code_cell_of_its_notebook_for_itself_and_every_act(shot):
-    code = _code_cells(shot.notebook)
+    code = code_sources(shot.notebook)
     for cell in (shot.cell, *(a.cell for a in shot.then)):
         found = sum(cell in src for src in code)
         assert found == 1, f"{shot.png}: {found} code cells of {shot.notebook} contain {cell!r}"
