@@ -18,6 +18,11 @@ from tl_lab.paths import FORMATS_DIR
 __all__ = ["CONFIG_SCHEMA_PATH", "config_schema", "validate_config"]
 
 CONFIG_SCHEMA_PATH = FORMATS_DIR / "config.schema.json"
+# JSON values in a config.json, counted before the schema walks them: SmolLM2's has about 50 (its chat
+# template is one string). jsonschema builds an error object, a few KB, for each bad value, and checks
+# every item of eos_token_id against each branch of its oneOf: a million ids in a 4 MB file took 7 s
+# to accept and 33 s and 3 GB to refuse.
+MAX_CONFIG_VALUES = 10_000
 
 
 @cache
@@ -69,7 +74,9 @@ def config_schema() -> dict:
 
 
 def validate_config(raw) -> None:
-    """Raise ConfigError listing every schema violation, each naming its field."""
+    """Raise ConfigError listing every schema violation, each naming its field (after
+    `_check_value_count`: no more than MAX_CONFIG_VALUES values reach the validator)."""
+    _check_value_count(raw)
     validator = _schema_validator()  # first: it imports jsonschema without its slow optional part
     from jsonschema.exceptions import best_match
     errors = sorted(validator.iter_errors(raw), key=lambda e: (list(map(str, e.absolute_path)), e.message))
@@ -77,6 +84,31 @@ def validate_config(raw) -> None:
         return
     lines = [_describe(best_match([e]), validator.schema) for e in errors]
     raise ConfigError("config.json refused: " + "; ".join(dict.fromkeys(lines)))
+
+
+def _check_value_count(raw) -> None:
+    """Refuse a config.json of more than MAX_CONFIG_VALUES JSON values, naming the top-level field that
+    passes the limit; counted a container at a time, stopping there (a million ids cost no walk)."""
+    items = raw.items() if isinstance(raw, dict) else [("(the whole file)", raw)]
+    count = 0
+    for key, value in items:
+        count += 1 + _values_in(value, MAX_CONFIG_VALUES - count)
+        if count > MAX_CONFIG_VALUES:
+            raise ConfigError(
+                f"config.json refused: {key} takes it past {MAX_CONFIG_VALUES:,} JSON values (a real one "
+                "has about 50); refused before checking it against the schema")
+
+
+def _values_in(value, budget: int) -> int:
+    """The values nested in `value` (lists and objects, at any depth), counted until past `budget`."""
+    n, stack = 0, [value]
+    while stack and n <= budget:
+        v = stack.pop()
+        inner = list(v.values()) if isinstance(v, dict) else v if isinstance(v, list) else []
+        n += len(inner)
+        if n <= budget:
+            stack.extend(inner)
+    return n
 
 
 def _js(value) -> str:
