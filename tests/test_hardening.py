@@ -308,6 +308,29 @@ def test_chat_refuses_one_line_that_cannot_fit_or_is_not_utf8_and_goes_on(capsys
     assert err.count("[4 tokens, finish=length") == 1  # "hi" was answered after both refusals
 
 
+def test_chat_reads_a_line_of_megabytes_only_up_to_its_limit_and_goes_on(capsys, monkeypatch):
+    """Was: stdin read a whole line at once, so `chat < /dev/zero` (or a binary file) grew until memory
+    ran out (2.7 GB in 7 s under ulimit -v 3 GB) and ended as "not enough memory"."""
+    from tl_lab.__main__ import MAX_LINE_BYTES
+
+    class Stdin(io.BytesIO):
+        sizes: list[int] = []
+
+        def readline(self, size=-1):
+            self.sizes.append(size)
+            return super().readline(size)
+
+    lines = Stdin(b"\0" * (8 * MAX_LINE_BYTES) + b"\nhi\n")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(lines, encoding="utf-8"))
+    code, out, err = run_main(capsys, "chat", "--model", "tiny-llama", "--max-tokens", "4", "--temperature", "0",
+                              "--stats")
+    assert code == OK and "Traceback" not in err
+    refusals = [l for l in err.splitlines() if l.startswith("error: ")]
+    assert refusals == [f"error: that line is longer than {MAX_LINE_BYTES:,} bytes (1 MiB); it was not sent"]
+    assert err.count("[4 tokens, finish=length") == 1  # "hi", after the rest of the long line was skipped
+    assert all(0 < size <= MAX_LINE_BYTES + 1 for size in Stdin.sizes), Stdin.sizes
+
+
 # ------------------------------------------------------------------------------------------------
 # The codes no probe above reaches: a bug, no memory, Ctrl-C
 # ------------------------------------------------------------------------------------------------

@@ -390,21 +390,46 @@ def _request(ids, params, seed, max_tokens, stop):
     return Request(ids, params, seed, max_tokens, stop)
 
 
+# A chat line is read at most this far: no line over 1 MiB fits a model here (SmolLM2: 8192 tokens of at
+# most 81 bytes), and an unbounded readline of `chat < /dev/zero` or of a binary file grew until memory
+# ran out (2.7 GB in 7 s under ulimit -v 3 GB, then "not enough memory").
+MAX_LINE_BYTES = 1 << 20
+
+
+class _LongLine(UsageError):
+    """A stdin line over MAX_LINE_BYTES: its first part was read, the rest is still to be skipped."""
+
+
 def _read_line(interactive: bool) -> str | None:
     """The next stdin line without its newline; None at end of input (or with no stdin at all).
-    A line that is not UTF-8 is refused on its own (UsageError) without ending the session."""
+    A line that is not UTF-8 (UsageError) or longer than MAX_LINE_BYTES (_LongLine, said before the
+    rest is skipped by `_skip_line`) is refused on its own without ending the session."""
     if interactive:
         _out("you> ")
     if sys.stdin is None:
         return None
-    raw = sys.stdin.buffer.readline() if hasattr(sys.stdin, "buffer") else sys.stdin.readline().encode()
+    if hasattr(sys.stdin, "buffer"):
+        raw = sys.stdin.buffer.readline(MAX_LINE_BYTES + 1)
+    else:
+        raw = sys.stdin.readline(MAX_LINE_BYTES + 1).encode()
     if not raw:
         return None
+    if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+        raise _LongLine(f"that line is longer than {MAX_LINE_BYTES:,} bytes (1 MiB); it was not sent")
     try:
         return raw.decode("utf-8").rstrip("\r\n")
     except UnicodeDecodeError as exc:
         raise UsageError(f"that line is not valid UTF-8 (byte 0x{raw[exc.start]:02x} at byte {exc.start}); "
                          "it was not sent") from None
+
+
+def _skip_line() -> None:
+    """Read and drop stdin up to the end of the current line, a piece at a time (memory stays bounded)."""
+    read = sys.stdin.buffer.readline if hasattr(sys.stdin, "buffer") else sys.stdin.readline
+    while True:
+        piece = read(1 << 16)
+        if not piece or piece[-1:] in (b"\n", "\n"):
+            return
 
 
 def _chat(args) -> int:
@@ -423,6 +448,8 @@ def _chat(args) -> int:
             line = _read_line(interactive)
         except UsageError as exc:
             _err(f"error: {exc}")
+            if isinstance(exc, _LongLine):
+                _skip_line()
             continue
         if line is None or line.strip() in ("/quit", "/exit"):
             break
