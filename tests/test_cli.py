@@ -61,7 +61,7 @@ def test_generate_int4(model, extra):
     (["--int4", "3"], "error: Int4.group must be a positive even integer"),
     (["--kv-blocks", "0"], "error: --kv-blocks"),
     (["--prompt", ""], "error: the prompt is empty"),
-    (["--prompt", "y" * 600], "error: request 0: a 600-token prompt is longer than the context"),
+    (["--prompt", "y" * 600], "error: --prompt: a 600-token prompt is longer than the context (max_position_embeddings 512)"),
 ])
 def test_bad_parameters_exit_2_with_one_line(bad, message):
     p = tl_lab("generate", "--model", "tiny-llama", "--prompt", "x", *bad)
@@ -142,6 +142,8 @@ def test_smollm2_chat_keeps_the_conversation_and_reuses_its_blocks():
     (["generate", "--model", "@bad-config", "--prompt", "x"], 1),
     (["generate", "--model", "@bad-header", "--prompt", "x"], 1),
     (["generate", "--model", "@bad-template", "--prompt", "x", "--template"], 1),
+    (["generate", "--model", "tiny-llama", "--prompt", "x" * 513], 2),  # longer than the context (512)
+    (["generate", "--model", "@long-template", "--prompt", "x", "--template"], 2),  # made so by the template
     (["chat", "--model", "@bad-template"], 1),
     (["generate", "--model", "tiny-llama", "--prompt", "x", "--max-tokens", "1"], 0),  # accepted: the engine runs
 ])
@@ -153,7 +155,7 @@ def test_a_refusal_is_said_before_the_compiler_is_imported(tmp_path, argv, code)
     import shutil
 
     bad = {"bad-config": {"hidden_size": 64.0}, "bad-template": {"tl_chat_template": "{{ raise_exception('no') }}"},
-           "bad-header": {}}
+           "bad-header": {}, "long-template": {"tl_chat_template": "{{ 'x' * 600 }}"}}
     for name, config in bad.items():
         d = tmp_path / name
         shutil.copytree(DATA_DIR / "tiny-llama", d)

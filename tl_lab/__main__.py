@@ -283,6 +283,7 @@ def _generate(args) -> int:
         ids = tok.encode(args.prompt)
     if not ids:
         raise UsageError("the prompt is empty: give --prompt some text")
+    _fits_context(ids, weights.config, "--prompt through the chat template" if args.template else "--prompt")
     engine = _engine(args, quant, weights, tok)
     t0 = time.perf_counter()
     (result,) = _run(engine, _request(ids, params, args.seed, args.max_tokens, None))
@@ -290,6 +291,15 @@ def _generate(args) -> int:
     if args.stats:
         _report(engine, result, time.perf_counter() - t0)
     return EXIT_OK
+
+
+def _fits_context(ids: list[int], config, what: str) -> None:
+    """A prompt longer than the context, refused before the engine and the compiler are imported (the
+    engine's own check, `Engine.check`, came after them: seconds on a busy host for a refusal). `what`
+    says where the tokens came from: a template can make a long prompt of a short --prompt."""
+    n = config.max_position_embeddings
+    if len(ids) > n:
+        raise UsageError(f"{what}: a {len(ids)}-token prompt is longer than the context (max_position_embeddings {n})")
 
 
 def _encoded(tok, rendered: str) -> list[int]:
