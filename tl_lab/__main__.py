@@ -502,8 +502,45 @@ def _transcript(messages) -> str:
 # ----------------------------------------------------------------------------------------------
 
 
+class _Stdout:
+    """sys.stdout while main runs: a write or flush that fails (a full disk) is an OutputError, exit 3,
+    for the commands that print() too (fetch's log, the pitfall list, exercise). Was: a bare "error: No
+    space left on device", exit 1, which sent a user of `fetch > /dev/full` to clean the cache's disk."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        return self._checked(self.stream.write, text)
+
+    def flush(self) -> None:
+        self._checked(self.stream.flush)
+
+    def _checked(self, f, *args):
+        try:
+            return f(*args)
+        except BrokenPipeError:  # a closed pipe ends quietly (main)
+            raise
+        except OSError as exc:
+            raise OutputError(f"cannot write the output: {exc.strerror or exc}") from None
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command; return its exit code (EXIT_CODES). argparse's own errors exit 2 through SystemExit."""
+    stdout = sys.stdout
+    if stdout is not None:
+        sys.stdout = _Stdout(stdout)
+    try:
+        return _main(argv)
+    finally:
+        if isinstance(sys.stdout, _Stdout):
+            sys.stdout = stdout
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         _pitfall_env()
         args = _parser().parse_args(argv)
