@@ -517,10 +517,22 @@ def test_chat_says_a_failed_reply_as_what_it_is_and_keeps_the_conversation(capsy
 
 def test_chat_blames_a_system_message_that_alone_does_not_fit_on_system(capsys, monkeypatch):
     """Was: a too-long --system was blamed on each user line ('this message does not fit')."""
-    code, out, err = run_main(capsys, "chat", "--model", "tiny-llama", "--kv-blocks", "3", "--system", "x" * 300,
-                              stdin=b"hi\nhello\n", monkeypatch=monkeypatch)
+    # --max-tokens 4: an empty line fits the 3 blocks without --system (with 256 none would: see below)
+    code, out, err = run_main(capsys, "chat", "--model", "tiny-llama", "--kv-blocks", "3", "--max-tokens", "4",
+                              "--system", "x" * 300, stdin=b"hi\nhello\n", monkeypatch=monkeypatch)
     assert code == USAGE and out == ""
     one_error_line(err, "--system: the system message alone does not fit", "KV blocks")
+
+
+@pytest.mark.parametrize("system", [[], ["--system", "be brief"]])
+def test_chat_with_no_room_for_any_message_is_a_usage_error_at_the_start(capsys, monkeypatch, system):
+    """Was: --max-tokens too large for the pool refused every line as "this message does not fit even on
+    its own ... try a shorter one" (exit 0), or blamed a short --system for it."""
+    code, out, err = run_main(capsys, "chat", "--model", "tiny-llama", "--kv-blocks", "3", "--max-tokens", "100",
+                              *system, stdin=b"hi\n", monkeypatch=monkeypatch)
+    assert code == USAGE and out == ""
+    one_error_line(err, "no message can fit, not even an empty one with --max-tokens 100 and --kv-blocks 3",
+                   "KV blocks")
 
 
 def test_chat_seed_wraps_at_2_64(capsys, monkeypatch):

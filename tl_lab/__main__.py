@@ -319,7 +319,7 @@ class _Chat:
         self.args, self.tok = args, tok
         self.templated = bool(tok.chat_template)
         self.stop = None
-        self.note = None  # said once the session has started (after check_system)
+        self.note = None  # said once the session has started (after check_opening)
         if not self.templated:
             self.note = (f"note: {args.model} has no chat template; the conversation goes to it as plain "
                          "text ('User: ...' / 'Assistant: ...' lines)")
@@ -378,20 +378,27 @@ class _Chat:
             raise
         return None
 
-    def opening(self) -> str:
-        """--system (if any) and an empty user line, rendered: run before the engine loads, so a chat
-        template that cannot render a conversation is refused without waiting for the compiler."""
-        empty = [*self.start, {"role": "user", "content": ""}]
+    def opening(self, system: bool = True) -> str:
+        """--system (if any, and `system`) and an empty user line, rendered: run before the engine loads,
+        so a chat template that cannot render a conversation is refused without waiting for the compiler."""
+        empty = [*(self.start if system else []), {"role": "user", "content": ""}]
         return self.tok.apply_chat_template(empty) if self.templated else _transcript(empty)
 
-    def check_system(self, params, opening: str) -> None:
-        """--system alone (the `opening`) must fit: else every line would be blamed for it."""
-        if not self.start:
+    def check_opening(self, params, opening: str) -> None:
+        """The `opening` must fit with --max-tokens, else every line would be refused as too long (was:
+        --max-tokens 100000 in a pool of 256 blocks, each line "does not fit even on its own ... try a
+        shorter one"). It is --system's fault if the opening fits without it, else the options'."""
+        overflow = self._overflow(self._request_of(opening, params))
+        if overflow is None:
             return
-        ids = self.tok.encode(opening)
-        overflow = self._overflow(_request(ids, params, 0, self.args.max_tokens, self.stop))
-        if overflow is not None:
+        if self.start and self._overflow(self._request_of(self.opening(system=False), params)) is None:
             raise UsageError(f"--system: the system message alone does not fit ({overflow})")
+        a = self.args
+        options = f" with --max-tokens {a.max_tokens} and --kv-blocks {a.kv_blocks}" if isinstance(overflow, KvError) else ""
+        raise UsageError(f"no message can fit, not even an empty one{options} ({overflow})")
+
+    def _request_of(self, opening: str, params):
+        return _request(_encoded(self.tok, opening), params, 0, self.args.max_tokens, self.stop)
 
 
 def _request(ids, params, seed, max_tokens, stop):
@@ -448,7 +455,7 @@ def _chat(args) -> int:
     chat = _Chat(tok, weights.config, args)
     opening = chat.opening()
     chat.engine = _engine(args, quant, weights, tok)
-    chat.check_system(params, opening)
+    chat.check_opening(params, opening)
     if chat.note:
         _err(chat.note)
     interactive = sys.stdin is not None and sys.stdin.isatty()
