@@ -172,3 +172,10 @@ def test_in_process_cli_help_names_every_command_and_argument(capsys):
     with pytest.raises(SystemExit):
         parser.parse_args(["--help"])
     assert "your turn: write the six modules, the chapter's tests grade them" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_refusal_that_quotes_a_line_break_is_one_line(tmp_path, capsys):
+    """Was: a --workspace holding a newline made the refusal two lines (the second "error: b ...")."""
+    code, out, err = _in_process_cli(capsys, "status", "--workspace", str(tmp_path / "a\nerror: b"))
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("error: workspace ") and "a\\nerror: b does not exist" in err

@@ -210,6 +210,8 @@ def test_config_floats_are_checked_in_float32(tmp_path, capsys, field, value, wh
 @pytest.mark.parametrize("template, words", [
     ("{% for m in messages %}{{ m.content }", ["chat template", "TemplateSyntaxError"]),
     ("{{ raise_exception('no system role here') }}", ["chat template", "no system role here"]),
+    # a message with line breaks is still one line (was two, the second free to start with "error: ")
+    ("{{ raise_exception('no system\\nerror: role\\u2028here') }}", ["no system\\nerror: role\\u2028here"]),
     ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", ["runaway loop"]),
 ])
 @pytest.mark.parametrize("command", ["generate", "chat"])

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from tl_lab.errors import BatchError, ConfigError, KvError, TlError, clip
+from tl_lab.errors import BatchError, ConfigError, KvError, TlError, clip, one_line
 
 BUNDLED = ("bigram", "tiny-llama", "tiny-llama-int4")
 MAX_THREADS = 1024  # far above any machine this runs on; 2**40 threads is a typo, not a request
@@ -255,10 +255,10 @@ def _out(text: str) -> None:
 
 
 def _err(text: str) -> None:
-    """One line to stderr, if there is a stderr to write to."""
+    """One line to stderr (its line breaks escaped), if there is a stderr to write to."""
     if sys.stderr is not None:
         try:
-            print(text, file=sys.stderr, flush=True)
+            print(one_line(text), file=sys.stderr, flush=True)
         except OSError:
             pass
 

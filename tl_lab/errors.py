@@ -15,6 +15,17 @@ def clip(text: str, limit: int = MAX_MESSAGE) -> str:
     return f"{text[:keep]} ...[{len(text) - 2 * keep:,} characters left out]... {text[-keep:]}"
 
 
+# Every character str.splitlines() breaks a line at, as its escape: a message quotes what a user or a
+# file gave (a chat template's raise_exception('a\nb'), a path), and "one line" is the command line's
+# contract (was: two lines, the second free to start with "error: ").
+_LINE_BREAKS = {c: repr(chr(c))[1:-1] for c in (0x0A, 0x0B, 0x0C, 0x0D, 0x1C, 0x1D, 0x1E, 0x85, 0x2028, 0x2029)}
+
+
+def one_line(text: str) -> str:
+    """`text` with each line break written as its escape (\\n, \\r, \\u2028, ...)."""
+    return text.translate(_LINE_BREAKS)
+
+
 class TlError(Exception):
     """Base of every tl_lab refusal. Its message is clipped to MAX_MESSAGE characters: it names
     what a user gave (a tensor name, a shape), which can be as long as a file."""

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from tl_lab.errors import one_line
 from tl_lab.exercise.registry import CATALOGUE, MODULES, PIECES, SECTIONS
 from tl_lab.exercise.stubs import NOT_WRITTEN, ExerciseError, check_module, learner_lines, stub_source
 from tl_lab.exercise.workspace import ENV, OFF, resolve, usable
@@ -59,7 +60,7 @@ def cli(args) -> int:
     try:
         return COMMANDS[args.exercise_command](args)
     except ExerciseError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
 
 
