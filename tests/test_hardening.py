@@ -281,11 +281,20 @@ def test_a_full_stdout_is_code_3_for_the_commands_that_print_too(tmp_path, argv)
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_closed_stdout_is_one_line_and_code_3():
-    p = subprocess.run(["bash", "-c", f'"{sys.executable}" -m tl_lab "$@" >&-', "bash", *LONG],
+@pytest.mark.parametrize("argv", [LONG, ["pitfalls"], ["exercise", "hint", "sample"]])
+def test_a_closed_stdout_is_one_line_and_code_3(argv):
+    """The commands that print() too: was, for pitfalls and exercise, nothing written and exit 0."""
+    p = subprocess.run(["bash", "-c", f'"{sys.executable}" -m tl_lab "$@" >&-', "bash", *argv],
                        stderr=subprocess.PIPE, timeout=120, cwd=REPO_ROOT)
     assert p.returncode == OUTPUT
     one_error_line(p.stderr.decode(), "stdout is closed")
+
+
+def test_a_command_that_writes_nothing_is_fine_with_a_closed_stdout():
+    """A chat given no line writes nothing: a closed stdout is no error there (nothing is lost)."""
+    p = subprocess.run(["bash", "-c", f'"{sys.executable}" -m tl_lab chat --model bigram </dev/null >&-'],
+                       stderr=subprocess.PIPE, timeout=120, cwd=REPO_ROOT)
+    assert p.returncode == OK and "error" not in p.stderr.decode(), p.stderr.decode()
 
 
 def test_help_into_a_closed_pipe_ends_quietly():

@@ -239,19 +239,9 @@ def _engine(args, quant, weights, tokenizer):
 
 
 def _out(text: str) -> None:
-    """Write to stdout now. A closed pipe propagates (main ends quietly); another failure is OutputError."""
-    if sys.stdout is None:
-        raise OutputError("stdout is closed: there is nowhere to write the output")
-    try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        raise
-    except UnicodeEncodeError as exc:  # PYTHONIOENCODING=ascii, a latin-1 terminal: not a usage error
-        raise OutputError(f"cannot write the output: stdout's encoding {exc.encoding} cannot encode "
-                          f"{exc.object[exc.start:exc.end]!r}; use a UTF-8 terminal or PYTHONIOENCODING=utf-8") from None
-    except OSError as exc:
-        raise OutputError(f"cannot write the output: {exc.strerror or exc}") from None
+    """Write to stdout now: main's `_Stdout` makes a failure an OutputError (a closed pipe propagates)."""
+    sys.stdout.write(text)
+    sys.stdout.flush()
 
 
 def _err(text: str) -> None:
@@ -510,24 +500,31 @@ def _transcript(messages) -> str:
 
 
 class _Stdout:
-    """sys.stdout while main runs: a write or flush that fails (a full disk) is an OutputError, exit 3,
-    for the commands that print() too (fetch's log, the pitfall list, exercise). Was: a bare "error: No
-    space left on device", exit 1, which sent a user of `fetch > /dev/full` to clean the cache's disk."""
+    """sys.stdout while main runs, for `_out` and the commands that print() (fetch's log, the pitfall
+    list, exercise): a write that fails is an OutputError, exit 3, one line. Was, for print(): a full
+    disk a bare "error: No space left on device", exit 1 (a user of `fetch > /dev/full` went to clean
+    the cache's disk), and a closed stdout (`>&-`) nothing at all, exit 0."""
 
     def __init__(self, stream) -> None:
         self.stream = stream
 
     def write(self, text: str) -> int:
+        if self.stream is None:
+            raise OutputError("stdout is closed: there is nowhere to write the output")
         return self._checked(self.stream.write, text)
 
     def flush(self) -> None:
-        self._checked(self.stream.flush)
+        if self.stream is not None:  # nothing written, nothing to flush: a silent command stays fine
+            self._checked(self.stream.flush)
 
     def _checked(self, f, *args):
         try:
             return f(*args)
         except BrokenPipeError:  # a closed pipe ends quietly (main)
             raise
+        except UnicodeEncodeError as exc:  # PYTHONIOENCODING=ascii, a latin-1 terminal: not a usage error
+            raise OutputError(f"cannot write the output: stdout's encoding {exc.encoding} cannot encode "
+                              f"{exc.object[exc.start:exc.end]!r}; use a UTF-8 terminal or PYTHONIOENCODING=utf-8") from None
         except OSError as exc:
             raise OutputError(f"cannot write the output: {exc.strerror or exc}") from None
 
@@ -538,8 +535,7 @@ class _Stdout:
 def main(argv: list[str] | None = None) -> int:
     """Run one command; return its exit code (EXIT_CODES). argparse's own errors exit 2 through SystemExit."""
     stdout = sys.stdout
-    if stdout is not None:
-        sys.stdout = _Stdout(stdout)
+    sys.stdout = _Stdout(stdout)
     try:
         return _main(argv)
     finally:
@@ -553,8 +549,7 @@ def _main(argv: list[str] | None) -> int:
         args = _parser().parse_args(argv)
         _workspace_env(args)
         code = args.run(args)
-        if sys.stdout is not None:
-            sys.stdout.flush()  # a failure here is the last chance to report it as one line
+        sys.stdout.flush()  # a failure here is the last chance to report it as one line
         return code
     except BrokenPipeError:
         _silence_stdout()
@@ -622,13 +617,12 @@ def _classify(exc: Exception) -> tuple[int, str]:
 
 def _silence_stdout() -> None:
     """Point stdout at /dev/null so the interpreter's final flush cannot raise again."""
-    if sys.stdout is None:
-        return
     try:
+        fd = sys.stdout.fileno()
         null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, sys.stdout.fileno())
+        os.dup2(null, fd)
         os.close(null)
-    except (OSError, ValueError):
+    except (OSError, ValueError, AttributeError):  # AttributeError: no stdout at all (`>&-`)
         pass
 
 
