@@ -179,3 +179,19 @@ def test_a_refusal_that_quotes_a_line_break_is_one_line(tmp_path, capsys):
     code, out, err = _in_process_cli(capsys, "status", "--workspace", str(tmp_path / "a\nerror: b"))
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("error: workspace ") and "a\\nerror: b does not exist" in err
+
+
+def test_in_process_cli_written_counts_a_piece_whose_name_ends_another_ones(tmp_path):
+    """One piece written, the rest still the stub: that piece alone is done, in every module (the
+    stub's message of f16_to_f32 is the tail of bf16_to_f32's, f32_to_f16's of explain_f32_to_f16's)."""
+    from tl_lab.exercise.cli import written
+    from tl_lab.exercise.stubs import _header, blank
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    for module, pieces in registry.PIECES.items():
+        names = [p.qualname for p in pieces]
+        for q in names:
+            rest = set(names) - {q}
+            (ws / f"{module}.py").write_text(_header(module) + blank(reference_source(module), module, rest))
+            assert [k for k, v in written(ws, module).items() if v] == [q], (module, q)
