@@ -83,3 +83,18 @@ def test_in_process_parity_of_the_sampler_is_bit_for_bit():
     v = parity.parity_sampler(_Off(sample=raising))
     assert v.first_difference.endswith("token 0: raised NotImplementedError: section 2.6") and v.matched == 0
     assert v.total == 12
+
+
+def test_in_process_parity_of_the_sampler_names_a_stream_that_raises():
+    """A sample.py with the generator written before `stream`: the sampler suite is a verdict naming
+    the error (not the command's internal error), and the rng suite still runs."""
+    from tl_lab.exercise import parity
+
+    def stream(seed, purpose):
+        raise NotImplementedError("stream: not written yet")
+
+    learner = _Off(stream=stream)
+    v = parity.parity_sampler(learner)
+    assert not v.ok and v.matched == 0 and v.total == 12
+    assert v.first_difference.endswith(": stream raised NotImplementedError: stream: not written yet")
+    assert [x.suite for x in parity.run(learner, ["sampler", "rng"])] == ["sampler", "rng"]

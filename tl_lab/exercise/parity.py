@@ -102,7 +102,11 @@ def parity_sampler(ts) -> Verdict:
     for case in g["cases"]:
         params = ts.SamplingParams(**{k: (v if k == "top_k" else float.fromhex(v)) for k, v in case["params_hex"].items()})
         rows, prompt, output = tables[case["table"]], case["prompt"], []
-        rng = ts.stream(int(case["seed"], 16), g["purpose"])
+        try:  # the learner's stream too: a sample.py with only the sampler written still gets a verdict
+            rng = ts.stream(int(case["seed"], 16), g["purpose"])
+        except Exception as exc:  # noqa: BLE001: the learner's code; its error is the verdict
+            return Verdict("sampler", matched, len(g["cases"]), f"case {case['name']}: stream raised "
+                                                               f"{type(exc).__name__}: {exc}")
         for step, (want, want_lp) in enumerate(zip(case["tokens"], case["logprobs"])):
             want_lp = float.fromhex(want_lp)
             try:
