@@ -180,3 +180,19 @@ def test_in_process_grading_blocks_a_module_whose_dependencies_do_not_pass(tmp_p
     assert ran[-1] == ("forward", ["forward", "kv"]) and rows["forward"].ok
     assert rows["forward"].uses == {"forward": "learner", "quant": "reference (--ref-deps)", "kv": "learner",
                                     "model": "reference (--ref-deps)", "runner": "reference (harness)"}
+
+
+def test_in_process_grading_names_a_file_that_is_not_utf8(tmp_path):
+    """A kv.py saved in Latin-1 (the workspace hook reads UTF-8 only): "does not import" at its line,
+    never an origin error ("no workspace is active"), and no pytest run."""
+    from tl_lab.exercise.grading import check
+    from tl_lab.exercise.stubs import reference_source
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    f = ws / "kv.py"
+    f.write_bytes(reference_source("kv").encode() + "# café\n".encode("latin-1"))
+    (row,) = check(ws, ["kv"])
+    n = reference_source("kv").count("\n") + 1
+    assert (row.state, row.message) == ("does not import", f"{f}:{n}: not UTF-8 text (invalid continuation byte)")
+    assert row.hint.startswith("save kv.py as UTF-8") and row.log == ""

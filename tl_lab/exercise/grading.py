@@ -74,7 +74,13 @@ def _shorten(text: str) -> str:
 def _not_started(module: str, f: Path) -> Row | None:
     if not f.is_file():
         return Row(module, "not started", str(f), hint=f"no {f.name} yet: python -m tl_lab exercise start {module}")
-    text = f.read_text(encoding="utf-8", errors="replace")
+    data = f.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:  # the workspace hook refuses it: said here, not as an origin error
+        where = f"{f}:{data[:exc.start].count(10) + 1}"  # 10: the newline byte
+        return Row(module, "does not import", str(f), message=f"{where}: not UTF-8 text ({exc.reason})",
+                   hint=f"save {f.name} as UTF-8 (the character at {where}); the other modules are still checked")
     if text == stub_source(module):
         return Row(module, "not started", str(f), hint=f"{f.name} is the stub: write its pieces ({SECTIONS[module]}); "
                                                        f"python -m tl_lab exercise hint {module}")
