@@ -196,3 +196,18 @@ def test_in_process_grading_names_a_file_that_is_not_utf8(tmp_path):
     n = reference_source("kv").count("\n") + 1
     assert (row.state, row.message) == ("does not import", f"{f}:{n}: not UTF-8 text (invalid continuation byte)")
     assert row.hint.startswith("save kv.py as UTF-8") and row.log == ""
+
+
+
+def test_in_process_grading_names_a_loop_at_a_modules_top_level(tmp_path):
+    """The collection ended at its limit (tl_lab.exercise.plugin) inside the learner's file: "does not
+    import" at the loop's line, and the hint says what never ended."""
+    from tl_lab.exercise.grading import _row
+
+    f = tmp_path / "quant.py"
+    text = (f"tests/test_quant.py:9: in <module>\n    from tl_lab.quant import (\n{f}:547: in <module>\n    while i < 10:\n"
+            "E   tl_lab.exercise.plugin.TestTimeout: importing the modules ran longer than 30 s (an infinite loop?)\n")
+    row = _row("quant", f, {"quant": "learner"}, _report(errors=[{"kind": "collect", "message": text}], module="quant"), f, 31, 5)
+    assert (row.state, row.message) == ("does not import", f"{f}:547: E   tl_lab.exercise.plugin.TestTimeout: importing "
+                                                           "the modules ran longer than 30 s (an infinite loop?)")
+    assert row.hint == "importing quant.py never ended (a loop at its top level?); the other modules are still checked"

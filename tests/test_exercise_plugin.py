@@ -123,3 +123,28 @@ def test_in_process_plugin_limits_each_test(plugin, monkeypatch):
     assert signal.getsignal(signal.SIGALRM) == before and signal.getitimer(signal.ITIMER_REAL)[0] == 0  # no limit
     with pytest.raises(StopIteration):
         next(wrapper)
+
+
+def test_in_process_plugin_limits_the_collection_too(plugin, monkeypatch):
+    """The collection imports the learner's modules: a loop at a module's top level ends at the limit,
+    named as the import; after a test file that did not import, the modules are not imported again."""
+    import signal
+    import types
+
+    from tl_lab.exercise import workspace as wsm
+
+    monkeypatch.setattr(plugin, "TIMEOUT", 2.5)
+    wrapper = plugin.pytest_collection(None)
+    next(wrapper)  # the collection runs here
+    limit = plugin.COLLECT_FLOOR  # a small --timeout is not the collection's: importing takes seconds
+    assert signal.getsignal(signal.SIGALRM) == plugin._on_alarm and limit - 1 < signal.getitimer(signal.ITIMER_REAL)[0] <= limit
+    with pytest.raises(plugin.TestTimeout, match=rf"^importing the modules ran longer than {limit:g} s \(an infinite loop\?\)$"):
+        plugin._on_alarm(signal.SIGALRM, None)
+    with pytest.raises(StopIteration):
+        next(wrapper)
+    assert signal.getitimer(signal.ITIMER_REAL)[0] == 0
+    with pytest.raises(plugin.TestTimeout, match=r"^the test ran longer than 2\.5 s"):
+        plugin._on_alarm(signal.SIGALRM, None)
+    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if not isinstance(f, wsm.WorkspaceFinder)])
+    plugin.pytest_collection_finish(types.SimpleNamespace(testsfailed=1))  # no stop: the collection error is the verdict
+    assert plugin._errors == []

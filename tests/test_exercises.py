@@ -250,6 +250,21 @@ def test_an_infinite_loop_ends_at_the_time_limit_naming_the_test(tmp_path):
     assert "ran past the 1 s limit" in row.hint and row.first_failure
 
 
+def test_a_loop_at_a_modules_top_level_ends_at_the_collections_limit(tmp_path):
+    """Importing the learner's module never ends: "does not import" at the loop's line after the
+    collection's limit, not "not run" when the whole run's budget (about an hour) is spent."""
+    from tl_lab.exercise.plugin import COLLECT_FLOOR
+
+    ws = workspace(tmp_path, "ref", ["quant"])
+    text = reference_source("quant") + "\nwhile True:\n    pass\n"
+    (ws / "quant.py").write_text(text)
+    (row,) = check(ws, ["quant"], timeout=1)
+    assert row.state == "does not import" and row.seconds < COLLECT_FLOOR + 30
+    assert row.message.startswith(f"{ws / 'quant.py'}:{text.count(chr(10)) - 1}: ")
+    assert f"importing the modules ran longer than {COLLECT_FLOOR:g} s" in row.message
+    assert row.hint.startswith("importing quant.py never ended (a loop at its top level?)")
+
+
 # ------------------------------------------------------------------ the verdicts
 
 

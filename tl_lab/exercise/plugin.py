@@ -24,6 +24,7 @@ GRADE = os.environ.get("TL_LAB_EXERCISE_GRADE", "")
 TIMEOUT = float(os.environ.get("TL_LAB_EXERCISE_TIMEOUT", "0") or 0)
 REPORT = os.environ.get("TL_LAB_EXERCISE_REPORT", "")
 MESSAGE_CHARS = 2000  # of each failure in the report; the log file keeps all of it
+COLLECT_FLOOR = 30.0  # seconds at least for the collection: importing the test files takes a few on a busy machine
 
 _results: list[dict] = []
 _errors: list[dict] = []
@@ -48,6 +49,8 @@ def pytest_collection_finish(session):
     """Every module meant to be the learner's is the learner's file (imported now, if not yet)."""
     from tl_lab.exercise.workspace import active
 
+    if getattr(session, "testsfailed", 0):  # a test file did not import: that error is the verdict, nothing runs
+        return
     finder = active()
     if finder is None:
         if GRADE:
@@ -68,26 +71,45 @@ def _fail_origin(text: str) -> None:
     pytest.exit(f"exercise: {text}", returncode=3)
 
 
+_doing: tuple[str, float | None] = ("the test", None)  # what runs under the limit, and the limit (None: TIMEOUT)
+
+
 def _on_alarm(signum, frame):
-    raise TestTimeout(f"the test ran longer than {TIMEOUT:g} s (an infinite loop?)")
+    doing, seconds = _doing
+    raise TestTimeout(f"{doing} ran longer than {seconds or TIMEOUT:g} s (an infinite loop?)")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_collection(session):
+    """A limit on the collection too (the test's, at least COLLECT_FLOOR), which imports the learner's modules:
+    a loop at a module's top level is a collection error ("does not import"), not a run stopped at its budget."""
+    yield from _limited("importing the modules", max(TIMEOUT, COLLECT_FLOOR))
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
-    """The per-test limit: SIGALRM raises in the test's Python code; when the code does not return to
-    Python (a loop inside numpy), faulthandler ends the process a little later, with its stack."""
+    """The per-test limit (`_limited`)."""
+    yield from _limited("the test", TIMEOUT)
+
+
+def _limited(doing: str, seconds: float):
+    """SIGALRM raises in the running Python code after `seconds` (none when TIMEOUT is 0); when the code
+    does not return to Python (a loop inside numpy), faulthandler ends the process a little later, with its stack."""
+    global _doing
     if TIMEOUT <= 0:
         yield
         return
+    _doing = (doing, seconds)
     old = signal.signal(signal.SIGALRM, _on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, TIMEOUT)
-    faulthandler.dump_traceback_later(TIMEOUT + 30, exit=True)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    faulthandler.dump_traceback_later(seconds + 30, exit=True)
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         faulthandler.cancel_dump_traceback_later()
         signal.signal(signal.SIGALRM, old)
+        _doing = ("the test", None)
 
 
 def pytest_runtest_logreport(report):
