@@ -98,3 +98,23 @@ def test_in_process_parity_of_the_sampler_names_a_stream_that_raises():
     assert not v.ok and v.matched == 0 and v.total == 12
     assert v.first_difference.endswith(": stream raised NotImplementedError: stream: not written yet")
     assert [x.suite for x in parity.run(learner, ["sampler", "rng"])] == ["sampler", "rng"]
+
+
+def test_in_process_parity_ends_a_loop_in_the_learners_code(monkeypatch):
+    """A learner's mix64 that never returns: the case's verdict names the limit (the command returns),
+    and the alarm is off again after it."""
+    import signal
+
+    from tl_lab.exercise import parity
+
+    def mix64(z):
+        while True:
+            z |= 1
+
+    monkeypatch.setattr(parity, "CASE_SECONDS", 0.2)
+    before = signal.getsignal(signal.SIGALRM)
+    v = parity.parity_rng(_Off(mix64=mix64))
+    assert not v.ok and 0 < v.matched < v.total
+    assert v.first_difference.startswith("mix64(") and v.first_difference.endswith(
+        ": raised CaseTimeout: ran longer than 0.2 s (an infinite loop?)")
+    assert signal.getsignal(signal.SIGALRM) == before and signal.getitimer(signal.ITIMER_REAL)[0] == 0

@@ -190,7 +190,7 @@ def _check(args) -> int:
 
 
 def _parity(args) -> int:
-    from tl_lab.exercise.parity import SUITES, run
+    from tl_lab.exercise.parity import SUITES, limited, run
     from tl_lab.exercise.workspace import install
 
     bad = [s for s in args.suites if s not in SUITES]
@@ -204,7 +204,8 @@ def _parity(args) -> int:
         raise ExerciseError("tl_lab.sample is already imported in this process: run parity in a fresh one")
     install(ws, use={"sample"})
     try:
-        import tl_lab.sample as ts
+        with limited():  # a loop at the top level of sample.py too
+            import tl_lab.sample as ts
     except Exception as exc:  # noqa: BLE001: the learner's module does not import
         tb = exc.__traceback__
         line = next((t.tb_lineno for t in _frames(tb) if t.tb_frame.f_code.co_filename == str(f)), None)

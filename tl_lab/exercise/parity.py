@@ -8,16 +8,45 @@ bit. The first case that differs is reported with both values, floats as exact h
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
+import threading
 from dataclasses import dataclass
 
 import numpy as np
 
 from tl_lab.paths import GOLDEN_DIR
 
-__all__ = ["SUITES", "Verdict", "parity_rng", "parity_sampler", "run"]
+__all__ = ["SUITES", "CASE_SECONDS", "CaseTimeout", "Verdict", "limited", "parity_rng", "parity_sampler", "run"]
 
 SUITES = ("sampler", "rng")
+CASE_SECONDS = 30.0  # one call of the learner's code takes milliseconds here; a loop that never ends stops at this
+
+
+class CaseTimeout(Exception):
+    """A call of the learner's code ran past CASE_SECONDS (an infinite loop?)."""
+
+
+@contextlib.contextmanager
+def limited(seconds: float | None = None):
+    """SIGALRM raises CaseTimeout in the learner's code after `seconds` (CASE_SECONDS), so a loop is a
+    case's verdict, not a command that never returns (main thread only: signals go there; elsewhere no limit)."""
+    seconds = CASE_SECONDS if seconds is None else seconds
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_alarm(signum, frame):
+        raise CaseTimeout(f"ran longer than {seconds:g} s (an infinite loop?)")
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 
 
 @dataclass(frozen=True)
@@ -73,7 +102,8 @@ def _compare(suite: str, cases) -> Verdict:
     matched = 0
     for name, got, want in cases:
         try:
-            value = got()
+            with limited():
+                value = got()
         except Exception as exc:  # noqa: BLE001: the learner's code; its error is the verdict
             return Verdict(suite, matched, len(cases), f"{name}: raised {type(exc).__name__}: {exc}")
         if value != want:
@@ -103,14 +133,16 @@ def parity_sampler(ts) -> Verdict:
         params = ts.SamplingParams(**{k: (v if k == "top_k" else float.fromhex(v)) for k, v in case["params_hex"].items()})
         rows, prompt, output = tables[case["table"]], case["prompt"], []
         try:  # the learner's stream too: a sample.py with only the sampler written still gets a verdict
-            rng = ts.stream(int(case["seed"], 16), g["purpose"])
+            with limited():
+                rng = ts.stream(int(case["seed"], 16), g["purpose"])
         except Exception as exc:  # noqa: BLE001: the learner's code; its error is the verdict
             return Verdict("sampler", matched, len(g["cases"]), f"case {case['name']}: stream raised "
                                                                f"{type(exc).__name__}: {exc}")
         for step, (want, want_lp) in enumerate(zip(case["tokens"], case["logprobs"])):
             want_lp = float.fromhex(want_lp)
             try:
-                tok, lp = ts.sample(rows[(prompt + output)[-1] % len(rows)], params, prompt, output, rng)
+                with limited():
+                    tok, lp = ts.sample(rows[(prompt + output)[-1] % len(rows)], params, prompt, output, rng)
             except Exception as exc:  # noqa: BLE001: the learner's code; its error is the verdict
                 return Verdict("sampler", matched, len(g["cases"]), f"case {case['name']} token {step}: raised "
                                                                    f"{type(exc).__name__}: {exc}")
