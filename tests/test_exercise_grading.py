@@ -211,3 +211,17 @@ def test_in_process_grading_names_a_loop_at_a_modules_top_level(tmp_path):
     assert (row.state, row.message) == ("does not import", f"{f}:547: E   tl_lab.exercise.plugin.TestTimeout: importing "
                                                            "the modules ran longer than 30 s (an infinite loop?)")
     assert row.hint == "importing quant.py never ended (a loop at its top level?); the other modules are still checked"
+
+
+def test_in_process_grading_says_where_the_learners_code_raised_and_where_the_log_is(tmp_path):
+    from tl_lab.exercise.grading import _row, format_table
+
+    f, log = tmp_path / "kv.py", tmp_path / "check-kv.log"
+    failing = {**_result(graded("kv")[0].name, "failed", "ValueError: wrong exception"), "at": f"{f}:7 in KvPool.alloc"}
+    row = _row("kv", f, {"kv": "learner"}, _report([failing], loaded=str(f)), log, 1, 120)
+    assert row.message.splitlines() == [f"test_{graded('kv')[0].name}: ValueError: wrong exception",
+                                        f"raised at {f}:7 in KvPool.alloc"]
+    table = format_table([row]).splitlines()
+    assert table[-2] == f"         the whole output: {log}" and table[-3].startswith("         hint: ")
+    row = _row("kv", f, {"kv": "learner"}, _report([{**failing, "at": ""}], loaded=str(f)), log, 1, 120)
+    assert "raised at" not in row.message  # an assertion in the test: the learner's function returned

@@ -148,3 +148,37 @@ def test_in_process_plugin_limits_the_collection_too(plugin, monkeypatch):
     monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if not isinstance(f, wsm.WorkspaceFinder)])
     plugin.pytest_collection_finish(types.SimpleNamespace(testsfailed=1))  # no stop: the collection error is the verdict
     assert plugin._errors == []
+
+
+def test_in_process_plugin_says_where_in_the_learners_code_a_failure_was_raised(plugin, tmp_path, monkeypatch):
+    """The innermost frame in a learner's file ("file:line in function"), none for an assertion in the test."""
+    import types
+
+    from tl_lab.exercise import workspace as wsm
+
+    f = tmp_path / "kv.py"
+    source = "def inner():\n    raise ValueError('wrong exception')\n\n\ndef outer():\n    inner()\n"
+    code = compile(source, str(f), "exec")
+    space = {}
+    exec(code, space)
+    origins = {"kv": wsm.Origin("kv", "learner", str(f), "the learner's file")}
+    monkeypatch.setattr(sys, "meta_path", [wsm.WorkspaceFinder.__new__(wsm.WorkspaceFinder), *sys.meta_path])
+    sys.meta_path[0].origins, sys.meta_path[0].workspace = origins, tmp_path
+    with pytest.raises(ValueError) as raised:
+        space["outer"]()
+    assert plugin._learner_at(raised.tb) == f"{f}:2 in inner"
+    with pytest.raises(AssertionError) as failed:
+        assert 1 == 2
+    assert plugin._learner_at(failed.tb) == ""
+
+    report = types.SimpleNamespace()
+    wrapper = plugin.pytest_runtest_makereport(None, types.SimpleNamespace(excinfo=raised))
+    next(wrapper)
+    with pytest.raises(StopIteration):
+        wrapper.send(types.SimpleNamespace(get_result=lambda: report))
+    assert report.learner_at == f"{f}:2 in inner"
+    name = graded("kv")[0].name
+    report.__dict__.update(nodeid=f"tests/test_kv.py::test_{name}", when="call", outcome="failed", passed=False,
+                           longrepr="ValueError: wrong exception", duration=0.5)
+    plugin.pytest_runtest_logreport(report)
+    assert plugin._results[-1]["at"] == f"{f}:2 in inner"

@@ -196,6 +196,8 @@ def _row(module: str, f: Path, uses: dict, data: dict | None, log: Path, seconds
         return row
     row.first_failure = failing["chapter_test"] or failing["nodeid"]
     row.message = f"{failing['nodeid'].split('::')[-1]}: {_shorten(failing['message'])}"
+    if failing.get("at"):  # raised inside the learner's code (tl_lab.exercise.plugin)
+        row.message += f"\nraised at {failing['at']}"
     row.hint = pitfall_hint(module, failing["nodeid"], failing["message"], timeout)
     return row
 
@@ -286,6 +288,8 @@ def format_table(rows: list[Row]) -> str:
             lines.append(f"         {s}")
         if r.hint:
             lines.append(f"         hint: {r.hint}")
+        if r.state == "failed" and r.log and r.log not in r.message:  # the whole traceback of every failure
+            lines.append(f"         the whole output: {r.log}")
     n_ok = sum(r.ok for r in rows)
     lines.append(f"{n_ok} of {len(rows)} modules pass")
     return "\n".join(lines)

@@ -121,8 +121,32 @@ def pytest_runtest_logreport(report):
             "when": report.when,
             "outcome": report.outcome,
             "message": _message(report),
+            **({"at": report.learner_at} if getattr(report, "learner_at", "") else {}),  # raised in the learner's code
             "seconds": round(report.duration, 3),
         })
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failure raised inside the learner's code: where, for the row (the message alone does not say)."""
+    outcome = yield
+    if call.excinfo is not None:
+        outcome.get_result().learner_at = _learner_at(call.excinfo.tb)
+
+
+def _learner_at(tb) -> str:
+    """"file:line in function" of the innermost frame of `tb` in one of the learner's files, else ""."""
+    from tl_lab.exercise.workspace import active
+
+    finder = active()
+    files = {o.file for o in finder.origins.values() if o.origin == "learner"} if finder else set()
+    at = ""
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_filename in files:
+            at = f"{code.co_filename}:{tb.tb_lineno} in {code.co_qualname}"
+        tb = tb.tb_next
+    return at
 
 
 def pytest_collectreport(report):
