@@ -195,3 +195,12 @@ def test_in_process_cli_written_counts_a_piece_whose_name_ends_another_ones(tmp_
             rest = set(names) - {q}
             (ws / f"{module}.py").write_text(_header(module) + blank(reference_source(module), module, rest))
             assert [k for k, v in written(ws, module).items() if v] == [q], (module, q)
+
+
+@pytest.mark.parametrize("value", ["-5", "0", "nan", "inf"])
+def test_in_process_cli_check_refuses_a_time_limit_that_is_not_positive(tmp_path, capsys, value):
+    """--timeout -5 had every test "ran longer" or the run "not run" (a correct module failing): now refused."""
+    ws = workspace(tmp_path, "reference", ["sample"])
+    code, out, err = _in_process_cli(capsys, "check", "sample", "--timeout", value, "--workspace", str(ws))
+    assert (code, out) == (2, "") and err == f"error: --timeout must be a positive number of seconds, got {float(value)!r}\n"
+    assert not (ws / ".tl_lab").exists()  # nothing was run

@@ -179,11 +179,14 @@ def _check(args) -> int:
 
     ws = _workspace(args, write=True)  # the logs and status.json go inside
     modules = _modules(args.modules)
+    timeout = DEFAULT_TIMEOUT if args.timeout is None else args.timeout
+    if not 0 < timeout < float("inf"):  # a negative or NaN limit would fail a correct module, not refuse
+        raise ExerciseError(f"--timeout must be a positive number of seconds, got {args.timeout!r}")
 
     def progress(row) -> None:
         print(f"  {row.module:<8} {row.state:<16} {row.seconds:6.1f} s", file=sys.stderr, flush=True)
 
-    rows = check(ws, modules, ref_deps=args.ref_deps, timeout=args.timeout or DEFAULT_TIMEOUT, progress=progress)
+    rows = check(ws, modules, ref_deps=args.ref_deps, timeout=timeout, progress=progress)
     print(format_table(rows))
     asked = [r for r in rows if r.module in modules]
     return EXIT_OK if all(r.ok for r in asked) else EXIT_FAILED
