@@ -225,3 +225,16 @@ def test_in_process_grading_says_where_the_learners_code_raised_and_where_the_lo
     assert table[-2] == f"         the whole output: {log}" and table[-3].startswith("         hint: ")
     row = _row("kv", f, {"kv": "learner"}, _report([{**failing, "at": ""}], loaded=str(f)), log, 1, 120)
     assert "raised at" not in row.message  # an assertion in the test: the learner's function returned
+
+
+def test_in_process_grading_of_a_relative_workspace_is_the_one_here(tmp_path, monkeypatch):
+    """check(Path("ws")) from another folder (a CheckPanel in a notebook's folder): the workspace under
+    this folder is graded, not one under the clone where the pytest run starts."""
+    from pathlib import Path
+
+    from tl_lab.exercise.grading import check
+
+    ws = workspace(tmp_path, "reference", ["sample"])
+    monkeypatch.chdir(tmp_path)
+    (row,) = check(Path("ws"), ["sample"])
+    assert (row.state, row.passed, row.file) == ("passed", 7, str(ws / "sample.py"))

@@ -225,6 +225,7 @@ def check(workspace: Path, modules=None, ref_deps: bool = False, timeout: float 
     """Check `modules` (default: all six) of `workspace`, with their dependencies, in the chapter's
     order. progress: called with each Row as it is done."""
     need_tests(order(modules))
+    workspace = Path(workspace).resolve()  # the pytest runs start in the clone: a relative path would be another folder
     rows: dict[str, Row] = {}
     for m in order(modules):
         f = workspace / f"{m}.py"
