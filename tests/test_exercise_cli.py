@@ -204,3 +204,27 @@ def test_in_process_cli_check_refuses_a_time_limit_that_is_not_positive(tmp_path
     code, out, err = _in_process_cli(capsys, "check", "sample", "--timeout", value, "--workspace", str(ws))
     assert (code, out) == (2, "") and err == f"error: --timeout must be a positive number of seconds, got {float(value)!r}\n"
     assert not (ws / ".tl_lab").exists()  # nothing was run
+
+
+def test_in_process_cli_parity_holds_the_stub_even_when_TL_LAB_WORKSPACE_installed_it(tmp_path, capsys, monkeypatch):
+    """`import tl_lab` with TL_LAB_WORKSPACE installs the workspace with an untouched stub planned as the
+    reference; parity had kept that finder and held the reference to the golden files (12/12, exit 0) in
+    place of the learner's stub. And --workspace naming another folder wins over TL_LAB_WORKSPACE's."""
+    import tl_lab
+    import tl_lab.sample  # the reference, put back after the test
+    from tl_lab.exercise import workspace as wsm
+
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.setattr(tl_lab, "sample", tl_lab.sample)
+    monkeypatch.delitem(sys.modules, "tl_lab.sample")
+    stub = workspace(tmp_path / "a", "stub", ["sample"])
+    monkeypatch.setenv(wsm.ENV, str(stub))
+    wsm.install_from_env()  # what `import tl_lab` did
+    code, out, _ = _in_process_cli(capsys, "parity", "rng")
+    assert code == 1 and out.splitlines()[0].startswith(f"your {stub / 'sample.py'} against ")
+    assert "raised NotImplementedError: Pcg32.__init__: not written yet" in out
+
+    monkeypatch.delitem(sys.modules, "tl_lab.sample")
+    mine = workspace(tmp_path / "b", "reference", ["sample"])
+    code, out, _ = _in_process_cli(capsys, "parity", "rng", "--workspace", str(mine))
+    assert code == 0 and out.splitlines()[0].startswith(f"your {mine / 'sample.py'} against ")

@@ -194,7 +194,7 @@ def _check(args) -> int:
 
 def _parity(args) -> int:
     from tl_lab.exercise.parity import SUITES, limited, run
-    from tl_lab.exercise.workspace import install
+    from tl_lab.exercise.workspace import active, install
 
     bad = [s for s in args.suites if s not in SUITES]
     if bad:
@@ -205,6 +205,8 @@ def _parity(args) -> int:
         raise ExerciseError(f"no {f}: python -m tl_lab exercise start sample")
     if "tl_lab.sample" in sys.modules:
         raise ExerciseError("tl_lab.sample is already imported in this process: run parity in a fresh one")
+    if (finder := active()) is not None:  # TL_LAB_WORKSPACE's, from `import tl_lab`: its plan takes an untouched
+        sys.meta_path.remove(finder)       # stub for the reference, and --workspace may name another folder
     install(ws, use={"sample"})
     try:
         with limited():  # a loop at the top level of sample.py too
@@ -215,6 +217,8 @@ def _parity(args) -> int:
         at = f"{f}:{line}" if line else str(f)
         print(f"parity: {at}: {type(exc).__name__}: {exc}")
         return EXIT_FAILED
+    if ts.__file__ != str(f):  # never the reference held to the golden files in the learner's place
+        raise ExerciseError(f"tl_lab.sample was loaded from {ts.__file__}, not your {f}: run parity in a fresh process")
     verdicts = run(ts, list(dict.fromkeys(args.suites)))
     print(f"your {ts.__file__} against {', '.join('data/golden/' + n for n in ('sampler.json', 'pcg32.vectors.json'))}")
     for v in verdicts:
