@@ -101,3 +101,25 @@ def test_in_process_guard_trial_process_prints_its_verdict_last(tmp_path, monkey
     assert out[:1] == ["trying quant"] and out[-1].startswith(guard.MARK)  # stopped at the first fault
     verdict = json.loads(out[-1][len(guard.MARK):])
     assert (verdict["module"], verdict["error"]) == ("quant", "RuntimeError: at call") and len(out) == 2
+
+
+def test_in_process_guard_reads_the_verdict_after_a_print_without_a_newline(tmp_path, monkeypatch):
+    """A learner's sample.py that prints progress dots (print(".", end="")) runs fine: the trial's verdict
+    line begins after the dots. It was read as "the process ended: no output", a fault, and the
+    reference ran in the notebook in place of a module that works."""
+    import dataclasses
+    import json
+    import subprocess
+
+    from tl_lab.exercise import guard
+
+    def run(cmd, **kwargs):
+        return subprocess.CompletedProcess(cmd, 0, stdout=f"trying sample\n....{guard.MARK}null\n", stderr="")
+
+    monkeypatch.setattr(guard.subprocess, "run", run)
+    assert guard._one_trial(tmp_path, ["sample"]) is None
+    fault = guard.Fault("sample", "sample.py", 3, "f", "E: e", "h")
+    verdict = json.dumps(dataclasses.asdict(fault))
+    monkeypatch.setattr(guard.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(
+        cmd, 0, stdout=f"trying sample\n.{guard.MARK}{verdict}\n", stderr=""))
+    assert guard._one_trial(tmp_path, ["sample"]) == fault

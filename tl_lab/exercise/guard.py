@@ -193,7 +193,8 @@ def _one_trial(workspace: Path, modules: list[str]) -> Fault | None:
         m = _last_tried(out, modules)
         return Fault(m, str(workspace / f"{m}.py"), None, "(its trial)", f"ran longer than {TIMEOUT:g} s",
                      f"a loop that never ends? python -m tl_lab exercise check {m} names the test")
-    verdict = next((s[len(MARK):] for s in reversed(out.splitlines()) if s.startswith(MARK)), None)
+    # the learner's print(..., end="") may leave the verdict's line begun: look for the mark anywhere in it
+    verdict = next((s[s.rindex(MARK) + len(MARK):] for s in reversed(out.splitlines()) if MARK in s), None)
     if verdict is None:  # the process died (the learner's code called exit, or crashed the interpreter)
         m = _last_tried(out, modules)
         tail = (err.strip().splitlines() or ["no output"])[-1][:MESSAGE_CHARS]
