@@ -146,3 +146,17 @@ def test_in_process_hook_refuses_the_six_after_a_bad_environment(monkeypatch):
             finder.find_spec(f"tl_lab.{module}")
     for other in ("tl_lab.lanes", "tl_lab", "kv", "tl_lab.kv_extra", "tl_lab.widgets.kv"):
         assert finder.find_spec(other) is None, other
+
+
+def test_in_process_hook_refusal_of_a_relative_path_says_where_it_was_taken_from(monkeypatch, tmp_path):
+    """TL_LAB_WORKSPACE=work/L10.1 exported in the clone: a notebook's kernel starts in notebooks/, where
+    that folder does not exist; the refusal says the path was taken from there and to give it in full."""
+    from tl_lab.exercise import workspace as wsm
+
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(wsm.ENV, "work/L10.1")
+    wsm.refuse_from_env(ExerciseError(f"workspace {tmp_path / 'work/L10.1'} does not exist"))
+    assert str(wsm.env_error()) == (f"TL_LAB_WORKSPACE=work/L10.1: workspace {tmp_path / 'work/L10.1'} does not exist "
+                                    f"(a relative TL_LAB_WORKSPACE is taken from the current folder, {tmp_path}: "
+                                    "name the workspace by its full path)")

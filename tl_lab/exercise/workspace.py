@@ -157,7 +157,11 @@ def refuse_from_env(error: ExerciseError) -> None:
     it as one line and exit code 2 (`env_error`)."""
     from tl_lab.switch import RefusingFinder
 
-    sys.meta_path.insert(0, RefusingFinder(ExerciseError(f"{ENV}={os.environ.get(ENV, '')}: {error}"), _learner_module))
+    env = os.environ.get(ENV, "")
+    if not Path(env).expanduser().is_absolute():  # a notebook's kernel starts in notebooks/, not in the clone
+        error = f"{error} (a relative {ENV} is taken from the current folder, {Path.cwd()}: " \
+                f"name the workspace by its full path)"
+    sys.meta_path.insert(0, RefusingFinder(ExerciseError(f"{ENV}={env}: {error}"), _learner_module))
 
 
 def env_error() -> ExerciseError | None:
