@@ -191,6 +191,9 @@ def test_cli_lists_the_22(capsys):
     assert "test_incremental_decode_equals_full_prefill" in lines[12]
     assert main(["pitfalls", "--check", "s77"]) == 1  # an unknown id is a refusal (exit 1)
     capsys.readouterr()
+    # an empty id (an unset shell variable) is a usage error, never all 22 checked (was: 95 s of runs)
+    assert main(["pitfalls", "--check", ""]) == 2
+    assert capsys.readouterr().err.startswith("error: --check: no pitfall id in ''")
     assert main(["pitfalls", "--check", "s18", "--jobs", "1"]) == 0
     out = capsys.readouterr().out
     assert "s18  test_kv_pool_evicts_the_oldest_cached_block" in out and "passed  failed" in out

@@ -885,6 +885,8 @@ def cli(args) -> int:
             print(f"{p.id}  {p.module:<14} {p.test.split('::')[-1]:<58} {p.symptom}")
         return 0
     ids = parse_ids(",".join(args.check)) if args.check else tuple(PITFALLS)
+    if args.check and not ids:  # `--check ""` (an unset shell variable): not a request for all 22
+        raise ValueError(f"--check: no pitfall id in {' '.join(map(repr, args.check))}; give ids such as s13, or none for all")
     if args.jobs < 1:  # a bad argument: exit 2 like argparse's own (ValueError is a usage error)
         raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
     t0 = time.perf_counter()
