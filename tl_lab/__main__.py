@@ -486,6 +486,8 @@ def _run(engine, request):
         return engine.generate([request], _print_token)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    except KvError as exc:  # the engine names its config's fields; a user of the command line has options
+        raise KvError(f"{exc}; here they are --kv-blocks and --max-tokens") from None
 
 
 def _transcript(messages) -> str:
