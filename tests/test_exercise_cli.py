@@ -54,11 +54,17 @@ def test_in_process_cli_start_status_hint_reset_and_check(tmp_path, capsys):
     assert out.splitlines()[-1].startswith("last check (") and "): not started; kv.py is the stub" in out
     code, out, _ = _in_process_cli(capsys, "status", "--workspace", str(ws))
     assert "last check: not started 0/0 (" in out.splitlines()[1]
-    (ws / "kv.py").write_text("# mine\n", encoding="utf-8")
+    (ws / "kv.py").write_text("# mine\n", encoding="utf-8")  # the verdict above is of the stub, not of this
+    code, out, _ = _in_process_cli(capsys, "status", "--workspace", str(ws))
+    assert out.splitlines()[1].endswith(", the file has changed since")
+    code, out, _ = _in_process_cli(capsys, "hint", "kv", "--workspace", str(ws))
+    assert "(your file has changed since): not started" in out.splitlines()[-1]
     code, out, _ = _in_process_cli(capsys, "reset", "kv", "--workspace", str(ws))
     backup = next(ws.glob("kv.py.bak-*"))
     assert code == 0 and out.splitlines() == [f"kept your file as {backup}", f"wrote a fresh stub {ws / 'kv.py'}"]
     assert backup.read_text() == "# mine\n" and (ws / "kv.py").read_text() == stub_source("kv")
+    code, out, _ = _in_process_cli(capsys, "status", "--workspace", str(ws))  # the stub again: what was checked
+    assert "last check: not started 0/0 (" in out.splitlines()[1] and "changed" not in out
     code, out, _ = _in_process_cli(capsys, "reset", "model", "--workspace", str(ws))
     assert out.splitlines()[0] == "there was no model.py"
 
@@ -228,3 +234,26 @@ def test_in_process_cli_parity_holds_the_stub_even_when_TL_LAB_WORKSPACE_install
     mine = workspace(tmp_path / "b", "reference", ["sample"])
     code, out, _ = _in_process_cli(capsys, "parity", "rng", "--workspace", str(mine))
     assert code == 0 and out.splitlines()[0].startswith(f"your {mine / 'sample.py'} against ")
+
+
+def test_in_process_cli_tests_marks_the_results_of_a_file_changed_since(tmp_path, capsys):
+    """The catalogue's last column is of the text the check graded: once sample.py changes, its
+    results carry a * and a line says which file (was: "passed" beside a file reset to the stub)."""
+    import json
+
+    from tl_lab.exercise.grading import STATUS_DIR, file_digest
+
+    ws = tmp_path / "ws"
+    (ws / STATUS_DIR).mkdir(parents=True)
+    (ws / "sample.py").write_text(reference_source("sample"), encoding="utf-8")
+    name = next(g.name for g in CATALOGUE if g.module == "sample")
+    entry = {"state": "passed", "passed": 1, "total": 1, "when": "then", "results": {name: "passed"},
+             "digest": file_digest(ws / "sample.py")}
+    (ws / STATUS_DIR / "status.json").write_text(json.dumps({"sample": entry}), encoding="utf-8")
+    row = lambda out: next(line for line in out.splitlines() if line.startswith(name))  # noqa: E731
+    code, out, _ = _in_process_cli(capsys, "tests", "--workspace", str(ws))
+    assert code == 0 and row(out).split()[3] == "passed" and "changed since" not in out
+    (ws / "sample.py").write_text(stub_source("sample"), encoding="utf-8")
+    code, out, _ = _in_process_cli(capsys, "tests", "--workspace", str(ws))
+    assert row(out).split()[3] == "passed*"
+    assert out.splitlines()[-1] == "*: of an earlier text of sample.py, changed since its last check"

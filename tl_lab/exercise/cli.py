@@ -158,19 +158,23 @@ def _start(args) -> int:
 
 
 def _tests(args) -> int:
-    from tl_lab.exercise.grading import load_status
+    from tl_lab.exercise.grading import changed_since, load_status
 
     ws = _workspace(args, must_exist=False)
     status = load_status(ws) if ws.is_dir() else {}
+    changed = {m for m, last in status.items() if changed_since(last, ws / f"{m}.py")}
     print(f"{'chapter test':<46} {'kind':<20} {'module':<8} {'last':<7} our test")
     for g in CATALOGUE:
         last = status.get(g.module, {}).get("results", {}).get(g.name, "-")
+        last += "*" if g.module in changed and last != "-" else ""
         print(f"{g.name:<46} {g.kind:<20} {g.module:<8} {last:<7} {g.file}::test_{g.name}*")
         print(f"{'':<46} checks: {g.checks}")
         print(f"{'':<46} why: {g.why}")
         if g.also:
             print(f"{'':<46} with: {', '.join(g.also)}")
     print(f"{len(CATALOGUE)} tests; you write no graded tests here (rung R0)")
+    if changed:
+        print(f"*: of an earlier text of {', '.join(f'{m}.py' for m in MODULES if m in changed)}, changed since its last check")
     return EXIT_OK
 
 
@@ -233,7 +237,7 @@ def _frames(tb):
 
 
 def _hint(args) -> int:
-    from tl_lab.exercise.grading import load_status
+    from tl_lab.exercise.grading import changed_since, load_status
 
     module = check_module(args.module)
     ws = _workspace(args, must_exist=False)
@@ -245,12 +249,13 @@ def _hint(args) -> int:
         print(f"  [{mark}] {p.qualname:<28} section {p.section:<4} ~{lines[p.qualname]:>3} lines  {p.hint}")
     last = load_status(ws).get(module) if ws.is_dir() else None
     if last and last.get("hint"):
-        print(f"last check ({last['when']}): {last['state']}; {last['hint']}")
+        since = " (your file has changed since)" if changed_since(last, ws / f"{module}.py") else ""
+        print(f"last check ({last['when']}){since}: {last['state']}; {last['hint']}")
     return EXIT_OK
 
 
 def _status(args) -> int:
-    from tl_lab.exercise.grading import load_status
+    from tl_lab.exercise.grading import changed_since, load_status
 
     ws = _workspace(args)
     status = load_status(ws)
@@ -266,6 +271,8 @@ def _status(args) -> int:
             state = "yours"
         last = status.get(m)
         verdict = f"{last['state']} {last['passed']}/{last['total']} ({last['when']})" if last else "never checked"
+        if last and changed_since(last, f):  # after a reset too: "passed" is not said of a fresh stub
+            verdict += ", the file has changed since"
         print(f"  {m:<8} {state:<9} {sum(done.values()):>2}/{len(done):<2} pieces  last check: {verdict}")
     return EXIT_OK
 

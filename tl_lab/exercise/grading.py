@@ -12,6 +12,7 @@ The whole pytest output goes to <workspace>/.tl_lab/check-<module>.log; the rows
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -51,6 +52,7 @@ class Row:
     log: str = ""
     seconds: float = 0.0
     results: dict[str, str] = field(default_factory=dict)  # chapter test -> passed | failed
+    digest: str = ""  # of the file graded (`file_digest`), so a verdict is never shown for another text
 
     @property
     def ok(self) -> bool:
@@ -229,6 +231,7 @@ def check(workspace: Path, modules=None, ref_deps: bool = False, timeout: float 
     rows: dict[str, Row] = {}
     for m in order(modules):
         f = workspace / f"{m}.py"
+        digest = file_digest(f)  # before the run: the file may be edited while it is graded
         row = _not_started(m, f)
         if row is None:
             uses = {m: "learner"}
@@ -243,6 +246,7 @@ def check(workspace: Path, modules=None, ref_deps: bool = False, timeout: float 
             else:
                 data, log, seconds = _run(workspace, m, [d for d, how in uses.items() if how == "learner"], timeout)
                 row = _row(m, f, uses, data, log, seconds, timeout)
+        row.digest = digest
         rows[m] = row
         if progress is not None:
             progress(row)
@@ -259,6 +263,20 @@ def _save(workspace: Path, rows) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(status, indent=1), encoding="utf-8")
     tmp.replace(path)  # never half-written
+
+
+def file_digest(f: Path) -> str:
+    """The sha256 of a learner's file ("" when there is none)."""
+    try:
+        return hashlib.sha256(f.read_bytes()).hexdigest()
+    except OSError:
+        return ""
+
+
+def changed_since(last: dict, f: Path) -> bool:
+    """Whether `f` is no longer the text its last check (`last`, from status.json) graded: edited, or
+    reset to the stub. An entry saved before digests were kept says nothing."""
+    return bool(last.get("digest")) and last["digest"] != file_digest(f)
 
 
 def load_status(workspace: Path) -> dict:
