@@ -536,3 +536,14 @@ def test_show_model_displays_the_playground_it_returns(monkeypatch):
     w = model_playground.show_model(DATA_DIR / "bigram", "ab", seed=5)
     assert shown == [w] and isinstance(w, ModelPlayground)
     assert w.model_dir == DATA_DIR / "bigram" and w.prompt.value == "ab" and w.sampler.seed.value == "5"  # as given
+
+
+def test_given_float64_logits_are_sampled_as_given_not_read_back_as_float32():
+    """SamplerPlayground(np.array([0.1, 0.2, 0.3, 1/3])) showed logprob -1.290410735054671, the one of the
+    float32 rounding of its text, while sample() of the logits given returns -1.2904107380403718."""
+    x = np.array([0.1, 0.2, 0.3, 1 / 3])
+    w = SamplerPlayground(x)
+    assert (w.trace.token, w.trace.logprob) == sample(x, SamplingParams(), [], [], stream(0, 4))
+    w.logits_text.value = "0.1, 0.2, 0.3, 0.5"  # edited: the text is what is sampled, as float32
+    want = sample(np.array([0.1, 0.2, 0.3, 0.5], np.float32), SamplingParams(), [], [], stream(0, 4))
+    assert (w.trace.token, w.trace.logprob) == want

@@ -164,7 +164,7 @@ class SamplerPlayground(CellWidget):
         return self.engine.SamplingParams(**{name: w.value for name, w in self.sliders.items()})
 
     def _read_logits(self):
-        if self._logits is not None and self.logits_text.disabled:
+        if self._logits is not None and (self.logits_text.disabled or self._given_text_unchanged()):
             return self._logits
         raw = self.logits_text.value.strip()
         if not raw:
@@ -178,6 +178,11 @@ class SamplerPlayground(CellWidget):
         if self.labels is not None and len(values) != len(self.labels):
             self.labels = None  # the learner changed the vector: the token strings no longer apply
         return np.array(values, np.float32)
+
+    def _given_text_unchanged(self) -> bool:
+        """The box still holds the text set_logits put there: sample the given vector itself (read back
+        as float32, float64 logits such as [0.1, 0.2] would draw another logprob than sample() of them)."""
+        return self.logits_text.value == _numbers_text(self._logits)
 
     def _rng(self):
         """stream(seed, 4) with `draw` uniforms already taken; refuses a count it would not honour."""
