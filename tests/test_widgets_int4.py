@@ -198,3 +198,18 @@ def test_show_displays_the_widget_it_returns(monkeypatch):
     w = int4.show("0.5 -0.25 0.125 0.0625", 2)
     assert shown == [w] and isinstance(w, int4.Int4Widget)
     assert (w.weights_text.value, w.group.value) == ("0.5 -0.25 0.125 0.0625", "2")  # what it was given
+
+
+def test_a_weight_beyond_float32_is_refused_in_words_without_a_warning():
+    """Typing "-1e39, 1, 2, 3" printed "RuntimeWarning: overflow encountered in cast" into the output and
+    refused with QLinear's "w must be finite, got w[0, 0] = -inf": the learner typed a finite number."""
+    import warnings
+
+    w = Int4Widget()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        w.weights_text.value = "-1e39, 1, 2, 3"
+    assert w.error == "weights are float32: '-1e39' is beyond its largest, 3.4028235e+38"
+    assert w.view is None and w.chart.value == "" and plain(w.summary.value) == w.error
+    w.weights_text.value = "3.4028235e38, 1, 2, 3"  # float32's largest itself is read (then too large for f16)
+    assert "too large for an f16 scale" in w.error

@@ -101,6 +101,8 @@ def parse_weights(text: str, group_text) -> tuple[np.ndarray, int]:
             raise ValueError(f"not a number: {p!r}") from None
         if not math.isfinite(v):
             raise ValueError(f"weights must be finite, got {p!r}")
+        if not _fits_f32(v):  # else float32 makes it inf, with a RuntimeWarning and QLinear's "w[0, 0] = inf"
+            raise ValueError(f"weights are float32: {p!r} is beyond its largest, {np.finfo(np.float32).max:.8g}")
         values.append(v)
     group = _group_size(group_text)
     n = len(values)
@@ -108,6 +110,11 @@ def parse_weights(text: str, group_text) -> tuple[np.ndarray, int]:
         raise ValueError(f"group size {group} does not divide the {n} weights typed "
                          f"(groups tile a row exactly)")
     return np.asarray(values, dtype=np.float32), group
+
+
+def _fits_f32(v: float) -> bool:
+    with np.errstate(over="ignore"):
+        return bool(np.isfinite(np.float32(v)))
 
 
 def _group_size(group_text) -> int:
