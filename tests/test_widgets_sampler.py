@@ -547,3 +547,20 @@ def test_given_float64_logits_are_sampled_as_given_not_read_back_as_float32():
     w.logits_text.value = "0.1, 0.2, 0.3, 0.5"  # edited: the text is what is sampled, as float32
     want = sample(np.array([0.1, 0.2, 0.3, 0.5], np.float32), SamplingParams(), [], [], stream(0, 4))
     assert (w.trace.token, w.trace.logprob) == want
+
+
+def test_a_typed_logit_beyond_float32_is_refused_in_words_without_a_warning():
+    """Typing "1e39, 0" printed "RuntimeWarning: overflow encountered in cast" into the output and said
+    "logit of id 0 is inf: logits must be finite (and at most 2**1000 in size)": 1e39 is finite and
+    far below 2**1000; it is float32 that cannot hold it."""
+    import warnings
+
+    w = SamplerPlayground()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        w.logits_text.value = "1e39, 0"
+    assert w.message == ("could not read the logits: '1e39' (number 1) is beyond float32's largest, "
+                         "3.4028235e+38 (typed logits are float32)")
+    assert w.trace is None and w.charts.value == ""
+    w.logits_text.value = "nan, 0"  # not finite: the sampler's own words, as before
+    assert "logits must be finite" in w.message

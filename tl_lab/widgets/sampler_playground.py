@@ -175,6 +175,9 @@ class SamplerPlayground(CellWidget):
                 values.append(float(tok))
             except ValueError:
                 raise ValueError(f"could not read the logits: {tok!r} (number {j + 1}) is not a number") from None
+            if math.isfinite(values[-1]) and not _fits_f32(values[-1]):  # else inf, a RuntimeWarning, "is inf"
+                raise ValueError(f"could not read the logits: {tok!r} (number {j + 1}) is beyond float32's "
+                                 f"largest, {np.finfo(np.float32).max:.8g} (typed logits are float32)")
         if self.labels is not None and len(values) != len(self.labels):
             self.labels = None  # the learner changed the vector: the token strings no longer apply
         return np.array(values, np.float32)
@@ -278,6 +281,11 @@ def read_seed(text) -> int:
     if not (digits.isascii() and digits.isdigit()) or len(digits) > 40:  # 2**64 has 20 digits
         raise ValueError(f"seed must be an integer in [0, 2**64), got {raw[:40]!r}" + ("..." if len(raw) > 40 else ""))
     return int(raw)
+
+
+def _fits_f32(v: float) -> bool:
+    with np.errstate(over="ignore"):
+        return bool(np.isfinite(np.float32(v)))
 
 
 def _sample_module():
