@@ -295,3 +295,17 @@ def test_every_pools_drawing_lies_inside_its_box_and_an_empty_lru_says_so():
 def test_the_storys_keys_read_as_the_token_plus_a_quarter_per_kv_head():
     """K = token + h / 4 (V its negative): exact in f16, so a learner finds 7.25 in head 1's slab for token 7."""
     assert [key_value(7, h) for h in range(3)] == [7.0, 7.25, 7.5]
+
+
+def test_a_huge_position_is_refused_in_one_short_true_line():
+    """A whole number of 5,000 digits (past int()'s 4300-digit limit) was answered "Position '9999...'
+    is not a whole number", false, quoting all 5,000 digits; any text is quoted up to 40 characters."""
+    bm = BlockMap()
+    bm.goto(1)
+    bm.position.value = "9" * 5000
+    shown = plain(bm.where.value)
+    assert shown == f"Position {'9' * 40!r}... (5,000 digits) is outside every block table: type one such as 37."
+    bm.position.value = "x" * 5000
+    assert plain(bm.where.value) == f"Position {'x' * 40!r}... is not a whole number: type one such as 37."
+    bm.position.value = "3"
+    assert bm.locate()["slot"] == 3

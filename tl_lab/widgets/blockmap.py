@@ -224,7 +224,10 @@ def parse_position(text: str) -> tuple[int | None, str | None]:
     try:
         return int(t), None
     except ValueError:
-        return None, f"Position {t!r} is not a whole number: type one such as 37."
+        shown = repr(t[:40]) + ("..." if len(t) > 40 else "")  # a pasted page stays one short line
+        if t.lstrip("+-").isdigit():  # whole, but past int()'s limit of 4300 digits
+            return None, f"Position {shown} ({len(t.lstrip('+-')):,} digits) is outside every block table: type one such as 37."
+        return None, f"Position {shown} is not a whole number: type one such as 37."
 
 
 class BlockMap(CellWidget):
