@@ -213,3 +213,15 @@ def test_a_weight_beyond_float32_is_refused_in_words_without_a_warning():
     assert w.view is None and w.chart.value == "" and plain(w.summary.value) == w.error
     w.weights_text.value = "3.4028235e38, 1, 2, 3"  # float32's largest itself is read (then too large for f16)
     assert "too large for an f16 scale" in w.error
+
+
+def test_a_huge_group_size_is_refused_in_one_short_true_line():
+    """A group size of 5,000 digits (past int()'s 4300-digit limit) was refused as "group size must be a
+    whole number, got '9999...'", false, quoting all 5,000 digits; any text is quoted up to 40 characters."""
+    w = Int4Widget()
+    w.group.value = "9" * 5000
+    assert w.error == f"group size {'9' * 40!r}... (5,000 digits) is more than the 64 weights this widget takes"
+    w.group.value = "x" * 5000
+    assert w.error == f"group size must be a whole number, got {'x' * 40!r}..."
+    w.group.value = "4"
+    assert w.error == "" and w.view.q.tolist() == [4, -7, 0, 2]

@@ -122,7 +122,11 @@ def _group_size(group_text) -> int:
     try:
         group = int(raw)
     except ValueError:
-        raise ValueError(f"group size must be a whole number, got {raw!r}") from None
+        shown = repr(raw[:40]) + ("..." if len(raw) > 40 else "")  # a pasted page stays one short line
+        if raw.lstrip("+-").isdigit():  # whole, but past int()'s limit of 4300 digits
+            why = "must be positive" if raw.startswith("-") else f"is more than the {MAX_WEIGHTS} weights this widget takes"
+            raise ValueError(f"group size {shown} ({len(raw.lstrip('+-')):,} digits) {why}") from None
+        raise ValueError(f"group size must be a whole number, got {shown}") from None
     if group <= 0:
         raise ValueError(f"group size must be positive, got {group}")
     if group % 2:
