@@ -564,3 +564,15 @@ def test_a_typed_logit_beyond_float32_is_refused_in_words_without_a_warning():
     assert w.trace is None and w.charts.value == ""
     w.logits_text.value = "nan, 0"  # not finite: the sampler's own words, as before
     assert "logits must be finite" in w.message
+
+
+def test_a_huge_id_is_refused_in_one_short_true_line():
+    """An output id of 5,000 digits (past int()'s 4300-digit limit) was refused as "output ids must be
+    whole numbers: '9999...' is not one", false, quoting all 5,000 digits."""
+    w = SamplerPlayground()
+    w.output_text.value = "1, " + "9" * 5000
+    assert w.message == f"output id {'9' * 40!r}... (5,000 digits) is outside the vocabulary"
+    w.output_text.value = "x" * 5000
+    assert w.message == f"output ids must be whole numbers: {'x' * 40!r}... is not one"
+    w.output_text.value = "1"
+    assert w.message == "" and w.trace is not None

@@ -314,7 +314,10 @@ def _read_ids(text: str, name: str) -> list[int]:
         try:
             ids.append(int(tok))
         except ValueError:
-            raise ValueError(f"{name} ids must be whole numbers: {tok!r} is not one") from None
+            shown = repr(tok[:40]) + ("..." if len(tok) > 40 else "")  # a pasted page stays one short line
+            if tok.lstrip("+-").isdigit():  # whole, but past int()'s limit of 4300 digits
+                raise ValueError(f"{name} id {shown} ({len(tok.lstrip('+-')):,} digits) is outside the vocabulary") from None
+            raise ValueError(f"{name} ids must be whole numbers: {shown} is not one") from None
     return ids
 
 
