@@ -576,3 +576,21 @@ def test_a_huge_id_is_refused_in_one_short_true_line():
     assert w.message == f"output ids must be whole numbers: {'x' * 40!r}... is not one"
     w.output_text.value = "1"
     assert w.message == "" and w.trace is not None
+
+
+def test_the_given_labels_depend_on_the_vector_shown_not_on_the_path_to_it():
+    """Given 4 logits with labels, typing 3 logits and then 4 again (or the given text itself) showed
+    ids without their token strings: the labels were cleared for good by the detour, while the same
+    text typed directly keeps them."""
+    w = SamplerPlayground(np.array([0.5, 1.5, 1.0, 0.2], np.float32), labels=["a", "b", "c", "d"])
+    w.logits_text.value = "0.5, 1.5, 1.0, 0.3"
+    assert w.labels == ["a", "b", "c", "d"]
+    w.logits_text.value = "0.5, 1.5, 1.0"
+    assert w.labels is None and "'c'" not in plain(w.result.value)
+    w.logits_text.value = "0.5, 1.5, 1.0, 0.3"
+    assert w.labels == ["a", "b", "c", "d"]
+    w.logits_text.value = "0.5, 1.5, 1.0, 0.2"  # the given text: the given vector, and its labels
+    assert w.labels == ["a", "b", "c", "d"] and f"token {w.trace.token} 'c'" in plain(w.result.value)
+    w.preset.value = "peaked"  # a preset has no token strings
+    w.logits_text.value = "1, 2, 3, 4"
+    assert w.labels is None

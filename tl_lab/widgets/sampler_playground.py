@@ -165,6 +165,7 @@ class SamplerPlayground(CellWidget):
 
     def _read_logits(self):
         if self._logits is not None and (self.logits_text.disabled or self._given_text_unchanged()):
+            self.labels = self._given[1]
             return self._logits
         raw = self.logits_text.value.strip()
         if not raw:
@@ -178,8 +179,10 @@ class SamplerPlayground(CellWidget):
             if math.isfinite(values[-1]) and not _fits_f32(values[-1]):  # else inf, a RuntimeWarning, "is inf"
                 raise ValueError(f"could not read the logits: {tok!r} (number {j + 1}) is beyond float32's "
                                  f"largest, {np.finfo(np.float32).max:.8g} (typed logits are float32)")
-        if self.labels is not None and len(values) != len(self.labels):
-            self.labels = None  # the learner changed the vector: the token strings no longer apply
+        # the given token strings name the ids of a vector of their length; recomputed from the given ones
+        # each time (cleared for good, a detour through a shorter vector lost them for the same text)
+        given = self._given[1] if self._logits is not None else None
+        self.labels = given if given is not None and len(values) == len(given) else None
         return np.array(values, np.float32)
 
     def _given_text_unchanged(self) -> bool:
