@@ -309,3 +309,17 @@ def test_a_huge_position_is_refused_in_one_short_true_line():
     assert plain(bm.where.value) == f"Position {'x' * 40!r}... is not a whole number: type one such as 37."
     bm.position.value = "3"
     assert bm.locate()["slot"] == 3
+
+
+def test_a_table_entry_outside_the_pool_is_said_in_words_not_raised():
+    """show(pool, tables) draws any tables; with the section-3 table edited to [7, 2, 99] on a 12-block
+    pool, selecting position 37 raised "KvError: block id 99 is out of range" from the position box's
+    observer and left the panel showing the previous position."""
+    pool = KvPool(KvCfg(n_blocks=12, block_tokens=16, n_layers=1, n_kv_heads=2, head_dim=4))
+    bm = BlockMap.from_pool(pool, {"seq": [7, 2, 99]})
+    bm.position.value = 37
+    assert plain(bm.where.value) == ("Position 37 of sequence seq is in entry 2 of its block table, block 99: "
+                                     "not a block of this pool, whose blocks are 0 to 11.")
+    assert "stroke-width='3'" not in bm.grid.value  # nothing selected
+    bm.position.value = 20
+    assert bm.locate()["block"] == 2 and "pool block" in plain(bm.where.value)

@@ -395,6 +395,10 @@ class BlockMap(CellWidget):
             return {"html": message(
                 f"Position {pos} is outside sequence {seq}'s block table: {len(table)} blocks of "
                 f"B = {B} hold positions 0 to {len(table) * B - 1}.")}
+        if not 0 <= block < self.pool.n_blocks:  # any tables are drawn (the grid marks such an entry free)
+            return {"html": message(
+                f"Position {pos} of sequence {seq} is in entry {index} of its block table, block {block}: "
+                f"not a block of this pool, whose blocks are 0 to {self.pool.n_blocks - 1}.")}
         layer = self.layer.value
         offsets = [slab_offset(h, slot, B, D) for h in range(self.pool.H_kv)]
         written = pos < self.lengths[seq] if seq in self.lengths else slot < self.pool.fill(block)
