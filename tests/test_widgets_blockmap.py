@@ -323,3 +323,14 @@ def test_a_table_entry_outside_the_pool_is_said_in_words_not_raised():
     assert "stroke-width='3'" not in bm.grid.value  # nothing selected
     bm.position.value = 20
     assert bm.locate()["block"] == 2 and "pool block" in plain(bm.where.value)
+
+
+def test_tables_keyed_by_request_index_show_where_a_key_lands():
+    """Tables keyed by ints (as a StepRecord's `tables`, request index -> table) are drawn with their
+    names, but the position panel raised "AttributeError: 'int' object has no attribute 'replace'"
+    (html.escape of the name) from the constructor."""
+    pool = KvPool(KvCfg(n_blocks=12, block_tokens=16, n_layers=1, n_kv_heads=2, head_dim=4))
+    bm = BlockMap.from_pool(pool, {0: [3], 1: [7, 2, 9]})
+    bm.position.value = 37
+    assert bm.locate()["block"] == 9 and "Sequence 1, position 37" in plain(bm.where.value)
+    assert drawn_tables(bm) == {"0": [3], "1": [7, 2, 9]}

@@ -416,7 +416,7 @@ def _where_html(pool: KvPool, seq: str, pos: int, loc: tuple[int, int, int], lay
                 offsets: list[int], written: bool) -> str:
     """The panel for a position inside its table: the arithmetic, then K[0] and V[0] read from the
     slab at each kv head's offset, and a note when the position holds no key yet."""
-    (index, block, slot), B, D = loc, pool.block_tokens, pool.D
+    (index, block, slot), B, D = loc, pool.block_tokens, pool.D  # seq: any key of the tables, shown as str()
     K, V = pool.slab(block, layer, False).ravel(), pool.slab(block, layer, True).ravel()
     rows = "".join(
         f"<tr><td>{h}</td><td>({h} · {B} + {slot}) · {D} = <b>{off}</b></td>"
@@ -427,9 +427,9 @@ def _where_html(pool: KvPool, seq: str, pos: int, loc: tuple[int, int, int], lay
         f"<p style='color:{NOTE}'>Not written yet: the block holds {pool.fill(block)} of "
         f"{B} positions; the slab there holds whatever was left in it.</p>")
     return (
-        f"<div class='tl-where' data-seq='{html.escape(seq)}' data-position='{pos}' "
+        f"<div class='tl-where' data-seq='{html.escape(str(seq))}' data-position='{pos}' "
         f"data-index='{index}' data-block='{block}' data-slot='{slot}' style='{MONO}'>"
-        f"<p>Sequence {html.escape(seq)}, position {pos}: block table index {pos} // {B} = "
+        f"<p>Sequence {html.escape(str(seq))}, position {pos}: block table index {pos} // {B} = "
         f"<b>{index}</b> → pool block <b>{block}</b>, slot {pos} % {B} = <b>{slot}</b>.</p>"
         f"<table style='border-spacing: 14px 2px'><tr><th>kv head h</th><th>element of layer {layer}'s "
         f"K slab of block {block}</th><th>K[0] there</th><th>V[0] there</th></tr>{rows}</table>{note}</div>"
