@@ -334,3 +334,10 @@ def test_tables_keyed_by_request_index_show_where_a_key_lands():
     bm.position.value = 37
     assert bm.locate()["block"] == 9 and "Sequence 1, position 37" in plain(bm.where.value)
     assert drawn_tables(bm) == {"0": [3], "1": [7, 2, 9]}
+
+
+def test_an_empty_block_table_holds_no_position():
+    """A sequence with an empty table was answered "0 blocks of B = 4 hold positions 0 to -1"."""
+    pool = KvPool(KvCfg(n_blocks=4, block_tokens=4, n_layers=1, n_kv_heads=1, head_dim=2))
+    bm = BlockMap.from_pool(pool, {"x": []})
+    assert plain(bm.where.value) == "Position 0 is outside sequence x's block table: 0 blocks of B = 4 hold no position."

@@ -392,9 +392,10 @@ class BlockMap(CellWidget):
         try:
             index, block, slot = key_location(table, pos, B)
         except KvError:
+            held = f"positions 0 to {len(table) * B - 1}" if table else "no position"  # not "0 to -1"
             return {"html": message(
                 f"Position {pos} is outside sequence {seq}'s block table: {len(table)} blocks of "
-                f"B = {B} hold positions 0 to {len(table) * B - 1}.")}
+                f"B = {B} hold {held}.")}
         if not 0 <= block < self.pool.n_blocks:  # any tables are drawn (the grid marks such an entry free)
             return {"html": message(
                 f"Position {pos} of sequence {seq} is in entry {index} of its block table, block {block}: "
