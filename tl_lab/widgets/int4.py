@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import ipywidgets as widgets
 import numpy as np
 
-from tl_lab.quant import QLinear, f16_to_f32, pack_int4, unpack_int4
+import tl_lab.quant
+from tl_lab.quant import QLinear
 from tl_lab.widgets.common import CellWidget, MONO, NOTE, message
 
 PRESETS = {
@@ -134,22 +135,25 @@ def _group_size(group_text) -> int:
     return group
 
 
-def int4_view(W: np.ndarray, group: int, scale_mistake: bool = False, nibble_mistake: bool = False) -> Int4View:
+def int4_view(W: np.ndarray, group: int, scale_mistake: bool = False, nibble_mistake: bool = False,
+              quant=None) -> Int4View:
     """Quantize one row W in groups (the engine's QLinear), then, when asked, redo it with a mistake.
+    `quant`: the module whose QLinear and int4 helpers are used (default tl_lab.quant).
 
     ValueError (from QLinear) when a weight is too large for an f16 scale.
     """
+    qm = tl_lab.quant if quant is None else quant
     n = W.size
-    layer = QLinear.quantize(W.reshape(1, n), group)  # the engine's path
+    layer = qm.QLinear.quantize(W.reshape(1, n), group)  # the engine's path
     s_bits = layer.scales[0]
-    s16 = np.asarray(f16_to_f32(s_bits), dtype=np.float32)
-    q_correct = unpack_int4(layer.qweight)[0]
+    s16 = np.asarray(qm.f16_to_f32(s_bits), dtype=np.float32)
+    q_correct = qm.unpack_int4(layer.qweight)[0]
     W_hat_correct = layer.dequantize()[0]
     Wg = W.reshape(-1, group)
     s32 = np.abs(Wg).max(axis=1) / np.float32(7)
     q = _q_with_f32_scale(Wg, s32) if scale_mistake else q_correct
-    packed = _pack_odd_low(q) if nibble_mistake else _pack(q, layer, scale_mistake)
-    q_read = unpack_int4(packed)  # a reader that follows the format
+    packed = _pack_odd_low(q) if nibble_mistake else _pack(q, layer, scale_mistake, qm)
+    q_read = qm.unpack_int4(packed)  # a reader that follows the format
     s_each = np.repeat(s16, group)
     W_hat = (q_read * s_each).astype(np.float32)
     err = np.abs(W.astype(np.float64) - W_hat.astype(np.float64))
@@ -165,11 +169,11 @@ def _q_with_f32_scale(Wg: np.ndarray, s32: np.ndarray) -> np.ndarray:
     return np.where(s32[:, None] == 0, 0, q).astype(np.int8).reshape(-1)
 
 
-def _pack(q: np.ndarray, layer: QLinear, scale_mistake: bool) -> np.ndarray:
+def _pack(q: np.ndarray, layer: QLinear, scale_mistake: bool, qm) -> np.ndarray:
     """The format's bytes: the engine's own qweight, or pack_int4 of the mistaken q."""
     if not scale_mistake:
         return layer.qweight[0]
-    return pack_int4(q, 1, q.size)[0]
+    return qm.pack_int4(q, 1, q.size)[0]
 
 
 def _pack_odd_low(q: np.ndarray) -> np.ndarray:
@@ -190,6 +194,9 @@ class Int4Widget(CellWidget):
         first = next(iter(PRESETS))
         # the learner's quant module (chapter "your turn"): its bytes and W_hat beside the reference's
         self.yours, self.yours_result = yours, None
+        # beside the learner's, the display is the reference file's: with a workspace active (06's first
+        # cell), tl_lab.quant IS the learner's, and their bytes would show as the correct ones
+        self.quant = None if yours is None else _reference_quant()
         self.compare = widgets.HTML()
         style = dict(style={"description_width": "110px"}, layout=widgets.Layout(width="560px"))
         self.preset = widgets.Dropdown(options=list(PRESETS) + ["typed"], value=first,
@@ -253,7 +260,7 @@ class Int4Widget(CellWidget):
         """Parse the inputs and redraw everything, or clear the pictures and say what is wrong."""
         try:
             W, group = parse_weights(self.weights_text.value, self.group.value)
-            view = int4_view(W, group, self.scale_mistake, self.nibble_mistake)
+            view = int4_view(W, group, self.scale_mistake, self.nibble_mistake, self.quant)
         except ValueError as exc:
             self.view, self.error = None, str(exc)
             self.summary.value = message(self.error)
@@ -289,6 +296,12 @@ class Int4Widget(CellWidget):
             f"DIFFERENT from the reference's ({' '.join(f'{int(b):02X}' for b in ref.qweight[0])}"
             f"{'' if same_w else '; W_hat differs too'})")
         return f"<p class='tl-yours' style='{MONO}'><b>yours:</b> bytes {text} &middot; {verdict}</p>"
+
+
+def _reference_quant():
+    from tl_lab.exercise.side import reference
+
+    return reference("quant")
 
 
 def f32(x) -> str:
