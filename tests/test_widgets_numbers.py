@@ -98,3 +98,31 @@ def test_underflow_infinity_and_the_kept_bits_of_each_format_are_named():
     w.text.value = "70000"
     assert w.html.value.count(">overflow: infinity<") == 1  # f16's row; bf16 keeps the range
     assert "<th>hex</th><th>value stored</th><th>relative error</th></tr>" in w.html.value
+
+
+def test_beside_the_learners_quant_the_values_stored_are_the_references_with_a_workspace_active(tmp_path):
+    """Notebook 03 activates the workspace, so tl_lab.quant is the learner's file. With a learner's
+    f16_to_f32 that doubles (its f32_to_f16 right), NumbersWidget("0.1", yours=...) showed f16 0x2E66
+    with "value stored 0.199951171875, relative error 1" in the reference's display, above "yours:
+    f16 0x2E66 (the reference's)". The values stored are now read back by the reference's file too."""
+    import os
+    import subprocess
+    import sys
+
+    from tl_lab.exercise.stubs import reference_source
+    from tl_lab.paths import REPO_ROOT
+
+    (tmp_path / "quant.py").write_text(reference_source("quant") + (
+        "\n\n_right = f16_to_f32\n\n\ndef f16_to_f32(bits):\n    return _right(bits) * 2\n"))
+    code = ("from tl_lab import exercise\n"
+            "exercise.activate(quiet=True)\n"
+            "import tl_lab.quant\n"
+            "assert tl_lab.quant.__file__.startswith(exercise.active().workspace.as_posix())\n"
+            "from tl_lab.widgets.numbers import NumbersWidget\n"
+            "w = NumbersWidget('0.1', yours=exercise.side.yours_or_none('quant'))\n"
+            "print('0.199951171875' in w.html.value, '0.0999755859375' in w.html.value)\n")
+    env = {**os.environ, "TL_LAB_WORKSPACE": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "False True"

@@ -48,11 +48,14 @@ class NumbersWidget(CellWidget):
         self.yours = yours  # the learner's quant module, or None
         self.yours_bits: dict[str, int] = {}  # fmt -> the learner's pattern for x ({} if none or it raised)
         self._explain = {"f16": explain_f32_to_f16, "bf16": explain_f32_to_bf16}
+        self._widen = None  # tl_lab.quant's widening for "value stored"
         if yours is not None:
             from tl_lab.exercise.side import reference
 
             ref = reference("quant")
             self._explain = {"f16": ref.explain_f32_to_f16, "bf16": ref.explain_f32_to_bf16}
+            # the stored values too: with a workspace active tl_lab.quant's f16_to_f32 is the learner's
+            self._widen = {"f16": ref.f16_to_f32, "bf16": ref.bf16_to_f32}
         super().__init__([self.text, self.html, self.compare])
         self.text.observe(self._on_text, names="value")
         self.refresh()
@@ -70,7 +73,7 @@ class NumbersWidget(CellWidget):
             self.html.value, self.compare.value = not_a_number(raw), ""
             return
         self.narrowings = {fmt: explain(self.x) for fmt, explain in self._explain.items()}
-        self.html.value = render(self.x, self.narrowings)
+        self.html.value = render(self.x, self.narrowings, self._widen)
         self.compare.value = self._yours_line()
 
     def _yours_line(self) -> str:
@@ -98,11 +101,12 @@ def not_a_number(raw: str) -> str:
     return message(f"{what}. Try a decimal such as 0.1, 1.00048828125, -3.5e-6, 70000 or nan.")
 
 
-def render(x: float, narrowings: dict[str, Narrowing]) -> str:
-    """The whole display for the typed value x (a Python float) as HTML."""
+def render(x: float, narrowings: dict[str, Narrowing], widen: dict | None = None) -> str:
+    """The whole display for the typed value x (a Python float) as HTML. `widen`: fmt -> the function
+    reading its bits back as a value (default tl_lab.quant's f16_to_f32 and bf16_to_f32)."""
     x32 = narrowings["f16"].x_bits
     rows = [_row("f32", x32, f32_from_bits(x32), x)]
-    rows += [_row(fmt, n.bits, _widen(fmt, n.bits), x) for fmt, n in narrowings.items()]
+    rows += [_row(fmt, n.bits, (widen or WIDEN)[fmt](n.bits), x) for fmt, n in narrowings.items()]
     table = (
         f"<table style='{MONO}'><tr><th>format</th><th>sign | exponent | mantissa</th>"
         "<th>hex</th><th>value stored</th><th>relative error</th></tr>" + "".join(rows) + "</table>"
@@ -111,8 +115,7 @@ def render(x: float, narrowings: dict[str, Narrowing]) -> str:
     return f"<div><p>x = {html.escape(repr(x))} (typed; f32 first, then narrowed)</p>{table}{steps}</div>"
 
 
-def _widen(fmt: str, bits: int) -> float:
-    return f16_to_f32(bits) if fmt == "f16" else bf16_to_f32(bits)
+WIDEN = {"f16": f16_to_f32, "bf16": bf16_to_f32}
 
 
 def _row(fmt: str, bits: int, stored: float, x: float) -> str:
