@@ -594,3 +594,15 @@ def test_the_given_labels_depend_on_the_vector_shown_not_on_the_path_to_it():
     w.preset.value = "peaked"  # a preset has no token strings
     w.logits_text.value = "1, 2, 3, 4"
     assert w.labels is None
+
+
+def test_a_seed_with_a_plus_sign_is_the_integer_it_says():
+    """"+5" was refused with "seed must be an integer in [0, 2**64), got '+5'", which it is (the other
+    boxes of the widgets, read by int(), take it)."""
+    w = SamplerPlayground()
+    w.seed.value = "+5"
+    assert w.message == "" and (w.trace.token, w.trace.logprob) == sample(
+        np.array([1, 3, 2, 3, -1], np.float32), SamplingParams(), [], [], stream(5, 4))
+    for typed in ("+-5", "+", "-", "++5"):
+        w.seed.value = typed
+        assert w.message == f"seed must be an integer in [0, 2**64), got {typed!r}"

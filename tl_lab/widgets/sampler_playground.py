@@ -280,7 +280,7 @@ def read_seed(text) -> int:
     """The seed box's text as the exact integer typed (any size: stream() then refuses one outside
     [0, 2**64) in the spec's words); ValueError in words for anything else."""
     raw = str(text).strip()
-    digits = raw.removeprefix("-")
+    digits = raw[1:] if raw[:1] in ("+", "-") else raw  # a sign, as int() reads it (was: "+5" refused)
     if not (digits.isascii() and digits.isdigit()) or len(digits) > 40:  # 2**64 has 20 digits
         raise ValueError(f"seed must be an integer in [0, 2**64), got {raw[:40]!r}" + ("..." if len(raw) > 40 else ""))
     return int(raw)
