@@ -126,3 +126,13 @@ def test_beside_the_learners_quant_the_values_stored_are_the_references_with_a_w
                          timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "False True"
+
+
+def test_a_pasted_page_is_quoted_in_one_short_line():
+    """A pasted vector of 2,000 numbers was quoted whole in the message, 20,000 characters of it."""
+    w = NumbersWidget()
+    pasted = "[" + ", ".join(["0.1234567"] * 2000) + "]"
+    w.text.value = pasted
+    assert w.x is None and plain(w.html.value) == (
+        f"Not a number: {pasted[:40]!r}... ({len(pasted):,} characters). Try a decimal such as 0.1, "
+        "1.00048828125, -3.5e-6, 70000 or nan.")

@@ -97,7 +97,8 @@ class NumbersWidget(CellWidget):
 
 def not_a_number(raw: str) -> str:
     """The message for text that is not a float, with values worth trying."""
-    what = "Type a number" if not raw else f"Not a number: {raw!r}"
+    shown = repr(raw[:40]) + (f"... ({len(raw):,} characters)" if len(raw) > 40 else "")  # one short line
+    what = "Type a number" if not raw else f"Not a number: {shown}"
     return message(f"{what}. Try a decimal such as 0.1, 1.00048828125, -3.5e-6, 70000 or nan.")
 
 
