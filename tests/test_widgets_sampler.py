@@ -606,3 +606,21 @@ def test_a_seed_with_a_plus_sign_is_the_integer_it_says():
     for typed in ("+-5", "+", "-", "++5"):
         w.seed.value = typed
         assert w.message == f"seed must be an integer in [0, 2**64), got {typed!r}"
+
+
+def test_top_k_comes_back_after_a_smaller_vector_clamped_it():
+    """top-k 10 on the 12-id preset, then the 5 given logits (the slider's range becomes 1..5, the value
+    5), then the 12-id preset again: top-k stayed 5 and the chart kept 5 ids, a setting the learner
+    never made. The learner's value comes back where the range allows it."""
+    w = SamplerPlayground(np.array([0.5, 1.5, 1.0, 0.2, 0.1], np.float32))
+    w.preset.value = "flat with a long tail"
+    w.top_k.value = 10
+    assert w.trace.top_k.size == 10
+    w.preset.value = GIVEN
+    assert (w.top_k.max, w.top_k.value) == (5, 5)
+    w.preset.value = "flat with a long tail"
+    assert (w.top_k.max, w.top_k.value) == (50, 10) and w.trace.top_k.size == 10
+    w.preset.value = GIVEN
+    w.top_k.value = 2  # moved by the learner while the range is small: that is what comes back
+    w.preset.value = "peaked"
+    assert w.top_k.value == 2

@@ -112,6 +112,8 @@ class SamplerPlayground(CellWidget):
         for w in (self.logits_text, self.prompt_text, self.output_text, self.seed, self.draw,
                   *self.sliders.values()):
             w.observe(lambda _: self.update(), names="value")
+        self._top_k_asked = self.top_k.value  # what the learner set, kept through a smaller vector's range
+        self.top_k.observe(self._remember_top_k, names="value")
 
     # ------------------------------------------------------------ inputs
 
@@ -137,10 +139,20 @@ class SamplerPlayground(CellWidget):
             editable = x.ndim == 1 and x.size <= EDITABLE_MAX
             self.logits_text.disabled = not editable
             self.logits_text.value = _numbers_text(x) if editable else f"({x.size} logits given; not editable here)"
-            self.top_k.max = max(1, min(200, x.size if x.ndim == 1 else 1))
+            self._top_k_range(max(1, min(200, x.size if x.ndim == 1 else 1)))
         finally:
             self._quiet = False
         self.update()
+
+    def _remember_top_k(self, change) -> None:
+        if not self._quiet:  # the learner moved it (a range change below clamps it quietly)
+            self._top_k_asked = change["new"]
+
+    def _top_k_range(self, top: int) -> None:
+        """The top-k slider's range for a vector: a smaller one clamps the value, a larger one gives back
+        what the learner set (was: top-k 10, a 5-id vector, a 12-id preset again -> top-k 5)."""
+        self.top_k.max = top
+        self.top_k.value = min(self._top_k_asked, top)
 
     def _on_preset(self, change) -> None:
         name = change["new"]
@@ -154,7 +166,7 @@ class SamplerPlayground(CellWidget):
             self._logits, self.labels = None, None
             self.logits_text.disabled = False
             self.logits_text.value = _numbers_text(PRESETS[name])
-            self.top_k.max = 50
+            self._top_k_range(50)
         finally:
             self._quiet = False
         self.update()
