@@ -158,3 +158,21 @@ def workspace(tmp_path, kind: str = "stub", modules=None):
     for m in MODULES if modules is None else modules:
         (ws / f"{m}.py").write_text(stub_source(m) if kind == "stub" else reference_source(m), encoding="utf-8")
     return ws
+
+
+def in_workspace(ws, body: str) -> str:
+    """`body` run in a fresh Python with the workspace `ws` active (as a section notebook's first cell
+    makes it, `exercise.activate()`), tl_lab.quant asserted to be its file -> the last line printed."""
+    import subprocess
+    import sys
+
+    from tl_lab.paths import REPO_ROOT
+
+    code = ("from tl_lab import exercise\n"
+            "exercise.activate(quiet=True)\n"
+            "import tl_lab.quant\n"
+            "assert tl_lab.quant.__file__.startswith(exercise.active().workspace.as_posix())\n" + body)
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env={**os.environ, "TL_LAB_WORKSPACE": str(ws)},
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()[-1]

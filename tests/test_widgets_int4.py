@@ -6,7 +6,7 @@ import re
 import numpy as np
 import pytest
 
-from conftest import shown_text as plain, svg_outside
+from conftest import in_workspace, shown_text as plain, svg_outside
 from tl_lab.paths import REPO_ROOT
 from tl_lab.quant import QLinear, unpack_int4
 from tl_lab.widgets.int4 import NIBBLE_ORDERS, PRESETS, SCALE_RULES, Int4Widget
@@ -232,10 +232,6 @@ def test_beside_the_learners_quant_the_display_is_the_references_with_a_workspac
     drew the learner's s09 bytes 0x49 0x02 as the correct scheme's ('every weight is within s/2') right
     above "yours: bytes 49 02 · DIFFERENT from the reference's (94 20)". The display is now the
     reference file's, as the numbers widget, the block map and the sampler playground do."""
-    import os
-    import subprocess
-    import sys
-
     from tl_lab.exercise.stubs import reference_source
     from tl_lab.pitfalls import apply_edit, get
 
@@ -243,15 +239,8 @@ def test_beside_the_learners_quant_the_display_is_the_references_with_a_workspac
     for e in get("s09").edits:
         src = apply_edit(src, e, "s09")
     (tmp_path / "quant.py").write_text(src)
-    code = ("from tl_lab import exercise\n"
-            "exercise.activate(quiet=True)\n"
-            "import tl_lab.quant, re\n"
-            "assert tl_lab.quant.__file__.startswith(exercise.active().workspace.as_posix())\n"
-            "from tl_lab.widgets.int4 import Int4Widget\n"
-            "w = Int4Widget(yours=exercise.side.yours_or_none('quant'))\n"
-            "print(re.search(r'packed bytes: ([^<]*)', w.summary.value).group(1))\n")
-    env = {**os.environ, "TL_LAB_WORKSPACE": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().splitlines()[-1] == "0x94 0x20"
+    shown = in_workspace(tmp_path, "import re\n"
+                                   "from tl_lab.widgets.int4 import Int4Widget\n"
+                                   "w = Int4Widget(yours=exercise.side.yours_or_none('quant'))\n"
+                                   "print(re.search(r'packed bytes: ([^<]*)', w.summary.value).group(1))\n")
+    assert shown == "0x94 0x20"

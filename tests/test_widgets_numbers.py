@@ -4,7 +4,7 @@ import re
 
 import numpy as np
 
-from conftest import joined_text as plain
+from conftest import in_workspace, joined_text as plain
 from tl_lab.quant import f32_to_bf16, f32_to_f16
 from tl_lab.widgets.numbers import NumbersWidget
 
@@ -105,27 +105,14 @@ def test_beside_the_learners_quant_the_values_stored_are_the_references_with_a_w
     f16_to_f32 that doubles (its f32_to_f16 right), NumbersWidget("0.1", yours=...) showed f16 0x2E66
     with "value stored 0.199951171875, relative error 1" in the reference's display, above "yours:
     f16 0x2E66 (the reference's)". The values stored are now read back by the reference's file too."""
-    import os
-    import subprocess
-    import sys
-
     from tl_lab.exercise.stubs import reference_source
-    from tl_lab.paths import REPO_ROOT
 
     (tmp_path / "quant.py").write_text(reference_source("quant") + (
         "\n\n_right = f16_to_f32\n\n\ndef f16_to_f32(bits):\n    return _right(bits) * 2\n"))
-    code = ("from tl_lab import exercise\n"
-            "exercise.activate(quiet=True)\n"
-            "import tl_lab.quant\n"
-            "assert tl_lab.quant.__file__.startswith(exercise.active().workspace.as_posix())\n"
-            "from tl_lab.widgets.numbers import NumbersWidget\n"
-            "w = NumbersWidget('0.1', yours=exercise.side.yours_or_none('quant'))\n"
-            "print('0.199951171875' in w.html.value, '0.0999755859375' in w.html.value)\n")
-    env = {**os.environ, "TL_LAB_WORKSPACE": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().splitlines()[-1] == "False True"
+    shown = in_workspace(tmp_path, "from tl_lab.widgets.numbers import NumbersWidget\n"
+                                   "w = NumbersWidget('0.1', yours=exercise.side.yours_or_none('quant'))\n"
+                                   "print('0.199951171875' in w.html.value, '0.0999755859375' in w.html.value)\n")
+    assert shown == "False True"
 
 
 def test_a_pasted_page_is_quoted_in_one_short_line():

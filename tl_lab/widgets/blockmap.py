@@ -26,7 +26,7 @@ from tl_lab.blocks import BlockManager, SeqBlocks, blocks_for, cacheable
 from tl_lab.errors import KvError
 from tl_lab.kv import KvCfg, KvPool, key_location, slab_offset
 from tl_lab.quant import f16_to_f32, f32_to_f16
-from tl_lab.widgets.common import CellWidget, MONO, NOTE, message
+from tl_lab.widgets.common import CellWidget, MONO, NOTE, digits_past_int, message, quoted
 
 COLOURS = {"free": "#e5e7eb", "in_use": "#93c5fd", "cached": "#fcd34d"}
 STROKE = {"free": "#9ca3af", "in_use": "#1d4ed8", "cached": "#b45309"}
@@ -224,10 +224,9 @@ def parse_position(text: str) -> tuple[int | None, str | None]:
     try:
         return int(t), None
     except ValueError:
-        shown = repr(t[:40]) + ("..." if len(t) > 40 else "")  # a pasted page stays one short line
-        if t.lstrip("+-").isdigit():  # whole, but past int()'s limit of 4300 digits
-            return None, f"Position {shown} ({len(t.lstrip('+-')):,} digits) is outside every block table: type one such as 37."
-        return None, f"Position {shown} is not a whole number: type one such as 37."
+        if n := digits_past_int(t):
+            return None, f"Position {quoted(t)} ({n:,} digits) is outside every block table: type one such as 37."
+        return None, f"Position {quoted(t)} is not a whole number: type one such as 37."
 
 
 class BlockMap(CellWidget):

@@ -12,6 +12,7 @@ import html
 from dataclasses import dataclass
 
 import ipywidgets as widgets
+import numpy as np
 
 MONO = "font-family: ui-monospace, monospace"
 ERROR = "#c0392b"   # a refusal or an input out of range
@@ -125,6 +126,25 @@ def _running_cell() -> tuple[str, int] | None:
 def message(text: str, colour: str = ERROR) -> str:
     """One line of HTML in words, escaped; red by default, `NOTE` grey for a normal state."""
     return f"<p class='tl-message' style='color:{colour}'><b>{html.escape(text)}</b></p>"
+
+
+def quoted(text: str, limit: int = 40) -> str:
+    """What a learner typed, for a message: its repr, cut to `limit` characters (a pasted page stays
+    one short line)."""
+    return repr(text[:limit]) + ("..." if len(text) > limit else "")
+
+
+def digits_past_int(text: str) -> int:
+    """How many digits a whole number int() refused has (past its limit of 4300 digits), else 0: such
+    a number is out of every range a widget takes, not "not a whole number"."""
+    digits = text.lstrip("+-")
+    return len(digits) if digits.isdigit() else 0
+
+
+def fits_f32(v: float) -> bool:
+    """Whether float32 holds the finite v without becoming inf (np.float32 would warn and say inf)."""
+    with np.errstate(over="ignore"):
+        return bool(np.isfinite(np.float32(v)))
 
 
 def left_table(head: list[str], rows: list[list[str]]) -> str:

@@ -26,7 +26,7 @@ import numpy as np
 
 import tl_lab.quant
 from tl_lab.quant import QLinear
-from tl_lab.widgets.common import CellWidget, MONO, NOTE, message
+from tl_lab.widgets.common import CellWidget, MONO, NOTE, digits_past_int, fits_f32, message, quoted
 
 PRESETS = {
     "section 3: [0.7, -1.4, 0, 0.29995]": ("0.7, -1.4, 0, 0.29995", 4),
@@ -102,7 +102,7 @@ def parse_weights(text: str, group_text) -> tuple[np.ndarray, int]:
             raise ValueError(f"not a number: {p!r}") from None
         if not math.isfinite(v):
             raise ValueError(f"weights must be finite, got {p!r}")
-        if not _fits_f32(v):  # else float32 makes it inf, with a RuntimeWarning and QLinear's "w[0, 0] = inf"
+        if not fits_f32(v):  # else float32 makes it inf, with a RuntimeWarning and QLinear's "w[0, 0] = inf"
             raise ValueError(f"weights are float32: {p!r} is beyond its largest, {np.finfo(np.float32).max:.8g}")
         values.append(v)
     group = _group_size(group_text)
@@ -113,21 +113,15 @@ def parse_weights(text: str, group_text) -> tuple[np.ndarray, int]:
     return np.asarray(values, dtype=np.float32), group
 
 
-def _fits_f32(v: float) -> bool:
-    with np.errstate(over="ignore"):
-        return bool(np.isfinite(np.float32(v)))
-
-
 def _group_size(group_text) -> int:
     raw = str(group_text).strip()
     try:
         group = int(raw)
     except ValueError:
-        shown = repr(raw[:40]) + ("..." if len(raw) > 40 else "")  # a pasted page stays one short line
-        if raw.lstrip("+-").isdigit():  # whole, but past int()'s limit of 4300 digits
+        if n := digits_past_int(raw):
             why = "must be positive" if raw.startswith("-") else f"is more than the {MAX_WEIGHTS} weights this widget takes"
-            raise ValueError(f"group size {shown} ({len(raw.lstrip('+-')):,} digits) {why}") from None
-        raise ValueError(f"group size must be a whole number, got {shown}") from None
+            raise ValueError(f"group size {quoted(raw)} ({n:,} digits) {why}") from None
+        raise ValueError(f"group size must be a whole number, got {quoted(raw)}") from None
     if group <= 0:
         raise ValueError(f"group size must be positive, got {group}")
     if group % 2:

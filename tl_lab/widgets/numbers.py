@@ -25,7 +25,7 @@ from tl_lab.quant import (
     f16_to_f32,
     f32_from_bits,
 )
-from tl_lab.widgets.common import CellWidget, ERROR, MONO, message
+from tl_lab.widgets.common import CellWidget, ERROR, MONO, message, quoted
 
 # (total bits, exponent bits, mantissa bits, relative error bound in the normal range)
 FORMATS = {"f32": (32, 8, 23, 2.0**-24), "f16": (16, 5, 10, 2.0**-11), "bf16": (16, 8, 7, 2.0**-8)}
@@ -97,7 +97,7 @@ class NumbersWidget(CellWidget):
 
 def not_a_number(raw: str) -> str:
     """The message for text that is not a float, with values worth trying."""
-    shown = repr(raw[:40]) + (f"... ({len(raw):,} characters)" if len(raw) > 40 else "")  # one short line
+    shown = quoted(raw) + (f" ({len(raw):,} characters)" if len(raw) > 40 else "")
     what = "Type a number" if not raw else f"Not a number: {shown}"
     return message(f"{what}. Try a decimal such as 0.1, 1.00048828125, -3.5e-6, 70000 or nan.")
 

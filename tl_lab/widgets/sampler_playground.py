@@ -25,7 +25,8 @@ import ipywidgets as widgets
 import numpy as np
 
 from tl_lab.sample import PURPOSE_SAMPLE, SampleTrace, SamplingParams
-from tl_lab.widgets.common import MONO, CellWidget, Control, build_controls, field_style, message
+from tl_lab.widgets.common import (MONO, CellWidget, Control, build_controls, digits_past_int, field_style, fits_f32,
+                                   message, quoted)
 from tl_lab.widgets.sampler_charts import render_charts, stage_data
 
 PRESETS = {
@@ -188,7 +189,7 @@ class SamplerPlayground(CellWidget):
                 values.append(float(tok))
             except ValueError:
                 raise ValueError(f"could not read the logits: {tok!r} (number {j + 1}) is not a number") from None
-            if math.isfinite(values[-1]) and not _fits_f32(values[-1]):  # else inf, a RuntimeWarning, "is inf"
+            if math.isfinite(values[-1]) and not fits_f32(values[-1]):  # else inf, a RuntimeWarning, "is inf"
                 raise ValueError(f"could not read the logits: {tok!r} (number {j + 1}) is beyond float32's "
                                  f"largest, {np.finfo(np.float32).max:.8g} (typed logits are float32)")
         # the given token strings name the ids of a vector of their length; recomputed from the given ones
@@ -294,13 +295,8 @@ def read_seed(text) -> int:
     raw = str(text).strip()
     digits = raw[1:] if raw[:1] in ("+", "-") else raw  # a sign, as int() reads it (was: "+5" refused)
     if not (digits.isascii() and digits.isdigit()) or len(digits) > 40:  # 2**64 has 20 digits
-        raise ValueError(f"seed must be an integer in [0, 2**64), got {raw[:40]!r}" + ("..." if len(raw) > 40 else ""))
+        raise ValueError(f"seed must be an integer in [0, 2**64), got {quoted(raw)}")
     return int(raw)
-
-
-def _fits_f32(v: float) -> bool:
-    with np.errstate(over="ignore"):
-        return bool(np.isfinite(np.float32(v)))
 
 
 def _sample_module():
@@ -329,10 +325,9 @@ def _read_ids(text: str, name: str) -> list[int]:
         try:
             ids.append(int(tok))
         except ValueError:
-            shown = repr(tok[:40]) + ("..." if len(tok) > 40 else "")  # a pasted page stays one short line
-            if tok.lstrip("+-").isdigit():  # whole, but past int()'s limit of 4300 digits
-                raise ValueError(f"{name} id {shown} ({len(tok.lstrip('+-')):,} digits) is outside the vocabulary") from None
-            raise ValueError(f"{name} ids must be whole numbers: {shown} is not one") from None
+            if n := digits_past_int(tok):
+                raise ValueError(f"{name} id {quoted(tok)} ({n:,} digits) is outside the vocabulary") from None
+            raise ValueError(f"{name} ids must be whole numbers: {quoted(tok)} is not one") from None
     return ids
 
 
