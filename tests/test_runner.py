@@ -405,6 +405,21 @@ def test_forward_refuses_batches_of_the_wrong_types_and_starts_past_what_the_blo
         runner.forward(ForwardBatch([ForwardSeq([1], 20, again)]))
 
 
+def test_forward_names_a_batch_that_is_not_a_forward_batch():
+    """forward([ForwardSeq(...)]) or forward(ForwardSeq(...)) said "empty batch" (neither has .seqs);
+    now the BatchError names the type given, and nothing changes."""
+    runner = tiny(n_blocks=4)
+    blocks = runner.pool.alloc(1)
+    seq = ForwardSeq([1, 2], 0, blocks)
+    for batch, name in (([seq], "list"), (seq, "ForwardSeq"), (None, "NoneType")):
+        before = snapshot(runner)
+        with pytest.raises(BatchError, match=f"forward needs a ForwardBatch, got {name}$"):
+            runner.forward(batch)
+        assert snapshot(runner) == before
+    with pytest.raises(BatchError, match="ForwardBatch.seqs must be a list of ForwardSeq, got NoneType"):
+        runner.forward(ForwardBatch(None))
+
+
 def test_forward_fills_the_blocks_it_writes():
     runner = tiny()
     blocks = blocks_for(runner, 40)

@@ -248,8 +248,10 @@ class ModelRunner:
     def _check(self, batch, tables: bool = True) -> Step:
         """Refuse a batch the forward cannot run (BatchError naming the sequence and the value).
         tables=False checks everything but the block tables (before temporary blocks are taken)."""
-        seqs = getattr(batch, "seqs", None)
-        if seqs is not None and not isinstance(seqs, (list, tuple)):
+        if not isinstance(batch, ForwardBatch):  # a bare list or ForwardSeq has no .seqs: not "empty"
+            raise BatchError(f"forward needs a ForwardBatch, got {type(batch).__name__}")
+        seqs = batch.seqs
+        if not isinstance(seqs, (list, tuple)):
             raise BatchError(f"ForwardBatch.seqs must be a list of ForwardSeq, got {type(seqs).__name__}")
         if not seqs:
             raise BatchError("empty batch: a ForwardBatch needs at least one sequence")
