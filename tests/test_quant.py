@@ -372,6 +372,18 @@ def test_int4_packing_refuses_bad_input():
         unpack_int4(np.zeros(4, dtype=np.int8))
 
 
+
+def test_int4_packing_of_nothing_and_of_sizes_that_are_not_integers():
+    """pack_int4([], 0, 4) failed in numpy ("ufunc 'bitwise_and' not supported": [] reads as float64);
+    rows=1.0 was a TypeError from reshape and rows="1" one from '<'. Now nothing packs to an empty
+    (rows, cols // 2) array, and a size that is not an integer is a ValueError naming it."""
+    for q, rows, cols in (([], 0, 4), ([], 3, 0), (np.zeros(0), 0, 0)):
+        packed = pack_int4(q, rows, cols)
+        assert packed.dtype == np.uint8 and packed.shape == (rows, cols // 2)
+    for rows, cols, name in ((1.0, 2, "rows"), ("1", 2, "rows"), (1, None, "cols"), (True, 2, "rows")):
+        with pytest.raises(ValueError, match=f"^{name} must be"):
+            pack_int4([0, 0], rows, cols)
+
 # ---------------------------------------------------------------------------------------------
 # Properties
 # ---------------------------------------------------------------------------------------------

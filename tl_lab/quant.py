@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tl_lab.checks import as_float, exact_array, f16_scales, finite_matrix, is_int, rows_of
+from tl_lab.checks import as_float, as_int, exact_array, f16_scales, finite_matrix, is_int, rows_of
 from tl_lab.lazy_kernels import product_q4  # the compiler is imported at the first product, not to read a file
 from tl_lab.widening import F16_AS_F32
 
@@ -343,6 +343,7 @@ def pack_int4(q, rows: int, cols: int) -> np.ndarray:
     Chapter L10.1, section 2.5: column 2b goes into the low nibble and 2b + 1 into the high one,
     each in 4-bit two's complement (-8 is 1000, -1 is 1111). q may be flat or (rows, cols).
     """
+    rows, cols = as_int(rows, "rows"), as_int(cols, "cols")  # 1.0 and "2" are refused by name
     if rows < 0 or cols < 0:
         raise ValueError(f"rows and cols must be non-negative, got rows={rows}, cols={cols}")
     if cols % 2:
@@ -350,8 +351,10 @@ def pack_int4(q, rows: int, cols: int) -> np.ndarray:
     q = np.asarray(q)
     if q.size != rows * cols:
         raise ValueError(f"size mismatch: q has {q.size} values, rows * cols = {rows * cols}")
-    if q.size and q.dtype.kind not in "iu":
-        raise ValueError(f"int4 values must be integers, got dtype {q.dtype}")
+    if q.dtype.kind not in "iu":
+        if q.size:
+            raise ValueError(f"int4 values must be integers, got dtype {q.dtype}")
+        q = q.astype(np.int8)  # np.asarray([]) is float64: nothing to pack, but & needs integers
     q = q.reshape(rows, cols)
     bad = (q < INT4_MIN) | (q > INT4_MAX)
     if bad.any():
