@@ -45,6 +45,22 @@ def test_rows_of_passes_float32_rows_through_and_names_a_wrong_shape():
         rows_of(np.ones(4, np.float32), 4)
 
 
+def test_rows_of_refuses_rows_that_are_not_real_numbers():
+    """QLinear.forward(np.array([[1, 2, 3, None]])) returned a row of NaN (None became NaN), a string
+    array was numpy's "could not convert string to float"; now a ValueError naming x's dtype. Integer
+    rows are still products' inputs (widened to float32)."""
+    from tl_lab.model import Linear
+    from tl_lab.quant import QLinear
+
+    for x in (np.array([[1.0, 2.0, 3.0, None]]), np.array([["1", "2", "3", "4"]]), np.ones((1, 4), bool)):
+        with pytest.raises(ValueError, match=f"^x must hold real numbers, got dtype {x.dtype}$"):
+            rows_of(x, 4)
+        for lin in (QLinear.quantize(np.ones((2, 4), np.float32), 2), Linear(np.ones((2, 4), np.float32))):
+            with pytest.raises(ValueError, match="x must hold real numbers"):
+                lin.forward(x)
+    assert rows_of(np.ones((1, 4), np.int64), 4).dtype == np.float32
+
+
 def test_finite_matrix_keeps_a_float32_weight_uncopied_and_names_the_first_bad_entry():
     w = np.ones((3, 4), np.float32)
     assert finite_matrix(w) is w  # a model's weight is never copied to be checked

@@ -49,7 +49,10 @@ def rows_of(x, inp: int) -> np.ndarray:
     shape = np.shape(x)
     if len(shape) != 2 or shape[1] != inp:
         raise ValueError(f"x must be (m, {inp}), got shape {shape}")
-    return np.asarray(x).astype(np.float32, copy=False)
+    x = np.asarray(x)
+    if x.dtype.kind not in "fiu":  # an object array's None became a NaN row, a string array numpy's error
+        raise ValueError(f"x must hold real numbers, got dtype {x.dtype}")
+    return x.astype(np.float32, copy=False)
 
 
 def finite_matrix(w) -> np.ndarray:
