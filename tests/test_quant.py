@@ -357,6 +357,24 @@ def test_quantize_and_qlinear_refuse_bad_input():
         QLinear(2, 8, 4, qw, sc).dequantize(out=np.empty((8, 2), np.float32))
 
 
+def test_widening_into_out_names_an_out_it_cannot_write():
+    """f16_to_f32(h, out=...) and bf16_to_f32(h, out=...) with a float64 out, one of the wrong shape
+    or a read-only one raised numpy's messages ("operands could not be broadcast together", "Cannot
+    cast array data", "WRITEBACKIFCOPY base is read-only"); now a ValueError naming out, out untouched."""
+    h = np.array([0x3C00, 0x4000, 0x7C00], np.uint16)
+    ro = np.zeros(3, np.float32)
+    ro.setflags(write=False)
+    for widen in (f16_to_f32, bf16_to_f32):
+        for out, words in ((np.zeros(3), "out must be float32, got dtype float64"),
+                           (np.zeros(4, np.float32), r"out must have shape \(3,\), got \(4,\)"),
+                           ([0.0, 0.0, 0.0], "out must be a numpy array, got list"),
+                           (ro, "out is read-only")):
+            with pytest.raises(ValueError, match=f"^{words}$"):
+                widen(h, out=out)
+        good = np.zeros(3, np.float32)
+        assert widen(h, out=good) is good and good[0] != 0
+
+
 def test_int4_packing_refuses_bad_input():
     with pytest.raises(ValueError, match="even column count, got cols=3"):
         pack_int4(np.zeros(6, dtype=np.int8), rows=2, cols=3)

@@ -242,6 +242,7 @@ def f16_to_f32(h, out: np.ndarray | None = None):
     a float32 array of that shape, when given: no other full-size array is made)."""
     if not isinstance(h, np.ndarray):
         return f16_to_f32_scalar(_as_int(h, "h"))
+    _check_out(out, h.shape)
     # mode="clip": every uint16 is a valid index, and "raise" would buffer `out` in a copy
     return np.asarray(np.take(_F16_TABLE, _bits16(h, "h"), out=out, mode="clip"))  # a 0-d input stays 0-d
 
@@ -255,6 +256,7 @@ def bf16_to_f32(h, out: np.ndarray | None = None):
     """
     if not isinstance(h, np.ndarray):
         return bf16_to_f32_scalar(_as_int(h, "h"))
+    _check_out(out, h.shape)
     out = np.empty(h.shape, dtype=np.float32) if out is None else out
     np.left_shift(_bits16(h, "h"), np.uint32(16), out=out.view(np.uint32))
     return out
@@ -304,6 +306,15 @@ def _as_int(h, name: str) -> int:
     if not is_int(h):
         raise ValueError(f"{name} must be an integer bit pattern, got {type(h).__name__} {h!r}")
     return int(h)
+
+
+def _check_out(out, shape: tuple) -> None:
+    """Refuse an `out` the widening cannot write (None is fine: a new array is made): numpy's own
+    errors would be a broadcasting or casting message, or "WRITEBACKIFCOPY base is read-only"."""
+    if out is not None:
+        exact_array("out", out, np.float32, shape)
+        if not out.flags.writeable:
+            raise ValueError("out is read-only")
 
 
 def _as_float(x) -> float:
