@@ -11,6 +11,7 @@ import copy
 import dataclasses
 import json
 import math
+import os
 import struct
 import tempfile
 import time
@@ -110,6 +111,31 @@ VALID_TENSORS = {
 # ---------------------------------------------------------------------------------------------
 # safetensors_reader_rules: valid files equal the library
 # ---------------------------------------------------------------------------------------------
+
+
+def test_safetensors_refuses_to_read_a_file_cut_short_after_open(tmp_path):
+    """A file truncated (or being rewritten in place, open(p, "wb")) after SafeTensors.open killed the
+    process with SIGBUS at the first read of a page past its new end: a notebook's kernel died. Now
+    the read is a FormatError saying so. A file replaced by a rename, or grown, still reads."""
+    a = np.arange(1 << 14, dtype=np.float32)
+    buf = craft({"a": entry("F32", [a.size], 0, a.nbytes)}, a.tobytes())
+    p = tmp_path / "f.safetensors"
+    p.write_bytes(buf)
+    with SafeTensors.open(p) as f:
+        os.truncate(p, 100)
+        for read in (f.f32, f.raw):
+            with pytest.raises(FormatError, match=r"is 100 bytes now, \d+ when it was opened \(truncated"):
+                read("a")
+    p.write_bytes(buf)
+    with SafeTensors.open(p) as f:
+        p.with_name("new").write_bytes(craft({}, b""))
+        os.replace(p.with_name("new"), p)  # another inode: the map keeps the old file's pages
+        np.testing.assert_array_equal(f.f32("a"), a)
+    p.write_bytes(buf)
+    with SafeTensors.open(p) as f:
+        with open(p, "ab") as grow:
+            grow.write(b"more")
+        np.testing.assert_array_equal(f.f32("a"), a)
 
 
 def test_safetensors_reader_rules_valid_files_equal_the_library(tmp_path):

@@ -626,6 +626,15 @@ def _check_tiling(tensors: dict[str, TensorInfo], data_size: int, data_start: in
 # ---------------------------------------------------------------------------------------------
 
 
+def _inode(path: str) -> tuple[int, int] | None:
+    """(device, inode) of `path`, None when it cannot be read."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 class SafeTensors:
     """A safetensors file, memory-mapped read-only. Chapter L10.1, section 2.3.
 
@@ -638,6 +647,20 @@ class SafeTensors:
         self.path = path
         self._mm = mm
         self.layout = layout
+        self._where = os.path.abspath(path)  # a notebook's chdir must not make it another file
+        self._inode = _inode(self._where)
+
+    def _check_not_truncated(self) -> None:
+        """FormatError when the mapped file was cut short since open: touching a page past its new end
+        kills the process with SIGBUS, no exception (docs/cli.md). A file replaced by a rename is
+        another inode and harmless: the map keeps the old one's pages."""
+        try:
+            st = os.stat(self._where)
+        except OSError:
+            return  # deleted: the map keeps the pages
+        if (st.st_dev, st.st_ino) == self._inode and st.st_size < self.layout.file_size:
+            raise FormatError(f"{self.path}: the file is {st.st_size} bytes now, {self.layout.file_size} when "
+                              "it was opened (truncated or rewritten in place); open it again")
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> SafeTensors:
@@ -699,6 +722,7 @@ class SafeTensors:
         """A zero-copy read-only view of tensor `name` with its stored dtype (F16/BF16 as uint16)."""
         if self._mm is None:
             raise ValueError(f"{self!r}: the file is closed")
+        self._check_not_truncated()
         t = self.info(name)
         dt = np.dtype(DTYPES[t.dtype][0])
         if t.numel == 0:
