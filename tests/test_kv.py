@@ -5,6 +5,7 @@ random operation sequences against a small pure-Python model of the pool.
 """
 
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -744,6 +745,14 @@ def test_kv_cfg_of_huge_dimensions_or_a_wrong_dtype_type_is_refused_in_words(dim
     assert words in str(exc.value)
     if "dtype" not in dims:
         assert cfg.block_bytes > 0 and "one block is too large" in str(exc.value)
+
+
+@pytest.mark.parametrize("value", ["no", "False", None, 0, 1])
+def test_kv_pool_prefix_cache_must_be_a_bool(value):
+    """KvPool(cfg, prefix_cache="no") ran with the prefix cache on (bool("no") is True); now a KvError."""
+    with pytest.raises(KvError, match=f"^KvPool prefix_cache must be True or False, got {re.escape(repr(value))}$"):
+        KvPool(KvCfg(n_blocks=4, block_tokens=16, n_layers=1, n_kv_heads=1, head_dim=16), prefix_cache=value)
+    assert KvPool(KvCfg(4, 16, 1, 1, 16), prefix_cache=np.bool_(False)).prefix_cache is False
 
 
 def test_a_refused_call_names_itself():

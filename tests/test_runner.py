@@ -506,7 +506,7 @@ def test_forward_seq_tokens_that_are_not_ids_are_named():
 @pytest.mark.parametrize("field, value", [
     ("threads", -1), ("threads", 0), ("threads", 2**40), ("threads", 1.5), ("max_batch_tokens", 0),
     ("prefill_chunk", 0), ("max_seqs", 0), ("max_seqs", True), ("product", "fast"), ("kv", 64),
-    ("quant", 32),
+    ("quant", 32), ("prefix_cache", "no"), ("prefix_cache", None), ("prefix_cache", 0),
 ])
 def test_engine_config_refuses_bad_values_at_construction(field, value):
     with pytest.raises(ValueError, match=field):

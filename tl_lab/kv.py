@@ -278,6 +278,8 @@ class KvPool:
         if not isinstance(cfg, KvCfg):
             raise KvError(f"KvPool needs a KvCfg, got {type(cfg).__name__}")
         cfg.validate()
+        if not isinstance(prefix_cache, (bool, np.bool_)):  # bool("no") is True: the cache stayed on
+            raise KvError(f"KvPool prefix_cache must be True or False, got {prefix_cache!r}")
         self.cfg = cfg
         self.prefix_cache = bool(prefix_cache)
         n = int(cfg.n_blocks)

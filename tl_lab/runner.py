@@ -116,6 +116,8 @@ class EngineConfig:
     def __post_init__(self):
         if not isinstance(self.kv, KvConfig):
             raise ValueError(f"EngineConfig.kv must be a KvConfig, got {type(self.kv).__name__}")
+        if not isinstance(self.prefix_cache, (bool, np.bool_)):  # bool("no") is True: the cache stayed on
+            raise ValueError(f"EngineConfig.prefix_cache must be True or False, got {self.prefix_cache!r}")
         if self.quant is not None and not isinstance(self.quant, Int4):
             raise ValueError(f"EngineConfig.quant must be None or Int4(group), got {self.quant!r}")
         if self.threads is not None:
