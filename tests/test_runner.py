@@ -513,6 +513,18 @@ def test_engine_config_refuses_bad_values_at_construction(field, value):
         EngineConfig(**{field: value})
 
 
+@pytest.mark.parametrize("field, value", [
+    ("n_blocks", 0), ("n_blocks", -1), ("n_blocks", "8"), ("n_blocks", 8.0), ("n_blocks", True),
+    ("block_tokens", 0), ("block_tokens", None),
+])
+def test_kv_config_refuses_bad_sizes_at_construction(field, value):
+    """KvConfig(n_blocks=0) was accepted and refused only when the runner built its pool, after the
+    weights were loaded (1.5 s and half a GB for SmolLM2); EngineConfig(prefix_cache="no") ran with the
+    cache on (bool("no") is True). Now both are a ValueError naming the field when built."""
+    with pytest.raises(ValueError, match=f"^KvConfig.{field} must be"):
+        KvConfig(**{field: value})
+
+
 def test_a_sequence_may_end_exactly_at_the_context(restore_threads):
     """Positions 0 .. max_position_embeddings - 1 all run; one more is refused (above). (At one kernel
     thread: not pipelined, so mutation testing's fork-safe threading layer can run it.)"""

@@ -86,6 +86,11 @@ class KvConfig:
     n_blocks: int = 256
     block_tokens: int = 16
 
+    def __post_init__(self):
+        # here, not when the pool is built: that is after the weights are loaded (seconds for SmolLM2)
+        for name in ("n_blocks", "block_tokens"):
+            as_int(getattr(self, name), f"KvConfig.{name}", lo=1)
+
     def pool_cfg(self, n_layers: int, n_kv_heads: int, head_dim: int) -> KvCfg:
         """The KvCfg of a pool of this size for a model with this KV shape (checked by KvPool)."""
         return KvCfg(self.n_blocks, self.block_tokens, n_layers, n_kv_heads, head_dim)
