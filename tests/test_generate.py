@@ -3,6 +3,7 @@ on SmolLM2): prefix-cache hits, the last prompt token, no leaked blocks, batch i
 generations, stops, seeds, streaming, pool exhaustion."""
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -379,6 +380,23 @@ def test_every_request_is_checked_before_anything_runs():
         with pytest.raises(exc):
             e.stream([bad])  # refused when stream is called, not at the first next()
         assert not e._streaming and pool_state(e) == before
+
+
+def test_a_request_not_in_a_list_is_named():
+    """engine.generate(Request(...)) (one request, no list) raised Python's "TypeError: 'Request'
+    object is not iterable", and generate(None) the same for NoneType; now a RequestError naming what
+    was given, before anything runs."""
+    from tl_lab.generate import RequestError
+
+    e = engine(n_blocks=4)
+    before = pool_state(e)
+    for bad, words in ((req("hi", max_tokens=2), "got Request: wrap one in a list, [request]"), (None, "got NoneType"),
+                       (5, "got int")):
+        for call in (e.generate, e.stream):
+            with pytest.raises(RequestError, match=re.escape(f"stream takes a list of Requests, {words}")):
+                call(bad)
+    assert not e._streaming and pool_state(e) == before
+    assert len(e.generate([req("hi", max_tokens=2)])) == 1
 
 
 @pytest.mark.parametrize("make, words", [

@@ -259,6 +259,9 @@ class Engine:
         One stream at a time per engine (RuntimeError otherwise): its pool reservations assume it.
         Every request is checked first (`check`): a refusal raises before anything runs."""
         self._idle()
+        if isinstance(requests, Request) or not hasattr(requests, "__iter__"):  # list() would say "not iterable"
+            hint = ": wrap one in a list, [request]" if isinstance(requests, Request) else ""
+            raise RequestError(f"stream takes a list of Requests, got {type(requests).__name__}{hint}")
         requests = list(requests)
         self.check(requests)
         return self._loop(requests, on_step)
