@@ -4,12 +4,18 @@ names the argument, the value and what was wanted, and never copies what it pass
 import numpy as np
 import pytest
 
-from tl_lab.checks import as_float, as_int, exact_array, f16_scales, finite_matrix, is_int, rows_of
+from tl_lab.checks import as_float, as_int, exact_array, f16_scales, finite_matrix, first_bool, is_int, rows_of
 
 
 def test_an_integer_is_a_python_or_numpy_integer_never_a_bool():
     assert is_int(3) and is_int(np.int64(3)) and is_int(np.uint8(3))
     assert not any(is_int(v) for v in (True, np.bool_(True), 3.0, "3", None))
+
+
+def test_first_bool_finds_a_bool_that_numpy_would_read_as_an_integer():
+    assert np.asarray([5, True]).dtype.kind == "i"  # why the list itself is looked at
+    assert first_bool([5, True]) == 1 and first_bool((np.bool_(False),)) == 0
+    assert first_bool([1, 2]) is None and first_bool(np.array([True])) is None and first_bool([]) is None
 
 
 def test_as_int_names_the_argument_the_type_and_the_range():

@@ -503,6 +503,20 @@ def test_forward_seq_tokens_that_are_not_ids_are_named():
         runner.forward(ForwardBatch([ForwardSeq([1], True, blocks)]))  # a bool is not a position
 
 
+def test_forward_refuses_a_bool_among_token_ids():
+    """ForwardSeq([True, 5], ...) ran as tokens [1, 5] (numpy reads the list as ints) while [True, False]
+    was refused; now a bool anywhere in the list is a BatchError naming it, and nothing changes."""
+    runner = tiny(n_blocks=4)
+    blocks = runner.pool.alloc(1)
+    for tokens, words in (([True, 5], "token True at index 0 is a bool"), ((5, np.bool_(False)), "token np.False_ at index 1")):
+        before = snapshot(runner)
+        with pytest.raises(BatchError, match=f"^seq 0: {words}"):
+            runner.forward(ForwardBatch([ForwardSeq(tokens, 0, blocks)]))
+        assert snapshot(runner) == before
+    with pytest.raises(BatchError, match="is a bool"):
+        runner.run_once([1, True])
+
+
 @pytest.mark.parametrize("field, value", [
     ("threads", -1), ("threads", 0), ("threads", 2**40), ("threads", 1.5), ("max_batch_tokens", 0),
     ("prefill_chunk", 0), ("max_seqs", 0), ("max_seqs", True), ("product", "fast"), ("kv", 64),

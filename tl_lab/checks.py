@@ -17,6 +17,14 @@ def is_int(v) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
+def first_bool(seq) -> int | None:
+    """Index of the first bool in a list or tuple (None if none, or not a list): numpy reads
+    [True, 5] as the integers [1, 5], so an array made of it can no longer tell."""
+    if isinstance(seq, (list, tuple)):
+        return next((j for j, v in enumerate(seq) if isinstance(v, (bool, np.bool_))), None)
+    return None
+
+
 def as_int(v, name: str, *, lo: int | None = None, hi: int | None = None,
            error: type[Exception] = ValueError) -> int:
     """`v` as a Python int in [lo, hi] (either bound optional), or `error` naming `name`."""

@@ -51,7 +51,7 @@ from typing import Callable
 import numpy as np
 
 from tl_lab.blocks import BlockManager, blocks_for
-from tl_lab.checks import as_int, is_int
+from tl_lab.checks import as_int, first_bool, is_int
 from tl_lab.errors import BatchError
 from tl_lab.forward import Step, bigram_forward, llama_forward
 from tl_lab.products import PRODUCTS, Scratch
@@ -296,6 +296,9 @@ class ModelRunner:
             raise BatchError(f"seq {i}: no tokens (a sequence brings at least one new token)")
         if toks.dtype.kind not in "iu":
             raise BatchError(f"seq {i}: token ids must be integers, got dtype {toks.dtype}")
+        j = first_bool(raw)  # [True, 5] is an int array: look at the list itself
+        if j is not None:
+            raise BatchError(f"seq {i}: token {raw[j]!r} at index {j} is a bool, not a token id")
         bad = np.flatnonzero((toks < 0) | (toks >= c.vocab_size))  # every id inside the vocabulary
         if bad.size:
             raise BatchError(f"seq {i}: token {int(toks[bad[0]])} at index {int(bad[0])} "
