@@ -529,6 +529,7 @@ def test_bad_logits_are_refused(fn):
         ([[1.0], [2.0]], "1-D"),
         (None, "NoneType"),
         (np.array([1e302, 0.0]), "id 0"),
+        ([0.5, True], "the bool True at id 1"),  # numpy reads [0.5, True] as floats
     ]
     for logits, msg in cases:
         rng = stream(0, 4)
@@ -550,6 +551,8 @@ def test_token_ids_outside_the_vocabulary_are_refused(fn):
         (5, [], "sequence of token ids"),
         ([0, 1.5], [], r"prompt\[1\] = 1.5 is not an integer"),  # id 0 is a token (mutation testing, issue 20)
         ([4, 1.5], [], r"prompt\[0\] = 4 is outside the vocabulary \[0, 4\)"),  # so is not id V
+        ([2, True], [], r"prompt\[1\] = True is not an integer"),  # was read as [2, 1] (numpy's ints)
+        ([], (1, np.bool_(False)), r"output\[1\] = np.False_ is not an integer"),
     ]:
         with pytest.raises(ValueError, match=msg):
             fn(x, SamplingParams(), prompt, output, stream(0, 4))

@@ -25,7 +25,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from tl_lab.checks import as_float, is_int
+from tl_lab.checks import as_float, first_bool, is_int
 
 __all__ = [
     "GOLDEN_GAMMA",
@@ -184,6 +184,9 @@ def _widen(logits) -> np.ndarray:
             raise ValueError("logits must be a 1-D sequence of numbers (got a ragged nesting)") from None
         if arr.dtype.kind not in "iuf":
             raise ValueError(f"logits must be numbers, got a sequence numpy reads as dtype {arr.dtype}")
+        j = first_bool(logits)  # [True, 2.0] reads as floats: the list names the bool
+        if j is not None:
+            raise ValueError(f"logits must be numbers, got the bool {logits[j]!r} at id {j}")
     else:
         raise ValueError(f"logits must be a 1-D float array or a list of numbers, got {type(logits).__name__}")
     if arr.ndim != 1:
@@ -209,8 +212,8 @@ def _ids(ids, vocab: int, name: str) -> np.ndarray:
             ids = np.array(seq) if seq else np.zeros(0, np.int64)
         except (OverflowError, ValueError):
             ids = None
-        if ids is None or ids.ndim != 1 or ids.dtype.kind not in "iu":
-            _explain_ids(seq, vocab, name)
+        if ids is None or ids.ndim != 1 or ids.dtype.kind not in "iu" or first_bool(seq) is not None:
+            _explain_ids(seq, vocab, name)  # [True, 2] reads as ints: the list names the bool
     if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
         raise ValueError(f"{name} must be a 1-D array of integer token ids, got {ids.dtype} {ids.shape}")
     bad = (ids < 0) | (ids >= vocab)
