@@ -432,6 +432,17 @@ def test_prefix_hash_is_stable_and_chains():
             prefix_hash(None, bad_tokens)
 
 
+def test_prefix_hash_refuses_bools_and_prefix_hashes_a_block_size_that_is_not_positive():
+    """prefix_hash(None, [True, False]) hashed [1, 0] (struct packs a bool as an int) and
+    prefix_hashes(tokens, 0) raised ZeroDivisionError; now each is a ValueError naming the argument."""
+    for tokens in ([True, False], [1, np.bool_(True)]):
+        with pytest.raises(ValueError, match="^prefix_hash: token ids must be ints in u32"):
+            prefix_hash(None, tokens)
+    for B in (0, -4, True, 4.0):
+        with pytest.raises(ValueError, match="^prefix_hashes: block_tokens must be"):
+            prefix_hashes([1, 2, 3, 4], B)
+
+
 def test_prefix_hash_is_the_same_in_another_process():
     code = (
         "from tl_lab.kv import prefix_hash\n"

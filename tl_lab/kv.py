@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tl_lab.checks import as_int, is_int
+from tl_lab.checks import as_int, first_bool, is_int
 from tl_lab.errors import FormatError, KvError
 
 __all__ = [
@@ -172,6 +172,8 @@ def prefix_hash(parent: int | None, tokens) -> int:
             raise ValueError(f"prefix_hash: token ids must fit in u32, got {tokens!r}")
         h.update(struct.pack("<I", tokens.size) + tokens.astype("<u4").tobytes())
     else:
+        if first_bool(tokens) is not None:  # struct packs True as 1: the hash of [1, 0]
+            raise ValueError(f"prefix_hash: token ids must be ints in u32, got {tokens!r}")
         try:  # struct refuses non-ints and values outside u32 for us
             h.update(struct.pack(f"<I{len(tokens)}I", len(tokens), *tokens))
         except (struct.error, TypeError):
@@ -181,6 +183,7 @@ def prefix_hash(parent: int | None, tokens) -> int:
 
 def prefix_hashes(tokens, block_tokens: int) -> list[int]:
     """The chained hash of every FULL block of `tokens` (a trailing partial block has none)."""
+    block_tokens = as_int(block_tokens, "prefix_hashes: block_tokens", lo=1)  # 0 was a ZeroDivisionError
     out: list[int] = []
     parent = None
     for i in range(len(tokens) // block_tokens):
