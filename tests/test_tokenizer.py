@@ -212,6 +212,25 @@ def test_no_chat_template_is_a_clear_refusal():
         ByteTokenizer().apply_chat_template([{"role": "user", "content": "hi"}])
 
 
+@pytest.mark.parametrize("messages, add, words", [
+    ("hi", True, "messages must be a list of {'role': ..., 'content': ...} dicts, got str"),
+    ({"role": "user", "content": "hi"}, True, "messages must be a list of {'role': ..., 'content': ...} dicts, got dict"),
+    (None, True, "messages must be a list of {'role': ..., 'content': ...} dicts, got NoneType"),
+    (["hi"], True, "messages[0] must be a dict with 'role' and 'content', got str"),
+    ([{"role": "user"}], True, "messages[0]['content'] must be a str, got NoneType"),
+    ([{"role": "user", "content": "a"}, {"content": "b"}], True, "messages[1]['role'] must be a str, got NoneType"),
+    ([{"role": "user", "content": 5}], True, "messages[0]['content'] must be a str, got int"),
+    ([{"role": "user", "content": "a"}], "no", "add_generation_prompt must be True or False, got 'no'"),
+])
+def test_chat_messages_that_are_not_a_chat_are_named_not_blamed_on_the_template(bpe_dir, messages, add, words):
+    """apply_chat_template("hi") or a message without "content" was "ConfigError: the chat template
+    (config.json tl_chat_template) failed: UndefinedError: ...", blaming the model's config for the
+    caller's argument; None was "TypeError: 'NoneType' object is not iterable" and add_generation_prompt="no"
+    added the prompt. Now a ValueError naming the argument, before the template runs."""
+    with pytest.raises(ValueError, match=f"^{re.escape(words)}$"):
+        load_tokenizer(bpe_dir).apply_chat_template(messages, add_generation_prompt=add)
+
+
 @pytest.mark.hf
 def test_chat_templates_render_like_transformers(bpe_dir):
     transformers = need("transformers")

@@ -61,6 +61,7 @@ class Tokenizer:
         """The prompt text for a chat: messages [{"role": ..., "content": ...}] rendered by the template."""
         if not self.chat_template:
             raise ConfigError("this model has no chat template (config.json tl_chat_template); use a plain prompt")
+        _check_messages(messages, add_generation_prompt)
         return render_chat_template(
             self.chat_template,
             messages,
@@ -214,6 +215,22 @@ MAX_TEMPLATE_ITEMS = 10_000_000  # characters or items in any value a template m
 MAX_TEMPLATE_SECONDS = 1.0  # wall time of one render (SmolLM2's takes well under a millisecond)
 MAX_TEMPLATE_NUMBER = 100_000  # an integer argument of a call or filter: a width, a count (= range's cap)
 MAX_LIPSUM_WORDS = 10_000  # lipsum(n, max=...): n paragraphs of up to max words
+
+
+def _check_messages(messages, add_generation_prompt) -> None:
+    """ValueError naming what is wrong with a chat's messages, before the template runs: inside it a
+    message without "content" (or a str for the list) is the template's UndefinedError, reported as a
+    broken config.json, and add_generation_prompt="no" is true to Jinja."""
+    if isinstance(messages, (str, bytes, dict)) or not isinstance(messages, (list, tuple)):
+        raise ValueError(f"messages must be a list of {{'role': ..., 'content': ...}} dicts, got {type(messages).__name__}")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise ValueError(f"messages[{i}] must be a dict with 'role' and 'content', got {type(m).__name__}")
+        for key in ("role", "content"):
+            if not isinstance(m.get(key), str):
+                raise ValueError(f"messages[{i}]['{key}'] must be a str, got {type(m.get(key)).__name__}")
+    if not isinstance(add_generation_prompt, bool):
+        raise ValueError(f"add_generation_prompt must be True or False, got {add_generation_prompt!r}")
 
 
 def render_chat_template(
