@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import struct
 import tempfile
 import time
@@ -588,6 +589,28 @@ def test_a_config_built_in_code_checks_its_field_types(field, value):
     with pytest.raises(ConfigError, match=field):
         dataclasses.replace(good, **{field: value})
     assert type(dataclasses.replace(good, vocab_size=np.int64(256)).vocab_size) is int
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("tie_word_embeddings", "no", "tie_word_embeddings must be true or false, got 'no'"),
+    ("tie_word_embeddings", 1, "tie_word_embeddings must be true or false, got 1"),
+    ("bos_token_id", 1.5, "bos_token_id must be an integer, got float 1.5"),
+    ("bos_token_id", True, "bos_token_id must be an integer, got bool True"),
+    ("eos_token_ids", [2.5], "eos_token_ids[0] must be an integer, got float 2.5"),
+    ("eos_token_ids", [1, True], "eos_token_ids[1] must be an integer, got bool True"),
+    ("eos_token_ids", 2, "eos_token_ids must be a list of token ids, got int"),
+    ("eos_token_ids", "ab", "eos_token_ids must be a list of token ids, got str"),
+    ("chat_template", 5, "chat_template must be a string or null, got int"),
+])
+def test_a_config_built_in_code_checks_its_bool_id_and_text_fields(field, value, words):
+    """ModelConfig built in code (dataclasses.replace, a notebook) took tie_word_embeddings="no" as
+    true (the head tied), bos_token_id=1.5 and eos_token_ids=[2.5] or [True] as ids, and
+    eos_token_ids=2 was "TypeError: 'int' object is not iterable"; now each is a ConfigError naming it."""
+    good = ModelConfig.from_json(json.dumps(TINY_CONFIG))
+    with pytest.raises(ConfigError, match=f"^{re.escape(words)}$"):
+        dataclasses.replace(good, **{field: value})
+    ok = dataclasses.replace(good, tie_word_embeddings=np.bool_(True), bos_token_id=np.int64(1), eos_token_ids=(2,))
+    assert ok.tie_word_embeddings is True and type(ok.bos_token_id) is int and ok.eos_token_ids == [2]
 
 
 @pytest.mark.parametrize("field", ["hidden_size", "num_attention_heads", "head_dim"])

@@ -178,10 +178,20 @@ class ModelConfig:
         a plain Python int or float; from_json's schema says the same for a file."""
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.type == "int":
+            if f.type == "int" or (f.type == "int | None" and value is not None):
                 object.__setattr__(self, f.name, as_int(value, f.name, error=ConfigError))
             elif f.type == "float":
                 object.__setattr__(self, f.name, as_float(value, f.name, error=ConfigError))
+            elif f.type == "bool":  # "no" is true to Python: tie_word_embeddings="no" tied the head
+                if not isinstance(value, (bool, np.bool_)):
+                    raise ConfigError(f"{f.name} must be true or false, got {value!r}")
+                object.__setattr__(self, f.name, bool(value))
+            elif f.type == "list[int]":  # [2.5] or [True] passed the vocabulary check
+                if not isinstance(value, (list, tuple)):
+                    raise ConfigError(f"{f.name} must be a list of token ids, got {type(value).__name__}")
+                object.__setattr__(self, f.name, [as_int(v, f"{f.name}[{i}]", error=ConfigError) for i, v in enumerate(value)])
+            elif f.type == "str | None" and value is not None and not isinstance(value, str):
+                raise ConfigError(f"{f.name} must be a string or null, got {type(value).__name__}")
 
     def _check_llama(self) -> None:
         for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
