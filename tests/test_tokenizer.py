@@ -212,6 +212,14 @@ def test_no_chat_template_is_a_clear_refusal():
         ByteTokenizer().apply_chat_template([{"role": "user", "content": "hi"}])
 
 
+def test_decode_of_one_id_not_in_a_list_is_named(bpe_dir):
+    """decode(65) raised Python's "TypeError: 'int' object is not iterable"; now a ValueError naming it."""
+    for tok in (ByteTokenizer(), load_tokenizer(bpe_dir)):
+        with pytest.raises(ValueError, match=r"^token ids must be a sequence of ints, got int 65$"):
+            tok.decode(65)
+        assert tok.decode([65]) == tok.decode((65,)) != ""  # a sequence still decodes
+
+
 @pytest.mark.parametrize("messages, add, words", [
     ("hi", True, "messages must be a list of {'role': ..., 'content': ...} dicts, got str"),
     ({"role": "user", "content": "hi"}, True, "messages must be a list of {'role': ..., 'content': ...} dicts, got dict"),

@@ -73,6 +73,8 @@ class Tokenizer:
         return {}
 
     def _check_ids(self, ids: Iterable[int]) -> list[int]:
+        if not hasattr(ids, "__iter__"):  # decode(65): "TypeError: 'int' object is not iterable"
+            raise ValueError(f"token ids must be a sequence of ints, got {type(ids).__name__} {ids!r}")
         ids = [as_int(i, "token id") for i in ids]  # 2.7 is refused, not read as 2
         for i in ids:
             if not 0 <= i < self.vocab_size:
