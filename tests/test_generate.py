@@ -382,6 +382,20 @@ def test_every_request_is_checked_before_anything_runs():
         assert not e._streaming and pool_state(e) == before
 
 
+def test_a_callback_that_is_not_a_function_is_refused_before_anything_runs():
+    """generate([...], on_step=5) ran a step, then failed with Python's "'int' object is not callable"
+    (on_token="print" after two steps); now a TypeError naming the argument before any step runs."""
+    e = engine(n_blocks=4)
+    before = pool_state(e)
+    for kw, words in ((dict(on_step=5), "on_step must be a function (or None), got int 5"),
+                      (dict(on_token="print"), "on_token must be a function (or None), got str 'print'")):
+        with pytest.raises(TypeError, match=f"^{re.escape(words)}$"):
+            e.generate([req("hi", max_tokens=2)], **kw)
+        assert e.stats["steps"] == 0 and not e._streaming and pool_state(e) == before
+    with pytest.raises(TypeError, match="on_step must be a function"):
+        e.stream([req("hi", max_tokens=2)], on_step=5)
+
+
 def test_a_request_not_in_a_list_is_named():
     """engine.generate(Request(...)) (one request, no list) raised Python's "TypeError: 'Request'
     object is not iterable", and generate(None) the same for NoneType; now a RequestError naming what

@@ -82,6 +82,12 @@ def _token_ids(ids, what: str) -> list[int]:
     return [int(t) for t in ids]
 
 
+def _check_callback(f, name: str) -> None:
+    """TypeError naming `name` unless f is None or callable (checked before anything runs)."""
+    if f is not None and not callable(f):
+        raise TypeError(f"{name} must be a function (or None), got {type(f).__name__} {f!r}")
+
+
 @dataclass
 class Request:
     """What to generate: prompt token ids, how to sample, the seed of its own generator, at most
@@ -248,6 +254,7 @@ class Engine:
                  on_step: Callable[[StepRecord], None] | None = None) -> list[Result]:
         """Run `requests` to the end; on_token(event) for each token as it comes, on_step(record)
         after each step. -> their Results."""
+        _check_callback(on_token, "on_token")  # not after a step has run and a token been sampled
         for ev in self.stream(requests, on_step):
             if on_token is not None:
                 on_token(ev)
@@ -264,6 +271,7 @@ class Engine:
             raise RequestError(f"stream takes a list of Requests, got {type(requests).__name__}{hint}")
         requests = list(requests)
         self.check(requests)
+        _check_callback(on_step, "on_step")
         return self._loop(requests, on_step)
 
     def _idle(self) -> None:
