@@ -527,6 +527,17 @@ def test_engine_config_refuses_bad_values_at_construction(field, value):
         EngineConfig(**{field: value})
 
 
+def test_load_names_a_config_that_is_not_an_engine_config():
+    """ModelRunner.load(dir, KvConfig(64)) (the pool's config for the engine's) or a dict raised
+    "AttributeError: 'KvConfig' object has no attribute 'quant'"; Engine.load too. Now a ValueError."""
+    from tl_lab.generate import Engine
+
+    for cfg in (KvConfig(64), {"kv": KvConfig(64)}):
+        for load in (ModelRunner.load, Engine.load):
+            with pytest.raises(ValueError, match=f"^ModelRunner needs an EngineConfig, got {type(cfg).__name__}$"):
+                load(TINY, cfg)
+
+
 @pytest.mark.parametrize("field, value", [
     ("n_blocks", 0), ("n_blocks", -1), ("n_blocks", "8"), ("n_blocks", 8.0), ("n_blocks", True),
     ("block_tokens", 0), ("block_tokens", None),

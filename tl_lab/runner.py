@@ -236,6 +236,8 @@ class ModelRunner:
         (`tl_lab.model.widen_threads`), whatever cfg.threads says: it is bound by the page faults of
         fresh memory, not by arithmetic, and its bits do not depend on the count."""
         cfg = EngineConfig() if cfg is None else cfg
+        if not isinstance(cfg, EngineConfig):  # here, not after the weights: cfg.quant is read first
+            raise ValueError(f"ModelRunner needs an EngineConfig, got {type(cfg).__name__}")
         return cls(load_weights(Path(directory), quant=cfg.quant), cfg)
 
     @property
