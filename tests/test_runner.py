@@ -527,6 +527,19 @@ def test_engine_config_refuses_bad_values_at_construction(field, value):
         EngineConfig(**{field: value})
 
 
+def test_last_logits_names_prompts_that_are_not_a_list_of_prompts():
+    """last_logits(5) raised "TypeError: 'int' object is not iterable", last_logits([1, 2, 3]) (one
+    prompt, not a list of them) "seq 0: tokens must be a 1-D sequence of ids, got shape ()"; now a
+    BatchError saying what last_logits takes, and no block moves."""
+    runner = tiny(n_blocks=4)
+    before = snapshot(runner)
+    for prompts, words in ((5, "got int"), ("abc", "got str"), ([1, 2, 3], "got a list of token ids: one prompt is [ids]")):
+        with pytest.raises(BatchError, match=re.escape(f"last_logits takes a list of prompts{'' if '[ids]' in words else ' (token lists)'}, {words}")):
+            runner.last_logits(prompts)
+        assert snapshot(runner) == before
+    assert runner.last_logits(iter([[1, 2, 3]])).shape == (1, runner.config.vocab_size)
+
+
 def test_load_names_a_config_that_is_not_an_engine_config():
     """ModelRunner.load(dir, KvConfig(64)) (the pool's config for the engine's) or a dict raised
     "AttributeError: 'KvConfig' object has no attribute 'quant'"; Engine.load too. Now a ValueError."""

@@ -370,6 +370,11 @@ class ModelRunner:
         prompts: S token lists -> (S, V) float32. One pass over the weights for all of them, and by
         batch invariance each row is bit for bit that prompt run alone.
         """
+        if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__iter__"):
+            raise BatchError(f"last_logits takes a list of prompts (token lists), got {type(prompts).__name__}")
+        prompts = list(prompts)
+        if any(is_int(p) for p in prompts):  # else "seq 0: ... got shape ()", one per id
+            raise BatchError("last_logits takes a list of prompts, got a list of token ids: one prompt is [ids]")
         return self._run_temporary(prompts, hidden=False)
 
     def run_once(self, tokens) -> tuple[np.ndarray, np.ndarray]:
