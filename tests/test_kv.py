@@ -766,6 +766,16 @@ def test_kv_pool_prefix_cache_must_be_a_bool(value):
     assert KvPool(KvCfg(4, 16, 1, 1, 16), prefix_cache=np.bool_(False)).prefix_cache is False
 
 
+def test_export_of_one_id_not_in_a_list_is_named():
+    """pool.export(3) raised Python's "TypeError: 'int' object is not iterable"; now a KvError."""
+    pool = KvPool(KvCfg(n_blocks=4, block_tokens=16, n_layers=1, n_kv_heads=1, head_dim=16))
+    b = pool.alloc(1)[0]
+    for ids in (b, None):
+        with pytest.raises(KvError, match=f"^export needs a list of block ids, got {type(ids).__name__} {ids!r}$"):
+            pool.export(ids)
+    assert pool.import_(pool.export([b])) != [b]
+
+
 def test_a_refused_call_names_itself():
     """Each misuse names the call it was (mutation testing, issue 20, found set_fill's name unchecked)."""
     pool = KvPool(KvCfg(n_blocks=4, block_tokens=16, n_layers=1, n_kv_heads=1, head_dim=16))

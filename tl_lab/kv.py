@@ -487,6 +487,8 @@ class KvPool:
 
     def export(self, ids) -> bytes:
         """The envelope of docs/formats/kv-block.md for in-use blocks `ids`, in that order."""
+        if is_int(ids) or not hasattr(ids, "__iter__"):  # export(5): "'int' object is not iterable"
+            raise KvError(f"export needs a list of block ids, got {type(ids).__name__} {ids!r}")
         ids = list(ids)
         seen = set()
         for id in ids:
