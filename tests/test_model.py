@@ -139,6 +139,18 @@ def test_safetensors_refuses_to_read_a_file_cut_short_after_open(tmp_path):
         np.testing.assert_array_equal(f.f32("a"), a)
 
 
+def test_safetensors_names_a_tensor_name_or_shape_of_the_wrong_type():
+    """f32(["model.norm.weight"]) raised "TypeError: unhashable type: 'list'", f32(name, shape=64)
+    "TypeError: 'int' object is not iterable"; now a ValueError naming the argument."""
+    with SafeTensors.open(TINY / "model.safetensors") as f:
+        for call, words in ((lambda: f.f32(["model.norm.weight"]), "a tensor name is a str, got list"),
+                            (lambda: f.raw(5), "a tensor name is a str, got int 5"),
+                            (lambda: f.f32("model.norm.weight", shape=64), "shape must be a tuple of ints, got int 64")):
+            with pytest.raises(ValueError, match=f"^{re.escape(words)}"):
+                call()
+        assert f.f32("model.norm.weight", shape=[64]).shape == (64,)
+
+
 def test_safetensors_reader_rules_valid_files_equal_the_library(tmp_path):
     meta = {"format": "np", "quant": "none", "note": "é ünïcode"}
     buf = lib_save(VALID_TENSORS, metadata=meta)

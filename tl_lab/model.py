@@ -723,6 +723,8 @@ class SafeTensors:
         return name in self.layout.tensors
 
     def info(self, name: str) -> TensorInfo:
+        if not isinstance(name, str):  # a list was "unhashable type", an int "tensor 5 is not in ..."
+            raise ValueError(f"a tensor name is a str, got {type(name).__name__} {name!r}")
         try:
             return self.layout.tensors[name]
         except KeyError:
@@ -750,6 +752,8 @@ class SafeTensors:
         (what `load_weights` asks of a weight) refuses a non-finite value: see `f32_into`.
         """
         t = self.info(name)
+        if shape is not None and not isinstance(shape, (tuple, list)):  # f32(name, 5): "not iterable"
+            raise ValueError(f"shape must be a tuple of ints, got {type(shape).__name__} {shape!r}")
         if shape is not None and tuple(shape) != t.shape:
             raise FormatError(f"tensor {name!r} has shape {t.shape}, expected {tuple(shape)}")
         out = f32_out(out, t.shape, name)
