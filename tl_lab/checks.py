@@ -20,9 +20,12 @@ def is_int(v) -> bool:
 def first_bool(seq) -> int | None:
     """Index of the first bool in a list or tuple (None if none, or not a list): numpy reads
     [True, 5] as the integers [1, 5], so an array made of it can no longer tell."""
-    if isinstance(seq, (list, tuple)):
-        return next((j for j, v in enumerate(seq) if isinstance(v, (bool, np.bool_))), None)
+    if isinstance(seq, (list, tuple)) and not _BOOLS.isdisjoint(map(type, seq)):  # C speed: a sampler's
+        return next(j for j, v in enumerate(seq) if type(v) in _BOOLS)            # prompt, every step
     return None
+
+
+_BOOLS = frozenset({bool, np.bool_})
 
 
 def as_int(v, name: str, *, lo: int | None = None, hi: int | None = None,
