@@ -121,7 +121,7 @@ def _model_options(p: argparse.ArgumentParser) -> None:
                    help="quantize the layer linears to int4 at load, groups of GROUP")
     p.add_argument("--kv-blocks", type=int, default=256, metavar="N",
                    help="KV pool blocks of 16 positions (default 256)")
-    p.add_argument("--threads", type=int, metavar="N", help="BLAS threads (default: leave as is)")
+    p.add_argument("--threads", type=int, metavar="N", help="threads of the compiled kernels and of BLAS (default: leave as is)")
     p.add_argument("--stats", action="store_true", help="print prefix-cache hits and tokens/s to stderr")
 
 
