@@ -76,3 +76,25 @@ def test_in_process_side_reference_against_hf_is_the_compare_of_the_tiny_llama()
     assert got["lengths"] == [len(c["tokens"]) for c in cases] and len(got["z"]) == len(cases)
     assert all(e <= b for e, b in zip(got["errors"], got["bounds"]))
     assert [max(abs(a - b) for a, b in zip(z, c["z"])) for z, c in zip(got["z"], cases)] == pytest.approx(got["errors"])
+
+
+def test_in_process_side_shows_yours_only_from_the_workspace_in_use(tmp_path, monkeypatch):
+    """With TL_LAB_WORKSPACE=off the first cell says "every module is the reference's"; a work/L10.1
+    in the clone was still loaded as "yours" beside the reference's in the widgets. Now "yours" is the
+    file of the workspace this process uses (activate's), and none without one."""
+    from types import SimpleNamespace
+
+    from tl_lab.exercise import side, workspace as wsmod
+
+    ws = tmp_path / "work" / "L10.1"
+    ws.mkdir(parents=True)
+    (ws / "sample.py").write_text(reference_source("sample") + "\nMINE = 1\n", encoding="utf-8")
+    monkeypatch.setattr(wsmod, "default_workspace", lambda: ws)
+    monkeypatch.setenv("TL_LAB_WORKSPACE", "off")
+    assert side.active() is None and side.yours("sample") is None and side.yours_or_none("sample") is None
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "sample.py").write_text(reference_source("sample") + "\nMINE = 2\n", encoding="utf-8")
+    monkeypatch.setattr(side, "active", lambda: SimpleNamespace(workspace=other))  # activate(workspace=other)
+    assert side.yours("sample").MINE == 2
+    assert side.yours("sample", ws).MINE == 1  # a workspace named is still taken

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from tl_lab.exercise.stubs import reference_path, stub_source
-from tl_lab.exercise.workspace import resolve
+from tl_lab.exercise.workspace import active, resolve
 
 __all__ = ["load", "yours", "yours_or_none", "reference", "raised", "reference_against_hf"]
 
@@ -36,16 +36,21 @@ def load(path: Path, name: str):
     return module
 
 
-def _learner_file(module: str, workspace=None) -> Path:
-    """The learner's file of `module` in the workspace (as `resolve` finds it)."""
-    return resolve(workspace) / f"{module}.py"
+def _learner_file(module: str, workspace=None) -> Path | None:
+    """The learner's file of `module` in `workspace`, else in the workspace active in this process
+    (the one `activate()` took), else None: with TL_LAB_WORKSPACE=off the first cell says "every module
+    is the reference's", and a widget must not show a work/L10.1 file as "yours" beside it."""
+    if workspace is not None:
+        return resolve(workspace) / f"{module}.py"
+    finder = active()
+    return None if finder is None else finder.workspace / f"{module}.py"
 
 
 def yours(module: str, workspace=None):
     """The learner's `module` from the workspace, or None while it is missing or still the stub.
     An error inside it (a SyntaxError, a failing import) is raised as it is, from the learner's file."""
     f = _learner_file(module, workspace)
-    if not f.is_file() or f.read_text(encoding="utf-8", errors="replace") == stub_source(module):
+    if f is None or not f.is_file() or f.read_text(encoding="utf-8", errors="replace") == stub_source(module):
         return None
     return load(f, f"{__name__}.yours_{module}")
 
