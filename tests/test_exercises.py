@@ -458,6 +458,25 @@ def test_a_notebook_whose_learner_module_raises_shows_the_error_and_hint_and_run
     assert p.returncode == 0, p.stdout[-3000:]
 
 
+def test_a_notebook_assert_that_fails_on_the_learners_code_names_their_file(tmp_path, monkeypatch):
+    """A quant.py that rounds ties up (it imports and runs, so the guard lets it through): 03's assert on
+    the ties fails. Its traceback said only "AssertionError:"; now the cell also names the learner's file
+    and the check to run, and once only with the first cell run again."""
+    ws = workspace(tmp_path, "ref", ["quant"])
+    src = reference_source("quant").replace('round_up = verdict == "above half" or (verdict == "tie" and kept & 1 == 1)',
+                                            'round_up = verdict in ("above half", "tie")', 1)
+    assert src != reference_source("quant")
+    (ws / "quant.py").write_text(src)
+    nbformat = need("nbformat")
+    code = [c.source for c in nbformat.read(REPO_ROOT / "notebooks" / "03_numbers.ipynb", 4).cells if c.cell_type == "code"]
+    ties = next(i for i, c in enumerate(code) if "assert f32_to_f16(1 + 2**-11) == 0x3C00" in c)
+    out = _run_cells(ws, "03_numbers", monkeypatch, (0, 1, ties, 0, ties))
+    note = (f"this notebook runs your quant.py (workspace {ws}): the assert above checks what your code answers; "
+            "python -m tl_lab exercise check quant names the chapter's test")
+    assert [e for _, e in out] == [None, None, "AssertionError", None, "AssertionError"], out
+    assert [text.count(note) for text, _ in out] == [0, 0, 1, 0, 1], out
+
+
 NOT_ACTIVATED = {
     "10_pitfalls": "a pitfall edits the reference's text: pitfalls and a workspace do not combine",
     "11_interface": "it runs the project's own tests on the interface, item by item: the reference's",

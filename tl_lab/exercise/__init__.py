@@ -54,7 +54,31 @@ def activate(workspace=None, quiet: bool = False) -> dict[str, dict]:
             print(f"  {m:<8} {o['origin']:<9} {o['file']}  ({o['why']})")
     for fault in faults.values():
         print("\n".join(fault.lines()))
+    _name_yours_after_a_failed_assert()
     return out
+
+
+def _name_yours_after_a_failed_assert() -> None:
+    """In a notebook's kernel: after a cell whose assert fails, name the learner's files this notebook
+    runs. The cell's assert has no frame of theirs, so its traceback said only "AssertionError:", far
+    below the first cell's list. Registered once per kernel (the first cell run again adds nothing)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    ip = get_ipython()
+    if ip is not None:
+        ip.events.register("post_run_cell", _after_cell)
+
+
+def _after_cell(result) -> None:
+    if not isinstance(getattr(result, "error_in_exec", None), AssertionError):
+        return
+    yours = [m for m, o in origins().items() if o["origin"] == "learner" and o["loaded"] == o["file"]]
+    if yours:
+        files = ", ".join(f"{m}.py" for m in yours)
+        print(f"this notebook runs your {files} (workspace {active().workspace}): the assert above checks what "
+              f"your code answers; python -m tl_lab exercise check {' '.join(yours)} names the chapter's test")
 
 
 def _install_tried(ws, quiet: bool) -> dict:
