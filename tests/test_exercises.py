@@ -477,6 +477,37 @@ def test_a_notebook_assert_that_fails_on_the_learners_code_names_their_file(tmp_
     assert [text.count(note) for text, _ in out] == [0, 0, 1, 0, 1], out
 
 
+def test_an_error_tl_lab_raises_on_the_learners_code_names_their_file_and_a_cells_own_slip_does_not(
+        tmp_path, monkeypatch, capsys):
+    """A kv.py whose available() forgets the cached blocks passes the guard; 12's engine then raised
+    "KvError: ... the pool has only 3 available of 14; raise KvConfig.n_blocks" from generate.py, with no
+    word of kv.py. An error raised inside tl_lab now names the learner's files too; a NameError of the
+    cell's own does not."""
+    from types import SimpleNamespace
+
+    import tl_lab.exercise as ex
+    from tl_lab.errors import KvError
+    from tl_lab.kv import KvCfg
+
+    kv = str(tmp_path / "kv.py")
+    monkeypatch.setattr(ex, "origins", lambda: {"kv": {"origin": "learner", "file": kv, "loaded": kv},
+                                                "quant": {"origin": "reference", "file": "q", "loaded": "q"}})
+    monkeypatch.setattr(ex, "active", lambda: SimpleNamespace(workspace=tmp_path))
+    try:
+        KvCfg(n_blocks=0, block_tokens=4, n_layers=1, n_kv_heads=1, head_dim=2).validate()
+    except KvError as exc:
+        inside = exc
+    try:
+        undefined_name  # noqa: B018, F821
+    except NameError as exc:
+        slip = exc
+    for error in (inside, slip, None, KeyboardInterrupt()):
+        ex._after_cell(SimpleNamespace(error_in_exec=error))
+    assert capsys.readouterr().out == (
+        f"this notebook runs your kv.py (workspace {tmp_path}): the error above was raised while tl_lab ran your "
+        "code, perhaps on a wrong answer of it; python -m tl_lab exercise check kv names the chapter's test\n")
+
+
 NOT_ACTIVATED = {
     "10_pitfalls": "a pitfall edits the reference's text: pitfalls and a workspace do not combine",
     "11_interface": "it runs the project's own tests on the interface, item by item: the reference's",

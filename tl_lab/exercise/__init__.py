@@ -59,9 +59,11 @@ def activate(workspace=None, quiet: bool = False) -> dict[str, dict]:
 
 
 def _name_yours_after_a_failed_assert() -> None:
-    """In a notebook's kernel: after a cell whose assert fails, name the learner's files this notebook
-    runs. The cell's assert has no frame of theirs, so its traceback said only "AssertionError:", far
-    below the first cell's list. Registered once per kernel (the first cell run again adds nothing)."""
+    """In a notebook's kernel: after a cell whose assert fails, or that raised inside tl_lab, name the
+    learner's files this notebook runs. The cell's assert has no frame of theirs, so its traceback said
+    only "AssertionError:"; an error the engine raises on a learner's wrong answer (a KvError from
+    generate.py when their pool miscounts) blamed the engine's configuration, not their file.
+    Registered once per kernel (the first cell run again adds nothing)."""
     try:
         from IPython import get_ipython
     except ImportError:
@@ -72,13 +74,34 @@ def _name_yours_after_a_failed_assert() -> None:
 
 
 def _after_cell(result) -> None:
-    if not isinstance(getattr(result, "error_in_exec", None), AssertionError):
+    error = getattr(result, "error_in_exec", None)
+    if not isinstance(error, Exception):  # none, or the learner's own interrupt of a long cell
         return
     yours = [m for m, o in origins().items() if o["origin"] == "learner" and o["loaded"] == o["file"]]
-    if yours:
-        files = ", ".join(f"{m}.py" for m in yours)
-        print(f"this notebook runs your {files} (workspace {active().workspace}): the assert above checks what "
-              f"your code answers; python -m tl_lab exercise check {' '.join(yours)} names the chapter's test")
+    if not yours:
+        return
+    if isinstance(error, AssertionError):
+        what = "the assert above checks what your code answers"
+    elif _raised_in_tl_lab(error):
+        what = "the error above was raised while tl_lab ran your code, perhaps on a wrong answer of it"
+    else:
+        return  # the cell's own slip (a name misspelt): nothing of the learner's modules to name
+    files = ", ".join(f"{m}.py" for m in yours)
+    print(f"this notebook runs your {files} (workspace {active().workspace}): {what}; "
+          f"python -m tl_lab exercise check {' '.join(yours)} names the chapter's test")
+
+
+def _raised_in_tl_lab(error: BaseException) -> bool:
+    """Whether the traceback reaches into tl_lab's package or the learner's workspace."""
+    from tl_lab.paths import PACKAGE_DIR
+
+    places = (str(PACKAGE_DIR) + os.sep, str(active().workspace) + os.sep)
+    tb = error.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.startswith(places):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _install_tried(ws, quiet: bool) -> dict:
