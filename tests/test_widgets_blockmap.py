@@ -307,6 +307,10 @@ def test_a_huge_position_is_refused_in_one_short_true_line():
     assert shown == f"Position {'9' * 40!r}... (5,000 digits) is outside every block table: type one such as 37."
     bm.position.value = "x" * 5000
     assert plain(bm.where.value) == f"Position {'x' * 40!r}... is not a whole number: type one such as 37."
+    for odd in ("--5", "\u00b2", "-" + "9" * 5):  # two signs, a superscript digit: not huge, not numbers
+        bm.position.value = odd
+        assert "whole number" in plain(bm.where.value) or "outside" in plain(bm.where.value), odd
+        assert "digits)" not in plain(bm.where.value), odd
     bm.position.value = "3"
     assert bm.locate()["slot"] == 3
 

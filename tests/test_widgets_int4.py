@@ -223,6 +223,9 @@ def test_a_huge_group_size_is_refused_in_one_short_true_line():
     assert w.error == f"group size {'9' * 40!r}... (5,000 digits) is more than the 64 weights this widget takes"
     w.group.value = "x" * 5000
     assert w.error == f"group size must be a whole number, got {'x' * 40!r}..."
+    for odd in ("--5", "\u00b2"):  # two signs, a superscript digit: not a huge number
+        w.group.value = odd
+        assert w.error == f"group size must be a whole number, got {odd!r}"
     w.group.value = "4"
     assert w.error == "" and w.view.q.tolist() == [4, -7, 0, 2]
 

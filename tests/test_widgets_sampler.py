@@ -574,6 +574,9 @@ def test_a_huge_id_is_refused_in_one_short_true_line():
     assert w.message == f"output id {'9' * 40!r}... (5,000 digits) is outside the vocabulary"
     w.output_text.value = "x" * 5000
     assert w.message == f"output ids must be whole numbers: {'x' * 40!r}... is not one"
+    for odd in ("--2", "\u00b2"):  # two signs, a superscript digit: not a huge number
+        w.output_text.value = "1, " + odd
+        assert w.message == f"output ids must be whole numbers: {odd!r} is not one"
     w.output_text.value = "1"
     assert w.message == "" and w.trace is not None
 

@@ -9,6 +9,7 @@ token labels, on one screen with the sliders that change them).
 from __future__ import annotations
 
 import html
+import sys
 from dataclasses import dataclass
 
 import ipywidgets as widgets
@@ -137,8 +138,8 @@ def quoted(text: str, limit: int = 40) -> str:
 def digits_past_int(text: str) -> int:
     """How many digits a whole number int() refused has (past its limit of 4300 digits), else 0: such
     a number is out of every range a widget takes, not "not a whole number"."""
-    digits = text.lstrip("+-")
-    return len(digits) if digits.isdigit() else 0
+    digits = text[1:] if text[:1] in ("+", "-") else text  # one sign, as int() reads it
+    return len(digits) if digits.isascii() and digits.isdigit() and len(digits) > sys.get_int_max_str_digits() else 0
 
 
 def fits_f32(v: float) -> bool:
