@@ -361,7 +361,7 @@ class _Chat:
         try:
             self.engine.check([request])
         except KvError as exc:
-            return exc
+            return _in_cli_words(exc)
         except BatchError as exc:  # a RequestError: too long for the context, or a bad id (raised)
             if len(request.prompt_ids) > self.engine.runner.config.max_position_embeddings:
                 return exc
@@ -486,8 +486,15 @@ def _run(engine, request):
         return engine.generate([request], _print_token)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    except KvError as exc:  # the engine names its config's fields; a user of the command line has options
-        raise KvError(f"{exc}; here they are --kv-blocks and --max-tokens") from None
+    except KvError as exc:
+        raise _in_cli_words(exc) from None
+
+
+def _in_cli_words(exc: KvError) -> KvError:
+    """The engine's advice for a pool too small (`Engine.check`) in the command line's options: its
+    words are EngineConfig's fields, which a user of the command line never sees."""
+    advice = "raise KvConfig.n_blocks or lower max_tokens"
+    return KvError(str(exc).replace(advice, "raise --kv-blocks or lower --max-tokens")) if advice in str(exc) else exc
 
 
 def _transcript(messages) -> str:
