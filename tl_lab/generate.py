@@ -188,6 +188,7 @@ class _Seq:
     def __init__(self, index: int, req: Request, stop_ids: list[int]):
         self.index, self.req, self.stop = index, req, set(stop_ids)
         self.tokens = list(req.prompt_ids)  # prompt + output
+        self.prompt = np.asarray(req.prompt_ids, dtype=np.int64)  # for the sampler: a list is checked each step
         self.rng = stream(req.seed, PURPOSE_SAMPLE)
         self.blocks = SeqBlocks()
         self.unprinted: list[int] = []  # ids whose text is not out yet (an incomplete character)
@@ -402,7 +403,7 @@ class Engine:
 
     def _sample(self, s: _Seq, row: np.ndarray) -> TokenEvent:
         req, r = s.req, s.result
-        tok, lp = sample(row, req.params, req.prompt_ids, r.output_ids, s.rng)
+        tok, lp = sample(row, req.params, s.prompt, r.output_ids, s.rng)
         s.tokens.append(tok)
         r.output_ids.append(tok)
         r.logprobs.append(lp)
