@@ -160,3 +160,16 @@ def test_in_process_hook_refusal_of_a_relative_path_says_where_it_was_taken_from
     assert str(wsm.env_error()) == (f"TL_LAB_WORKSPACE=work/L10.1: workspace {tmp_path / 'work/L10.1'} does not exist "
                                     f"(a relative TL_LAB_WORKSPACE is taken from the current folder, {tmp_path}: "
                                     "name the workspace by its full path)")
+
+
+def test_in_process_hook_refusal_of_a_relative_path_that_exists_does_not_blame_the_folder(monkeypatch, tmp_path):
+    """A relative TL_LAB_WORKSPACE that was found but cannot be used (a file, say): a full path would
+    not help, so the refusal says only what is wrong."""
+    from tl_lab.exercise import workspace as wsm
+
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ws").write_text("")
+    monkeypatch.setenv(wsm.ENV, "ws")
+    wsm.refuse_from_env(ExerciseError(f"workspace {tmp_path / 'ws'} is not a directory"))
+    assert str(wsm.env_error()) == f"TL_LAB_WORKSPACE=ws: workspace {tmp_path / 'ws'} is not a directory"

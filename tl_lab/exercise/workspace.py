@@ -158,7 +158,8 @@ def refuse_from_env(error: ExerciseError) -> None:
     from tl_lab.switch import RefusingFinder
 
     env = os.environ.get(ENV, "")
-    if not Path(env).expanduser().is_absolute():  # a notebook's kernel starts in notebooks/, not in the clone
+    given = Path(env).expanduser()
+    if not given.is_absolute() and not given.exists():  # a notebook's kernel starts in notebooks/, not in the clone
         error = f"{error} (a relative {ENV} is taken from the current folder, {Path.cwd()}: " \
                 f"name the workspace by its full path)"
     sys.meta_path.insert(0, RefusingFinder(ExerciseError(f"{ENV}={env}: {error}"), _learner_module))
