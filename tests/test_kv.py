@@ -773,7 +773,8 @@ def test_export_of_one_id_not_in_a_list_is_named():
     for ids in (b, None):
         with pytest.raises(KvError, match=f"^export needs a list of block ids, got {type(ids).__name__} {ids!r}$"):
             pool.export(ids)
-    assert pool.import_(pool.export([b])) != [b]
+    (c,) = pool.import_(pool.export([b]))  # a list of one still exports: the block comes back, as it was
+    assert pool.export([c]) == pool.export([b])
 
 
 def test_a_refused_call_names_itself():

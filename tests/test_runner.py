@@ -557,8 +557,7 @@ def test_load_names_a_config_that_is_not_an_engine_config():
 ])
 def test_kv_config_refuses_bad_sizes_at_construction(field, value):
     """KvConfig(n_blocks=0) was accepted and refused only when the runner built its pool, after the
-    weights were loaded (1.5 s and half a GB for SmolLM2); EngineConfig(prefix_cache="no") ran with the
-    cache on (bool("no") is True). Now both are a ValueError naming the field when built."""
+    weights were loaded (1.5 s and half a GB for SmolLM2). Now a ValueError naming the field when built."""
     with pytest.raises(ValueError, match=f"^KvConfig.{field} must be"):
         KvConfig(**{field: value})
 

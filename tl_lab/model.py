@@ -174,8 +174,9 @@ class ModelConfig:
             self._check_llama()
 
     def _check_types(self) -> None:
-        """Integer fields are integers (not bools, not 2.0) and float fields real numbers, each stored as
-        a plain Python int or float; from_json's schema says the same for a file."""
+        """Each field holds its annotated type, stored as a plain Python value: integers (not bools, not
+        2.0), real numbers, true or false (not "no"), lists of integer ids, strings; from_json's schema
+        says the same for a file."""
         for f in fields(self):
             value = getattr(self, f.name)
             if f.type == "int" or (f.type == "int | None" and value is not None):
@@ -189,7 +190,8 @@ class ModelConfig:
             elif f.type == "list[int]":  # [2.5] or [True] passed the vocabulary check
                 if not isinstance(value, (list, tuple)):
                     raise ConfigError(f"{f.name} must be a list of token ids, got {type(value).__name__}")
-                object.__setattr__(self, f.name, [as_int(v, f"{f.name}[{i}]", error=ConfigError) for i, v in enumerate(value)])
+                ids = [as_int(v, f"{f.name}[{i}]", error=ConfigError) for i, v in enumerate(value)]
+                object.__setattr__(self, f.name, ids)
             elif f.type == "str | None" and value is not None and not isinstance(value, str):
                 raise ConfigError(f"{f.name} must be a string or null, got {type(value).__name__}")
 

@@ -223,7 +223,7 @@ def _check_messages(messages, add_generation_prompt) -> None:
     """ValueError naming what is wrong with a chat's messages, before the template runs: inside it a
     message without "content" (or a str for the list) is the template's UndefinedError, reported as a
     broken config.json, and add_generation_prompt="no" is true to Jinja."""
-    if isinstance(messages, (str, bytes, dict)) or not isinstance(messages, (list, tuple)):
+    if not isinstance(messages, (list, tuple)):
         raise ValueError(f"messages must be a list of {{'role': ..., 'content': ...}} dicts, got {type(messages).__name__}")
     for i, m in enumerate(messages):
         if not isinstance(m, dict):

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import signal
-import threading
 from dataclasses import dataclass
 
 import numpy as np
 
+from tl_lab.exercise.alarm import time_limit
 from tl_lab.paths import GOLDEN_DIR
 
 __all__ = ["SUITES", "CASE_SECONDS", "CaseTimeout", "Verdict", "limited", "parity_rng", "parity_sampler", "run"]
@@ -30,23 +29,15 @@ class CaseTimeout(Exception):
 
 @contextlib.contextmanager
 def limited(seconds: float | None = None):
-    """SIGALRM raises CaseTimeout in the learner's code after `seconds` (CASE_SECONDS), so a loop is a
-    case's verdict, not a command that never returns (main thread only: signals go there; elsewhere no limit)."""
+    """CaseTimeout raised in the learner's code after `seconds` (CASE_SECONDS): a loop is a case's
+    verdict, not a command that never returns (`alarm.time_limit`)."""
     seconds = CASE_SECONDS if seconds is None else seconds
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
 
     def on_alarm(signum, frame):
         raise CaseTimeout(f"ran longer than {seconds:g} s (an infinite loop?)")
 
-    old = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
+    with time_limit(seconds, on_alarm):
         yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 @dataclass(frozen=True)

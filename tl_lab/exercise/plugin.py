@@ -13,11 +13,11 @@ from __future__ import annotations
 import faulthandler
 import json
 import os
-import signal
 import sys
 
 import pytest
 
+from tl_lab.exercise.alarm import time_limit
 from tl_lab.exercise.registry import match
 
 GRADE = os.environ.get("TL_LAB_EXERCISE_GRADE", "")
@@ -100,15 +100,12 @@ def _limited(doing: str, seconds: float):
         yield
         return
     _doing = (doing, seconds)
-    old = signal.signal(signal.SIGALRM, _on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
     faulthandler.dump_traceback_later(seconds + 30, exit=True)
     try:
-        yield
+        with time_limit(seconds, _on_alarm):
+            yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
         faulthandler.cancel_dump_traceback_later()
-        signal.signal(signal.SIGALRM, old)
         _doing = ("the test", None)
 
 
