@@ -135,10 +135,15 @@ def quoted(text: str, limit: int = 40) -> str:
     return repr(text[:limit]) + ("..." if len(text) > limit else "")
 
 
+def unsigned(text: str) -> str:
+    """`text` without one leading sign, as int() reads it ("+5" is 5; "--5" keeps a sign)."""
+    return text[1:] if text[:1] in ("+", "-") else text
+
+
 def digits_past_int(text: str) -> int:
     """How many digits a whole number int() refused has (past its limit of 4300 digits), else 0: such
     a number is out of every range a widget takes, not "not a whole number"."""
-    digits = text[1:] if text[:1] in ("+", "-") else text  # one sign, as int() reads it
+    digits = unsigned(text)
     return len(digits) if digits.isascii() and digits.isdigit() and len(digits) > sys.get_int_max_str_digits() else 0
 
 

@@ -48,7 +48,7 @@ class NumbersWidget(CellWidget):
         self.yours = yours  # the learner's quant module, or None
         self.yours_bits: dict[str, int] = {}  # fmt -> the learner's pattern for x ({} if none or it raised)
         self._explain = {"f16": explain_f32_to_f16, "bf16": explain_f32_to_bf16}
-        self._widen = None  # tl_lab.quant's widening for "value stored"
+        self._widen = WIDEN  # reading the bits back for "value stored"
         if yours is not None:
             from tl_lab.exercise.side import reference
 

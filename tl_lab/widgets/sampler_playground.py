@@ -26,7 +26,7 @@ import numpy as np
 
 from tl_lab.sample import PURPOSE_SAMPLE, SampleTrace, SamplingParams
 from tl_lab.widgets.common import (MONO, CellWidget, Control, build_controls, digits_past_int, field_style, fits_f32,
-                                   message, quoted)
+                                   message, quoted, unsigned)
 from tl_lab.widgets.sampler_charts import render_charts, stage_data
 
 PRESETS = {
@@ -293,7 +293,7 @@ def read_seed(text) -> int:
     """The seed box's text as the exact integer typed (any size: stream() then refuses one outside
     [0, 2**64) in the spec's words); ValueError in words for anything else."""
     raw = str(text).strip()
-    digits = raw[1:] if raw[:1] in ("+", "-") else raw  # a sign, as int() reads it (was: "+5" refused)
+    digits = unsigned(raw)  # was: "+5" refused
     if not (digits.isascii() and digits.isdigit()) or len(digits) > 40:  # 2**64 has 20 digits
         raise ValueError(f"seed must be an integer in [0, 2**64), got {quoted(raw)}")
     return int(raw)
