@@ -173,7 +173,8 @@ def test_in_process_cli_help_names_every_command_and_argument(capsys):
     assert "[SUITE ...]" in text and "--workspace DIR" in text and "else work/L10.1" in text
     with pytest.raises(SystemExit):
         parser.parse_args(["exercise", "check", "--help"])
-    assert "--timeout S" in " ".join(capsys.readouterr().out.split())
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--timeout S" in text and "a module's first test past it ends that module's check" in text
     assert parser.parse_args(["exercise", "parity"]).suites == ["sampler", "rng"]
     with pytest.raises(SystemExit):
         parser.parse_args(["--help"])

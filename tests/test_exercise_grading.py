@@ -65,6 +65,25 @@ def test_in_process_grading_reads_a_report_into_the_modules_row(tmp_path):
     assert row.hint.startswith("this is what s18 looks like: evicting the newest prefix instead of the oldest")
 
 
+def test_in_process_grading_of_a_row_after_a_test_past_the_limit_says_what_was_not_run(tmp_path):
+    from tl_lab.exercise.grading import _row
+
+    f, log = tmp_path / "kv.py", tmp_path / "check-kv.log"
+    a, b, c, d = (g.name for g in graded("kv"))
+    why = f"not run: test_{b} of this module ran past the 2 s limit"
+    results = [_result(a), _result(b, "failed", "TestTimeout: the test ran longer than 2 s"),
+               _result(b, "not run", why, params="[2]"), _result(c, "not run", why), _result(d, "not run", why)]
+    row = _row("kv", f, {"kv": "learner"}, _report(results), log, 1, 2)
+    assert row.results == {a: "passed", b: "failed", c: "not run", d: "not run"}  # b's second node: still failed
+    assert (row.state, row.passed, row.total, row.first_failure) == ("failed", 1, 4, b)
+    assert row.message.splitlines() == [f"test_{b}: TestTimeout: the test ran longer than 2 s", "not run after it: "
+                                        "2 of its chapter tests (a module's first test past the limit ends its check)"]
+    assert row.hint.startswith(f"test_{b} ran past the 2 s limit")
+    caught = [_result(a), _result(b), _result(c, "not run", why), _result(d, "not run", why)]
+    row = _row("kv", f, {"kv": "learner"}, _report(caught), log, 1, 2)  # the learner's code caught the alarm's error
+    assert (row.state, row.passed, row.message) == ("failed", 2, why)
+
+
 def test_in_process_grading_hints_in_the_chapters_words():
     from tl_lab.exercise.grading import pitfall_hint
     from tl_lab.exercise.stubs import NOT_WRITTEN

@@ -16,6 +16,8 @@ def plugin(monkeypatch):
 
     monkeypatch.setattr(p, "_results", [])
     monkeypatch.setattr(p, "_errors", [])
+    monkeypatch.setattr(p, "_past_limit", "")
+    monkeypatch.setattr(p, "_not_run", {})
     monkeypatch.setattr(p, "GRADE", "kv")
     monkeypatch.setattr(p, "REPORT", "")
     return p
@@ -123,6 +125,40 @@ def test_in_process_plugin_limits_each_test(plugin, monkeypatch):
     assert signal.getsignal(signal.SIGALRM) == before and signal.getitimer(signal.ITIMER_REAL)[0] == 0  # no limit
     with pytest.raises(StopIteration):
         next(wrapper)
+
+
+def test_in_process_plugin_runs_none_of_a_modules_tests_after_one_past_the_limit(plugin, monkeypatch):
+    """The first test the alarm stops ends the module's check: each later test is "not run", naming it;
+    a test that returns within the limit, however close to it, stops nothing."""
+    import signal
+    import types
+
+    monkeypatch.setattr(plugin, "TIMEOUT", 2.5)
+    quick, looping, later = (_item(f"tests/test_kv.py::test_{g.name}") for g in graded("kv")[:3])
+
+    def run(item, alarm):
+        wrapper = plugin.pytest_runtest_call(item)
+        next(wrapper)  # the test runs here
+        if alarm:
+            with pytest.raises(plugin.TestTimeout):
+                plugin._on_alarm(signal.SIGALRM, None)
+        with pytest.raises(StopIteration):
+            wrapper.send(None)
+
+    plugin.pytest_runtest_setup(quick)
+    run(quick, alarm=False)
+    plugin.pytest_runtest_setup(looping)  # the test before returned in time: this one runs
+    run(looping, alarm=True)
+    why = f"not run: {looping.nodeid.split('::')[-1]} of this module ran past the 2.5 s limit"
+    with pytest.raises(pytest.skip.Exception, match=f"^{why}$"):
+        plugin.pytest_runtest_setup(later)
+    skipped = types.SimpleNamespace(nodeid=later.nodeid, when="setup", outcome="skipped", passed=False,
+                                    longrepr=("tests/test_kv.py", 1, f"Skipped: {why}"), duration=0.0)
+    plugin.pytest_runtest_logreport(skipped)
+    assert plugin._results == [{"nodeid": later.nodeid, "chapter_test": graded("kv")[2].name, "when": "setup",
+                                "outcome": "not run", "message": why, "seconds": 0.0}]
+    run(later, alarm=True)  # were it run: the first test past the limit is still the one named
+    assert plugin._past_limit == looping.nodeid
 
 
 def test_in_process_plugin_limits_the_collection_too(plugin, monkeypatch):

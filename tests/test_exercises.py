@@ -248,6 +248,26 @@ def test_an_infinite_loop_ends_at_the_time_limit_naming_the_test(tmp_path):
     assert "ran past the 1 s limit" in row.hint and row.first_failure
 
 
+def test_a_module_whose_test_runs_past_the_limit_runs_none_of_its_later_tests(tmp_path):
+    """A sample() that never returns: the first of its tests to call it ends the module's check (one limit,
+    not one per test); the test before it, which never calls sample(), keeps its pass."""
+    ws = workspace(tmp_path, "ref", ["sample"])
+    src = reference_source("sample")
+    body = src.index('"""', src.index('"""', src.index("\ndef sample(")) + 3) + 3  # after sample's docstring
+    (ws / "sample.py").write_text(src[:body] + "\n    while True:\n        pass" + src[body:])
+    (row,) = check(ws, ["sample"], timeout=1)
+    names = [g.name for g in graded("sample")]
+    first, looping = "pcg32_reference_vectors", "hand_example_sampling"  # the order of tests/test_sample.py
+    assert row.results == {first: "passed", looping: "failed",
+                           **{n: "not run" for n in names if n not in (first, looping)}}
+    assert (row.passed, row.total, row.first_failure) == (1, len(names), looping)
+    assert f"not run after it: {len(names) - 2} of its chapter tests" in row.message
+    log = open(row.log, encoding="utf-8").read()
+    assert log.count("ran longer than 1 s") == log.count("E   tl_lab.exercise.plugin.TestTimeout") == 1, log
+    assert f"SKIPPED [{len(names) - 2}] " in log
+    assert f"not run: test_{looping}[numpy] of this module ran past the 1 s limit" in log
+
+
 def test_a_loop_at_a_modules_top_level_ends_at_the_collections_limit(tmp_path):
     """Importing the learner's module never ends: "does not import" at the loop's line after the
     collection's limit, not "not run" when the whole run's budget (about an hour) is spent."""

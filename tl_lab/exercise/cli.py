@@ -44,7 +44,8 @@ def add_cli(sub) -> None:
     c = add("check", "run the graded tests on your code; exit 0 only when every one asked for passes")
     c.add_argument("modules", nargs="*", metavar="MODULE")
     c.add_argument("--ref-deps", action="store_true", help="the reference stands in for a dependency not passing yet")
-    c.add_argument("--timeout", type=float, default=None, metavar="S", help="seconds per test (default 120)")
+    c.add_argument("--timeout", type=float, default=None, metavar="S", help="seconds per test (default 120); a module's "
+                   "first test past it ends that module's check: its later tests are not run")
     add("parity", "your sample.py against the golden files (suites: sampler, rng)").add_argument(
         "suites", nargs="*", metavar="SUITE", default=["sampler", "rng"])
     add("hint", "what to write in MODULE, piece by piece, with what is still missing").add_argument("module")

@@ -32,6 +32,7 @@ __all__ = ["Row", "STATUS_DIR", "DEFAULT_TIMEOUT", "order", "need_tests", "check
 STATUS_DIR = ".tl_lab"  # inside the workspace: the logs and status.json
 DEFAULT_TIMEOUT = 120.0  # seconds per test: the slowest graded test takes ~15 s here once numba's cache is warm
 MESSAGE_LINES, MESSAGE_WIDTH = 6, 200  # of a failure in the table; the log keeps all of it
+_WORSE = {"passed": 0, "not run": 1, "failed": 2}  # a chapter test is the worst of its nodes (a skip is a failure)
 
 
 @dataclass
@@ -51,7 +52,7 @@ class Row:
     hint: str = ""
     log: str = ""
     seconds: float = 0.0
-    results: dict[str, str] = field(default_factory=dict)  # chapter test -> passed | failed
+    results: dict[str, str] = field(default_factory=dict)  # chapter test -> passed | failed | not run
     digest: str = ""  # of the file graded (`file_digest`), so a verdict is never shown for another text
 
     @property
@@ -142,7 +143,7 @@ def _run(workspace: Path, module: str, use: list[str], timeout: float, tests=Non
         report = Path(tmp) / "report.json"
         # the hf-marked variants compare with torch, which a learner's lab does not install
         cmd = [sys.executable, "-m", "pytest", *files, "-m", "not hf", "-p", "tl_lab.exercise.plugin", "-q",
-               "--tb=short", "-rfE", *(["-x"] if first_failure else []), *_QUIET_PLUGINS]
+               "--tb=short", "-rfEs", *(["-x"] if first_failure else []), *_QUIET_PLUGINS]
         budget = timeout * (len(PIECES[module]) + 10) + 120  # far beyond any honest run; a hung process ends
         with open(log, "w", encoding="utf-8") as out:
             try:
@@ -180,18 +181,22 @@ def _row(module: str, f: Path, uses: dict, data: dict | None, log: Path, seconds
             row.hint = f"importing {f.name} never ended (a loop at its top level?); the other modules are still checked"
         return row
     results = data["results"]
-    ok: dict[str, bool] = {}  # chapter test -> every node of it passed
+    by_test: dict[str, str] = {}
     for r in results:
         name = r["chapter_test"] or r["nodeid"]
-        ok[name] = ok.get(name, True) and r["outcome"] == "passed"
-    by_test = {name: "passed" if v else "failed" for name, v in ok.items()}
+        outcome = r["outcome"] if r["outcome"] in _WORSE else "failed"
+        by_test[name] = max(by_test.get(name, "passed"), outcome, key=_WORSE.get)
     row.results = by_test
     row.total = len(by_test)
     row.passed = sum(v == "passed" for v in by_test.values())
-    failing = next((r for r in results if r["outcome"] != "passed"), None)
+    not_run = sum(v == "not run" for v in by_test.values())
+    failing = next((r for r in results if r["outcome"] not in ("passed", "not run")), None)
     expected = len(graded(module))
-    if failing is None and row.total == expected:
+    if failing is None and not not_run and row.total == expected:
         row.state = "passed"
+        return row
+    if failing is None and not_run:  # the test past the limit passed anyway (its code caught the alarm's exception)
+        row.message = next(r["message"] for r in results if r["outcome"] == "not run")
         return row
     if failing is None:
         row.message = f"only {row.total} of the {expected} chapter tests ran; see {log}"
@@ -200,6 +205,9 @@ def _row(module: str, f: Path, uses: dict, data: dict | None, log: Path, seconds
     row.message = f"{failing['nodeid'].split('::')[-1]}: {_shorten(failing['message'])}"
     if failing.get("at"):  # raised inside the learner's code (tl_lab.exercise.plugin)
         row.message += f"\nraised at {failing['at']}"
+    if not_run:
+        row.message += (f"\nnot run after it: {not_run} of its chapter tests "
+                        f"(a module's first test past the limit ends its check)")
     row.hint = pitfall_hint(module, failing["nodeid"], failing["message"], timeout)
     return row
 

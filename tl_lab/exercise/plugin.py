@@ -1,6 +1,11 @@
 """The pytest plugin of `exercise check`: only the graded tests of one module, a time limit per
 test, the origins verified, one JSON report.
 
+The time limit's rule: the first test of the module that runs past it ends the module's check. The
+tests before it keep their verdicts, the ones after it are "not run" (each saying which test ran past
+the limit), so a module whose code never returns costs one limit, not one per test (six of sample's
+at 120 s were twelve minutes), and a correct module, however slow, passes as long as each test does.
+
 Loaded with `-p tl_lab.exercise.plugin` by `tl_lab.exercise.grading` in a pytest subprocess whose
 environment names the workspace (TL_LAB_WORKSPACE), the learner's modules (TL_LAB_EXERCISE_USE),
 the module graded (TL_LAB_EXERCISE_GRADE), the limit (TL_LAB_EXERCISE_TIMEOUT seconds) and the
@@ -28,6 +33,9 @@ COLLECT_FLOOR = 30.0  # seconds at least for the collection: importing the test 
 
 _results: list[dict] = []
 _errors: list[dict] = []
+_past_limit = ""  # the nodeid of the first test that ran past the limit: the module's later tests are not run
+_not_run: dict[str, str] = {}  # nodeid -> why it was not run
+_rang = False  # the alarm went off in what `_limited` ran last (even if the learner's code caught its exception)
 
 
 class TestTimeout(Exception):
@@ -75,6 +83,8 @@ _doing: tuple[str, float | None] = ("the test", None)  # what runs under the lim
 
 
 def _on_alarm(signum, frame):
+    global _rang
+    _rang = True
     doing, seconds = _doing
     raise TestTimeout(f"{doing} ran longer than {seconds or TIMEOUT:g} s (an infinite loop?)")
 
@@ -88,18 +98,31 @@ def pytest_collection(session):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
-    """The per-test limit (`_limited`)."""
+    """The per-test limit (`_limited`); the first test past it is kept for `pytest_runtest_setup`."""
+    global _past_limit
     yield from _limited("the test", TIMEOUT)
+    if _rang and not _past_limit:
+        _past_limit = item.nodeid
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """After a test past the limit, the module's others are not run (the rule in the module's docstring):
+    code that never returned once will most likely not return for the next test either."""
+    if _past_limit:
+        why = f"not run: {_past_limit.split('::')[-1]} of this module ran past the {TIMEOUT:g} s limit"
+        _not_run[item.nodeid] = why
+        pytest.skip(why)
 
 
 def _limited(doing: str, seconds: float):
     """SIGALRM raises in the running Python code after `seconds` (none when TIMEOUT is 0); when the code
     does not return to Python (a loop inside numpy), faulthandler ends the process a little later, with its stack."""
-    global _doing
+    global _doing, _rang
     if TIMEOUT <= 0:
         yield
         return
-    _doing = (doing, seconds)
+    _doing, _rang = (doing, seconds), False
     faulthandler.dump_traceback_later(seconds + 30, exit=True)
     try:
         with time_limit(seconds, _on_alarm):
@@ -116,8 +139,8 @@ def pytest_runtest_logreport(report):
             "nodeid": report.nodeid,
             "chapter_test": g.name if g else None,
             "when": report.when,
-            "outcome": report.outcome,
-            "message": _message(report),
+            "outcome": "not run" if report.nodeid in _not_run else report.outcome,
+            "message": _not_run.get(report.nodeid) or _message(report),
             **({"at": report.learner_at} if getattr(report, "learner_at", "") else {}),  # raised in the learner's code
             "seconds": round(report.duration, 3),
         })
