@@ -6,6 +6,7 @@
 
 from tl_lab.exercise import registry
 from tl_lab.exercise.registry import MODULES
+from tl_lab.exercise.workspace import read_source
 
 
 def _raised_in(ws, module, source, call="f()"):
@@ -61,6 +62,14 @@ def test_in_process_guard_blames_imports_syntax_stubs_and_long_errors(tmp_path):
     exc = _raised_in(tmp_path, "kv", "def f():\n    raise ValueError('v' * 400)\n")
     fault = guard.blame(exc, tmp_path, "kv")
     assert fault.error == ("ValueError: " + "v" * 400)[: guard.MESSAGE_CHARS] + " ..."
+    (tmp_path / "kv.py").write_bytes(b"x = 1\n# caf\xe9\n")
+    try:
+        read_source(tmp_path / "kv.py")
+    except SyntaxError as exc:
+        fault = guard.blame(exc, tmp_path, "runner")  # raised where runner.py imported kv
+    assert (fault.module, fault.at, fault.function) == ("kv", f"{tmp_path / 'kv.py'}:2", "(import)")
+    assert fault.error == "NotUtf8Error: not UTF-8 text (invalid continuation byte) (kv.py, line 2)"
+    assert fault.hint == "save kv.py as UTF-8 (the character at line 2); python -m tl_lab exercise hint kv"
     fault = guard.blame(ValueError("no traceback"), tmp_path, "runner")  # no frame of the learner's
     assert (fault.module, fault.file, fault.line, fault.at, fault.function) == (
         "runner", str(tmp_path / "runner.py"), None, str(tmp_path / "runner.py"), "(import)")

@@ -78,6 +78,32 @@ def test_in_process_hook_plans_each_modules_origin(tmp_path):
     assert finder.workspace == ws and finder.origins is got
 
 
+def test_in_process_hook_refuses_a_file_that_is_not_utf8_at_its_import_alone(tmp_path):
+    """kv.py saved in Latin-1: planned as the learner's (it is not the stub), and importing it raises a
+    SyntaxError naming its file and line; the other learner files are served all the same."""
+    from tl_lab.exercise import workspace as wsm
+
+    ws = _hook_workspace(tmp_path)
+    text = reference_source("kv") + "\n# café\n"
+    (ws / "kv.py").write_bytes(text.encode("latin-1"))
+    line = text.count("\n")
+    with pytest.raises(wsm.NotUtf8Error) as bad:
+        wsm.read_source(ws / "kv.py")
+    assert isinstance(bad.value, SyntaxError) and (bad.value.filename, bad.value.lineno, bad.value.msg) == (
+        str(ws / "kv.py"), line, "not UTF-8 text (invalid continuation byte)")
+    got = wsm.plan(ws)
+    assert (got["kv"].origin, got["quant"].origin) == ("learner", "learner")
+    finder = wsm.WorkspaceFinder(ws, got)
+    assert set(finder.served) == {"tl_lab.quant"} and finder.find_spec("tl_lab.quant").origin == str(ws / "quant.py")
+    for _ in range(2):  # each import raises anew
+        with pytest.raises(wsm.NotUtf8Error) as again:
+            finder.find_spec("tl_lab.kv")
+        assert (again.value.filename, again.value.lineno, again.value.msg) == (
+            bad.value.filename, bad.value.lineno, bad.value.msg)
+    (ws / "quant.py").write_text("x = 1\r\ny = 2\r", encoding="utf-8", newline="")
+    assert wsm.read_source(ws / "quant.py") == (ws / "quant.py").read_text(encoding="utf-8") == "x = 1\ny = 2\n"
+
+
 def test_in_process_hook_installs_once_first_on_the_path(tmp_path, monkeypatch):
     from tl_lab.exercise import workspace as wsm
 

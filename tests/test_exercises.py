@@ -8,6 +8,7 @@ are the generator's output from the reference, nothing hand-kept.
 """
 
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from tl_lab.exercise import registry
 from tl_lab.exercise.cli import reset, start, written
 from tl_lab.exercise.grading import _run, check, format_table, pitfall_hint
 from tl_lab.exercise.registry import CATALOGUE, DEPS, MODULES, PIECES, graded
-from tl_lab.exercise.stubs import ExerciseError, blank, learner_lines, reference_source, stub_source
+from tl_lab.exercise.stubs import ExerciseError, blank, learner_lines, reference_path, reference_source, stub_source
 from tl_lab.paths import REPO_ROOT
 from tl_lab.pitfalls import PITFALLS, apply_edit
 
@@ -564,6 +565,26 @@ def test_the_guard_stops_a_loop_and_survives_an_exit(tmp_path, monkeypatch):
     (ws / "sample.py").write_text(reference_source("sample"))
     faults = guard.trial(ws, ["kv", "sample"])
     assert list(faults) == ["kv"] and faults["kv"].error.startswith("the process ended"), faults
+
+
+def test_a_learner_file_that_is_not_utf8_costs_a_notebook_that_module_alone(tmp_path):
+    """Five good files and a kv.py saved in Latin-1: the first cell (exercise.activate(), with the
+    workspace in TL_LAB_WORKSPACE as a notebook's kernel has it) names kv.py and its line, the reference's
+    kv runs in its place, and the other five are the learner's (one bad file once switched all six off)."""
+    ws = workspace(tmp_path, "ref")
+    text = reference_source("kv") + "\n# café\n"
+    (ws / "kv.py").write_bytes(text.encode("latin-1"))
+    code = ("import importlib, json\nfrom tl_lab import exercise\nexercise.activate()\n"
+            "print(json.dumps({m: importlib.import_module(f'tl_lab.{m}').__file__ for m in exercise.MODULES}))\n")
+    p = subprocess.run([PY, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "TL_LAB_WORKSPACE": str(ws)})
+    assert p.returncode == 0 and "error:" not in p.stdout, p.stdout + p.stderr
+    *printed, last = p.stdout.strip().splitlines()
+    assert json.loads(last) == {m: str(reference_path(m)) if m == "kv" else str(ws / f"{m}.py") for m in MODULES}
+    line = text.count("\n")
+    assert "!! your kv.py raises, so this notebook runs the reference's kv in its place:" in printed
+    assert (f"   {ws / 'kv.py'}:{line} in (import): NotUtf8Error: not UTF-8 text (invalid continuation byte) "
+            f"(kv.py, line {line})") in printed
 
 
 def test_a_bad_workspace_in_a_notebook_is_one_line_and_the_reference_runs(tmp_path, monkeypatch):

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from tl_lab.exercise.registry import DEPS, HARNESS, MODULES, PIECES, SECTIONS, graded
 from tl_lab.exercise.stubs import NOT_WRITTEN, ExerciseError, check_module, stub_source
-from tl_lab.exercise.workspace import ENV, ENV_USE, REPO_ROOT
+from tl_lab.exercise.workspace import ENV, ENV_USE, REPO_ROOT, NotUtf8Error, read_source
 
 __all__ = ["Row", "STATUS_DIR", "DEFAULT_TIMEOUT", "order", "need_tests", "check", "format_table", "load_status", "pitfall_hint"]
 
@@ -77,12 +77,11 @@ def _shorten(text: str) -> str:
 def _not_started(module: str, f: Path) -> Row | None:
     if not f.is_file():
         return Row(module, "not started", str(f), hint=f"no {f.name} yet: python -m tl_lab exercise start {module}")
-    data = f.read_bytes()
     try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:  # the workspace hook refuses it: said here, not as an origin error
-        where = f"{f}:{data[:exc.start].count(10) + 1}"  # 10: the newline byte
-        return Row(module, "does not import", str(f), message=f"{where}: not UTF-8 text ({exc.reason})",
+        text = read_source(f)
+    except NotUtf8Error as exc:  # said here with its own hint, not as the collection's SyntaxError
+        where = f"{f}:{exc.lineno}"
+        return Row(module, "does not import", str(f), message=f"{where}: {exc.msg}",
                    hint=f"save {f.name} as UTF-8 (the character at {where}); the other modules are still checked")
     if text == stub_source(module):
         return Row(module, "not started", str(f), hint=f"{f.name} is the stub: write its pieces ({SECTIONS[module]}); "

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from tl_lab.exercise.registry import MODULES, PIECES, SECTIONS
 from tl_lab.exercise.stubs import NOT_WRITTEN
-from tl_lab.exercise.workspace import ENV, ENV_USE
+from tl_lab.exercise.workspace import ENV, ENV_USE, NotUtf8Error
 
 __all__ = ["Fault", "TRIALS", "trial", "blame"]
 
@@ -153,6 +153,8 @@ def blame(exc: BaseException, workspace: Path, tried: str) -> Fault:
     error = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, NotImplementedError) and NOT_WRITTEN in str(exc):
         hint = "a piece still the stub (its message says what to write)"  # the stub's message has the hint
+    if isinstance(exc, NotUtf8Error):
+        hint = f"save {Path(file).name} as UTF-8 (the character at line {line})"
     if len(error) > MESSAGE_CHARS:
         error = error[:MESSAGE_CHARS] + " ..."
     return Fault(module, file, line, function, error, f"{hint}; python -m tl_lab exercise hint {module}")

@@ -3,7 +3,8 @@
 Chapter L10.1, "How to work this chapter". With a workspace active, `import tl_lab.<module>` gives
 the learner's file, compiled under its own path (tracebacks show the learner's line), through the
 same import hook that switches a pitfall in (`tl_lab.switch`). A module whose file is missing, or
-still the stub `start` wrote, comes from the reference. `origins()` says where each came from.
+still the stub `start` wrote, comes from the reference. `origins()` says where each came from. A
+file that is not UTF-8 text fails its own module's import (`NotUtf8Error`), never the workspace.
 
 When a workspace is active (the project's own tests never see one unless asked for):
 - TL_LAB_WORKSPACE=DIR in the environment of a process (`exercise check` sets it for its pytest runs;
@@ -27,8 +28,9 @@ from tl_lab.exercise.registry import MODULES
 from tl_lab.exercise.stubs import ExerciseError, reference_path, stub_source
 from tl_lab.switch import SourceFinder
 
-__all__ = ["ENV", "ENV_USE", "OFF", "Origin", "WorkspaceFinder", "default_workspace", "resolve", "usable", "plan",
-           "install", "install_from_env", "refuse_from_env", "env_error", "lift_refusal", "origins", "active"]
+__all__ = ["ENV", "ENV_USE", "OFF", "Origin", "WorkspaceFinder", "NotUtf8Error", "read_source", "default_workspace",
+           "resolve", "usable", "plan", "install", "install_from_env", "refuse_from_env", "env_error", "lift_refusal",
+           "origins", "active"]
 
 ENV = "TL_LAB_WORKSPACE"
 ENV_USE = "TL_LAB_EXERCISE_USE"
@@ -90,28 +92,59 @@ def plan(workspace: Path, use=None, instead=None) -> dict[str, Origin]:
             out[m] = Origin(m, "reference", ref, "the reference stands in (not asked for)")
         elif not f.is_file():
             out[m] = Origin(m, "reference", ref, f"no {f.name} in the workspace")
-        elif use is None and _read(f) == stub_source(m):
+        elif use is None and _is_stub(f, m):
             out[m] = Origin(m, "reference", ref, "untouched since start (the stub)")
         else:
             out[m] = Origin(m, "learner", str(f), "the learner's file")
     return out
 
 
-def _read(f: Path) -> str:
+class NotUtf8Error(SyntaxError):
+    """A learner's file that is not UTF-8 text, at the line of its first bad byte. A SyntaxError, as
+    Python's own import calls such a file: it counts against its module alone, like any module that does
+    not import (`exercise check`'s row, the notebooks' trial in `tl_lab.exercise.guard`)."""
+
+
+def read_source(f: Path) -> str:
+    """The text of learner file `f`, its newlines as `Path.read_text` gives them; NotUtf8Error when it is
+    not UTF-8 (the only encoding the hook reads: a coding declaration is not honoured)."""
+    data = f.read_bytes()
     try:
-        return f.read_text(encoding="utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ExerciseError(f"{f}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        line = data[:exc.start].count(b"\n") + 1
+        raise NotUtf8Error(f"not UTF-8 text ({exc.reason})", (str(f), line, None, None)) from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _is_stub(f: Path, module: str) -> bool:
+    try:
+        return read_source(f) == stub_source(module)
+    except NotUtf8Error:  # the stub is UTF-8: this is the learner's, refused where it is imported
+        return False
 
 
 class WorkspaceFinder(SourceFinder):
-    """Serves the learner's modules of a workspace from their files (first on sys.meta_path)."""
+    """Serves the learner's modules of a workspace from their files (first on sys.meta_path); importing
+    one whose file is not UTF-8 raises its NotUtf8Error, and the others are served all the same."""
 
     def __init__(self, workspace: Path, origins: dict[str, Origin]):
-        learner = {f"tl_lab.{m}": (o.file, _read(Path(o.file))) for m, o in origins.items() if o.origin == "learner"}
+        learner, self.unreadable = {}, {}
+        for m, o in origins.items():
+            if o.origin != "learner":
+                continue
+            try:
+                learner[f"tl_lab.{m}"] = (o.file, read_source(Path(o.file)))
+            except NotUtf8Error as exc:
+                self.unreadable[f"tl_lab.{m}"] = exc.args
         super().__init__(learner)
         self.workspace = workspace
         self.origins = origins
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname in self.unreadable:  # a new error each import: one raised twice would grow its traceback
+            raise NotUtf8Error(*self.unreadable[fullname])
+        return super().find_spec(fullname, path, target)
 
 
 def active() -> WorkspaceFinder | None:
