@@ -164,11 +164,11 @@ def _tests(args) -> int:
     ws = _workspace(args, must_exist=False)
     status = load_status(ws) if ws.is_dir() else {}
     changed = {m for m, last in status.items() if changed_since(last, ws / f"{m}.py")}
-    print(f"{'chapter test':<46} {'kind':<20} {'module':<8} {'last':<7} our test")
+    print(f"{'chapter test':<46} {'kind':<20} {'module':<8} {'last':<8} our test")
     for g in CATALOGUE:
         last = status.get(g.module, {}).get("results", {}).get(g.name, "-")
         last += "*" if g.module in changed and last != "-" else ""
-        print(f"{g.name:<46} {g.kind:<20} {g.module:<8} {last:<7} {g.file}::test_{g.name}*")
+        print(f"{g.name:<46} {g.kind:<20} {g.module:<8} {last:<8} {g.file}::test_{g.name}*")
         print(f"{'':<46} checks: {g.checks}")
         print(f"{'':<46} why: {g.why}")
         if g.also:
