@@ -84,6 +84,33 @@ def restore_threads():
     set_threads(before)
 
 
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("Ġ", "Ġ"), ("l", "l"), ("he", "ll"), ("hell", "o")]
+
+
+def write_bpe_tokenizer(path, alter=lambda tok: None, drop: str = "") -> int:
+    """Write a byte-level BPE tokenizer.json (digits split, the three SPECIALS first, the MERGES last)
+    to `path` -> its number of tokens. `drop`: bytes left out of the vocabulary (the library drops them
+    from a text); alter(tok) changes the library's Tokenizer before it is saved."""
+    from tokenizers import AddedToken
+    from tokenizers import Tokenizer as HfTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+
+    from tl_lab.tokenizer import _bytes_to_unicode
+
+    alphabet = [_bytes_to_unicode()[b] for b in range(256) if chr(b) not in drop]
+    tokens = SPECIALS + alphabet + ["".join(m) for m in MERGES]
+    tok = HfTokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=MERGES))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIALS])
+    alter(tok)  # after the specials: adding a token again replaces it
+    tok.save(str(path))
+    return len(tokens)
+
+
 def smollm2_path():
     """The fetched SmolLM2-135M-Instruct directory, or fail saying how to fetch it (never skip)."""
     from tl_lab.fetch import smollm2_dir

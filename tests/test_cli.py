@@ -61,7 +61,8 @@ def test_generate_int4(model, extra):
     (["--int4", "3"], "error: Int4.group must be a positive even integer"),
     (["--kv-blocks", "0"], "error: --kv-blocks"),
     (["--prompt", ""], "error: the prompt is empty"),
-    (["--prompt", "y" * 600], "error: --prompt: a 600-token prompt is longer than the context (max_position_embeddings 512)"),
+    (["--prompt", "y" * 600], "error: --prompt: a prompt of 600 bytes is at least 600 tokens, longer than the context "
+                              "(max_position_embeddings 512)"),
 ])
 def test_bad_parameters_exit_2_with_one_line(bad, message):
     p = tl_lab("generate", "--model", "tiny-llama", "--prompt", "x", *bad)

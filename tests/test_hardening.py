@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import write_bpe_tokenizer
 from tl_lab.__main__ import EXIT_CODES, main
 from tl_lab.paths import DATA_DIR, REPO_ROOT
 
@@ -352,6 +353,71 @@ def test_chat_reads_a_line_of_megabytes_only_up_to_its_limit_and_goes_on(capsys,
     assert refusals == [f"error: that line is longer than {MAX_LINE_BYTES:,} bytes (1 MiB); it was not sent"]
     assert err.count("[4 tokens, finish=length") == 1  # "hi", after the rest of the long line was skipped
     assert all(0 < size <= MAX_LINE_BYTES + 1 for size in Stdin.sizes), Stdin.sizes
+
+
+# ------------------------------------------------------------------------------------------------
+# A prompt over the context is refused by its bytes, before it is encoded
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def encoded(monkeypatch) -> list[int]:
+    """The length of every text a tokenizer is asked to encode, in order."""
+    from tl_lab.tokenizer import BpeTokenizer, ByteTokenizer
+
+    lengths = []
+    for cls in (BpeTokenizer, ByteTokenizer):
+        def encode(self, text, real=cls.encode):
+            lengths.append(len(text))
+            return real(self, text)
+
+        monkeypatch.setattr(cls, "encode", encode)
+    return lengths
+
+
+def bpe_model(tmp_path: Path) -> Path:
+    """tiny-llama with a byte-level BPE tokenizer of its 256 ids (ten control bytes left out): its
+    longest token is "<|endoftext|>", 13 bytes, so 512 positions hold a prompt of at most 6,656 bytes."""
+    d = model_copy(tmp_path, tl_tokenizer="bpe", eos_token_id=2, bos_token_id=1)
+    assert write_bpe_tokenizer(d / "tokenizer.json", drop="".join(map(chr, range(0x0E, 0x18)))) == 256
+    return d
+
+
+@pytest.mark.parametrize("kind", ["byte", "bpe"])
+def test_a_prompt_whose_bytes_prove_it_over_the_context_is_refused_before_it_is_encoded(tmp_path, capsys, encoded,
+                                                                                        kind):
+    """Was: encoded, then refused by its count: a template's 10M characters took SmolLM2's encode 6 s and
+    1.7 GB first. Now ceil(bytes / the longest token's bytes) over the context is refused at once, and a
+    prompt one byte shorter is encoded and judged by its count as before (the bound never refuses one
+    that fits: 512 of the longest token are exactly the context)."""
+    model, longest = ("tiny-llama", "x") if kind == "byte" else (str(bpe_model(tmp_path)), "<|endoftext|>")
+    fits = longest * 512
+    code, out, err = run_main(capsys, "generate", "--model", model, "--prompt", fits, "--max-tokens", "1")
+    assert code == OK and "error" not in err and encoded == [len(fits)], err
+    encoded.clear()
+    code, out, err = run_main(capsys, "generate", "--model", model, "--prompt", fits + "h")
+    assert code == USAGE and out == "" and encoded == []
+    one_error_line(err, f"--prompt: a prompt of {len(fits) + 1:,} bytes is at least 513 tokens, longer than the "
+                        "context (max_position_embeddings 512)")
+    if kind == "bpe":  # within the bound, over the context by its count: refused as before, once encoded
+        code, out, err = run_main(capsys, "generate", "--model", model, "--prompt", "hello" * 600)
+        assert code == USAGE and encoded == [3000]
+        one_error_line(err, "--prompt: a 600-token prompt is longer than the context (max_position_embeddings 512)")
+
+
+def test_a_template_or_a_chat_line_over_the_context_is_refused_before_it_is_encoded(tmp_path, capsys, monkeypatch,
+                                                                                    encoded):
+    d = model_copy(tmp_path, tl_chat_template="{{ 'x' * 10000000 }}")
+    code, out, err = run_main(capsys, "generate", "--model", str(d), "--prompt", "hi", "--template")
+    assert code == USAGE and encoded == []
+    one_error_line(err, "--prompt through the chat template: a prompt of 10,000,000 bytes is at least 10,000,000 "
+                        "tokens, longer than the context")
+    code, out, err = run_main(capsys, "chat", "--model", "tiny-llama", "--max-tokens", "2", "--stats",
+                              stdin=b"x" * 600 + b"\nhi\n", monkeypatch=monkeypatch)
+    assert code == OK and max(encoded) < 600, encoded  # the line was never encoded; "hi" was
+    assert "error: this message does not fit even on its own, so it was not sent (a prompt of 617 bytes is " \
+           "at least 617 tokens, longer than the context (max_position_embeddings 512)); try a shorter one" in err
+    assert err.count("[2 tokens, finish=length") == 1
 
 
 # ------------------------------------------------------------------------------------------------

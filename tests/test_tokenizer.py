@@ -10,11 +10,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import need
+from conftest import MERGES, SPECIALS, need, write_bpe_tokenizer
 from tl_lab.errors import ConfigError
 from tl_lab.tokenizer import BpeTokenizer, ByteTokenizer, Tokenizer, _bytes_to_unicode, load_tokenizer, render_chat_template
 
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
     "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
@@ -89,30 +88,19 @@ def test_byte_tokenizer_refuses_ids_outside_the_vocabulary():
 # BpeTokenizer on a small tokenizer.json
 # ------------------------------------------------------------------------------------------------
 
-MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("Ġ", "Ġ"), ("l", "l"), ("he", "ll"), ("hell", "o")]
+
+def make_bpe(root, alter=lambda tok: None, drop: str = ""):
+    """`root` made a model directory with `write_bpe_tokenizer`'s tokenizer.json and a config.json for it."""
+    n = write_bpe_tokenizer(root / "tokenizer.json", alter, drop)
+    config = {"tl_tokenizer": "bpe", "vocab_size": n, "eos_token_id": [2, 0], "bos_token_id": 1,
+              "tl_chat_template": CHATML}  # fmt: skip
+    (root / "config.json").write_text(json.dumps(config))
+    return root
 
 
 @pytest.fixture(scope="module")
 def bpe_dir(tmp_path_factory):
-    """A model directory with a byte-level BPE tokenizer.json (digits split, three special tokens)."""
-    from tokenizers import AddedToken
-    from tokenizers import Tokenizer as HfTokenizer
-    from tokenizers import decoders, models, pre_tokenizers
-
-    alphabet = [_bytes_to_unicode()[b] for b in range(256)]
-    tokens = SPECIALS + alphabet + ["".join(m) for m in MERGES]
-    tok = HfTokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=MERGES))
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
-    )
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIALS])
-    root = tmp_path_factory.mktemp("bpe")
-    tok.save(str(root / "tokenizer.json"))
-    config = {"tl_tokenizer": "bpe", "vocab_size": len(tokens), "eos_token_id": [2, 0], "bos_token_id": 1,
-              "tl_chat_template": CHATML}  # fmt: skip
-    (root / "config.json").write_text(json.dumps(config))
-    return root
+    return make_bpe(tmp_path_factory.mktemp("bpe"))
 
 
 def test_bpe_tokenizer_encodes_merges_digits_and_special_tokens(bpe_dir):
@@ -148,6 +136,95 @@ def test_bytes_to_unicode_is_gpt2s_alphabet():
     table = _bytes_to_unicode()
     assert len(set(table.values())) == 256
     assert table[ord("A")] == "A" and table[ord(" ")] == "Ġ" and table[ord("\n")] == "Ċ" and table[0] == "Ā"
+
+
+# ------------------------------------------------------------------------------------------------
+# fewest_tokens: the bound that refuses a prompt over the context before it is encoded
+# ------------------------------------------------------------------------------------------------
+
+BOUND_TEXTS = ["", "hello the world", "  x\n\n\ty  ", "naïve 😀 日本 \U00050000", "<|im_start|>a<|im_end|>\n",
+               "1,234.5", "hellohellohello the", "x" * 1000, "\x00\x04" * 50 + "hi", "<|endoftext|>" * 3 + "<|im_end"]
+
+
+def test_fewest_tokens_is_a_lower_bound_that_the_longest_token_reaches(bpe_dir):
+    """Every token covers at most max_token_bytes of UTF-8 (here the longest special token's 13), so
+    ceil(bytes / 13) never exceeds the count; a run of that token meets it, so it is as tight as it can be."""
+    tok = load_tokenizer(bpe_dir)
+    assert tok.max_token_bytes == len("<|endoftext|>") and tok.dropped_bytes == b""
+    for text in BOUND_TEXTS:
+        assert tok.fewest_tokens(text) <= len(tok.encode(text)), text
+    for k in (1, 7):
+        assert tok.fewest_tokens("<|endoftext|>" * k) == len(tok.encode("<|endoftext|>" * k)) == k
+        assert tok.fewest_tokens("<|endoftext|>" * k + "h") == k + 1
+    byte = ByteTokenizer()
+    assert byte.max_token_bytes == 1 and all(byte.fewest_tokens(t) == len(byte.encode(t)) for t in BOUND_TEXTS)
+    with pytest.raises(ValueError, match="byte 0xff"):
+        tok.fewest_tokens("a\udcff")  # as encode says it
+
+
+def test_bytes_the_vocabulary_lacks_are_dropped_so_not_counted(tmp_path):
+    """The library drops a byte whose character is not in the vocabulary (SmolLM2 lacks 21, 0x04 among
+    them): counted, 10,000 of them would have proved a text of one token too long."""
+    tok = BpeTokenizer(make_bpe(tmp_path, drop="x\x04") / "tokenizer.json")
+    assert tok.dropped_bytes == b"\x04x"
+    text = "x\x04" * 5000 + "hello"
+    assert tok.encode(text) == tok.encode("hello") and tok.fewest_tokens(text) == 1
+    for text in BOUND_TEXTS:
+        assert tok.fewest_tokens(text) <= len(tok.encode(text)), text
+
+
+def _add_lstrip_token(tok):
+    from tokenizers import AddedToken
+
+    tok.add_special_tokens([AddedToken("<|im_end|>", special=True, lstrip=True, normalized=False)])
+
+
+def _pre(*parts):
+    from tokenizers import pre_tokenizers
+
+    return lambda tok: setattr(tok, "pre_tokenizer", pre_tokenizers.Sequence(list(parts)))
+
+
+def _normalizer(tok):
+    from tokenizers import normalizers
+
+    tok.normalizer = normalizers.Replace(" ", "")
+
+
+@pytest.mark.parametrize("alter, text", [
+    (_normalizer, " " * 100),  # a normalizer may drop text
+    (lambda tok: tok.enable_truncation(max_length=2), "hello" * 100),  # truncation stops early
+    (_add_lstrip_token, " " * 100 + "<|im_end|>"),  # the token takes the spaces before it
+    ("Whitespace", " " * 100),  # a pre-tokenizer that drops whitespace
+    ("Removed", " " * 100),  # a Split that removes what it matches
+    ("Digits", "日" * 100),  # no ByteLevel: a character outside the vocabulary is dropped
+], ids=["normalizer", "truncation", "lstrip", "whitespace", "split-removed", "no-byte-level"])
+def test_no_bound_where_the_text_does_not_reach_the_model_byte_for_byte(tmp_path, alter, text):
+    """Each of these makes fewer tokens of `text` than its bytes over the longest token: a bound there
+    would refuse a prompt that fits, so there is none (fewest_tokens 0: the prompt is encoded and counted)."""
+    from tokenizers import pre_tokenizers
+
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    alter = {"Whitespace": _pre(pre_tokenizers.Whitespace(), byte_level),
+             "Removed": _pre(pre_tokenizers.Split(" ", "removed"), byte_level),
+             "Digits": _pre(pre_tokenizers.Digits())}.get(alter, alter)
+    tok = BpeTokenizer(make_bpe(tmp_path, alter) / "tokenizer.json")
+    assert len(tok.encode(text)) < -(-len(text.encode()) // len("<|endoftext|>"))
+    assert tok.max_token_bytes is None and tok.fewest_tokens(text) == 0
+
+
+@pytest.mark.smollm2
+def test_fewest_tokens_on_smollm2_never_exceeds_the_count():
+    from conftest import smollm2_path
+
+    tok = load_tokenizer(smollm2_path())
+    assert tok.max_token_bytes == 81  # "\n" and 80 spaces
+    assert tok.dropped_bytes == bytes([4, 6, 0x13, 0x14, 0x16, 0x1D, 0xC0, 0xC1, 0xF1, 0xF2, *range(0xF5, 0x100)])
+    texts = BOUND_TEXTS + ["\n" + " " * 80, ("\n" + " " * 80) * 5 + "x", "\U00050000\U00048000" * 20,
+                           "################################################################################"]
+    for text in texts:
+        assert tok.fewest_tokens(text) <= len(tok.encode(text)), text
+    assert tok.fewest_tokens("\n" + " " * 80) == len(tok.encode("\n" + " " * 80)) == 1
 
 
 # ------------------------------------------------------------------------------------------------

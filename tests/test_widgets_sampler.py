@@ -263,7 +263,7 @@ def test_model_playground_bad_input_gives_a_message(tiny_runner):
     w.sample_button.click()
     assert "Nothing to sample: type a prompt first" in plain(w.status.value) and w.output_ids == []
     w.prompt.value = "x" * 600
-    assert "the context is 600 tokens, more than this model and pool take (512)" in plain(w.status.value)
+    assert "the context is at least 600 tokens, more than this model and pool take (512)" in plain(w.status.value)
     w.prompt.value = "ok"
     assert w.message == "" and w.logits is not None and "tl-message" not in w.status.value
     w.chat.value = True  # disabled in the UI; set from Python anyway
@@ -286,6 +286,14 @@ def test_model_playground_full_context_is_refused(tiny_runner):
     assert w.logits is not None  # exactly the context
     w.sample_button.click()
     assert "The context is full (512 tokens)" in plain(w.status.value) and w.output_ids == []
+
+
+def test_model_playground_refuses_a_prompt_its_bytes_prove_too_long_before_encoding_it(tiny_runner, monkeypatch):
+    """Was: a pasted text of megabytes was encoded (seconds, gigabytes with a BPE) before its count was refused."""
+    w = tiny_playground(tiny_runner, "Hello")
+    monkeypatch.setattr(w.tokenizer, "encode", lambda text: pytest.fail(f"encoded {len(text)} characters"))
+    w.prompt.value = "x" * 10_000_000
+    assert "the context is at least 10000000 tokens" in plain(w.status.value) and w.logits is None
 
 
 def test_model_playground_on_the_bigram():

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from tl_lab.errors import BatchError, ConfigError, KvError, TlError, clip, one_line
+from tl_lab.errors import ConfigError, KvError, TlError, clip, one_line
 
 BUNDLED = ("bigram", "tiny-llama", "tiny-llama-int4")
 MAX_THREADS = 1024  # far above any machine this runs on; 2**40 threads is a typo, not a request
@@ -268,12 +268,10 @@ def _generate(args) -> int:
     params, quant = _checked(args)
     weights, tok = _open_model(args, quant)
     if args.template:
-        ids = _encoded(tok, tok.apply_chat_template([{"role": "user", "content": args.prompt}]))
+        text = tok.apply_chat_template([{"role": "user", "content": args.prompt}])
+        ids = _prompt_ids(tok, text, weights.config, "--prompt through the chat template", rendered=True)
     else:
-        ids = tok.encode(args.prompt)
-    if not ids:
-        raise UsageError("the prompt is empty: give --prompt some text")
-    _fits_context(ids, weights.config, "--prompt through the chat template" if args.template else "--prompt")
+        ids = _prompt_ids(tok, args.prompt, weights.config, "--prompt", rendered=False)
     engine = _engine(args, quant, weights, tok)
     t0 = time.perf_counter()
     (result,) = _run(engine, _request(ids, params, args.seed, args.max_tokens, None))
@@ -283,21 +281,33 @@ def _generate(args) -> int:
     return EXIT_OK
 
 
-def _fits_context(ids: list[int], config, what: str) -> None:
-    """A prompt longer than the context, refused before the engine and the compiler are imported (the
-    engine's own check, `Engine.check`, came after them: seconds on a busy host for a refusal). `what`
-    says where the tokens came from: a template can make a long prompt of a short --prompt."""
+class _TooLong(UsageError):
+    """A prompt longer than the context (in a chat, what dropping the oldest turns can cure)."""
+
+
+def _prompt_ids(tok, text: str, config, what: str | None, rendered: bool) -> list[int]:
+    """The ids of prompt `text`, checked against the context before the engine and the compiler are
+    imported (the engine's own check, `Engine.check`, came after them: seconds on a busy host for a
+    refusal), and, when the text's bytes alone prove it too long (`Tokenizer.fewest_tokens`), before
+    it is encoded: a template's 10M characters took encode 6 s and 1.7 GB, only to be refused after.
+    `what` (None: nothing) says where the tokens came from: a template can make a long prompt of a
+    short --prompt. `rendered`: a template or a transcript made the text, so no ids is its fault."""
+    from tl_lab.tokenizer import utf8
+
     n = config.max_position_embeddings
-    if len(ids) > n:
-        raise UsageError(f"{what}: a {len(ids)}-token prompt is longer than the context (max_position_embeddings {n})")
-
-
-def _encoded(tok, rendered: str) -> list[int]:
-    """The ids of a prompt the chat template rendered: none is the template's fault, not the user's."""
-    ids = tok.encode(rendered)
-    if not ids:
+    where = f"{what}: " if what else ""
+    least = tok.fewest_tokens(text)
+    if least > n:
+        raise _TooLong(f"{where}a prompt of {len(utf8(text)):,} bytes is at least {least:,} tokens, longer than "
+                       f"the context (max_position_embeddings {n})")
+    ids = tok.encode(text)
+    if not ids and rendered:
         raise ConfigError("the chat template (config.json tl_chat_template) rendered the conversation as "
                           "empty text: there is no prompt to send")
+    if not ids:
+        raise UsageError("the prompt is empty: give --prompt some text")
+    if len(ids) > n:
+        raise _TooLong(f"{where}a {len(ids)}-token prompt is longer than the context (max_position_embeddings {n})")
     return ids
 
 
@@ -306,7 +316,7 @@ class _Chat:
 
     def __init__(self, tok, config, args):
         self.engine = None  # given once the opening rendered (`opening`)
-        self.args, self.tok = args, tok
+        self.args, self.tok, self.config = args, tok, config
         self.templated = bool(tok.chat_template)
         self.stop = None
         self.note = None  # said once the session has started (after check_opening)
@@ -318,9 +328,9 @@ class _Chat:
         self.start = [{"role": "system", "content": args.system}] if args.system else []
         self.messages = list(self.start)
 
-    def prompt_ids(self) -> list[int]:
-        m = self.messages
-        return _encoded(self.tok, self.tok.apply_chat_template(m) if self.templated else _transcript(m))
+    def render(self, messages) -> str:
+        """The prompt text of `messages`: the chat template's, or the plain transcript."""
+        return self.tok.apply_chat_template(messages) if self.templated else _transcript(messages)
 
     def reply(self, line: str, params, seed: int):
         """Answer one user line, dropping the oldest turns while the prompt is too long for the context
@@ -330,8 +340,7 @@ class _Chat:
         self.messages.append({"role": "user", "content": line})
         dropped = 0
         while True:
-            request = _request(self.prompt_ids(), params, seed, self.args.max_tokens, self.stop)
-            overflow = self._overflow(request)
+            request, overflow = self._fit(self.render(self.messages), params, seed)
             if overflow is None:
                 break
             first_user = len(self.start)
@@ -355,40 +364,38 @@ class _Chat:
         self.messages.append({"role": "assistant", "content": text})
         return result
 
-    def _overflow(self, request) -> Exception | None:
-        """The engine's refusal of `request` if the prompt is too long for the context or the pool
-        (what dropping turns can cure), else None; any other refusal is raised as it is."""
+    def _fit(self, text: str, params, seed: int):
+        """(the request of prompt `text`, None), or (None, the refusal) if the prompt is too long for the
+        context (`_prompt_ids`) or the pool (`Engine.check`): what dropping turns can cure. Any other
+        refusal is raised as it is."""
+        try:
+            ids = _prompt_ids(self.tok, text, self.config, None, rendered=True)
+        except _TooLong as exc:
+            return None, exc
+        request = _request(ids, params, seed, self.args.max_tokens, self.stop)
         try:
             self.engine.check([request])
         except KvError as exc:
-            return _in_cli_words(exc)
-        except BatchError as exc:  # a RequestError: too long for the context, or a bad id (raised)
-            if len(request.prompt_ids) > self.engine.runner.config.max_position_embeddings:
-                return exc
-            raise
-        return None
+            return None, _in_cli_words(exc)
+        return request, None
 
     def opening(self, system: bool = True) -> str:
         """--system (if any, and `system`) and an empty user line, rendered: run before the engine loads,
         so a chat template that cannot render a conversation is refused without waiting for the compiler."""
-        empty = [*(self.start if system else []), {"role": "user", "content": ""}]
-        return self.tok.apply_chat_template(empty) if self.templated else _transcript(empty)
+        return self.render([*(self.start if system else []), {"role": "user", "content": ""}])
 
     def check_opening(self, params, opening: str) -> None:
         """The `opening` must fit with --max-tokens, else every line would be refused as too long (was:
         --max-tokens 100000 in a pool of 256 blocks, each line "does not fit even on its own ... try a
         shorter one"). It is --system's fault if the opening fits without it, else the options'."""
-        overflow = self._overflow(self._request_of(opening, params))
+        overflow = self._fit(opening, params, 0)[1]
         if overflow is None:
             return
-        if self.start and self._overflow(self._request_of(self.opening(system=False), params)) is None:
+        if self.start and self._fit(self.opening(system=False), params, 0)[1] is None:
             raise UsageError(f"--system: the system message alone does not fit ({overflow})")
         a = self.args
         options = f" with --max-tokens {a.max_tokens} and --kv-blocks {a.kv_blocks}" if isinstance(overflow, KvError) else ""
         raise UsageError(f"no message can fit, not even an empty one{options} ({overflow})")
-
-    def _request_of(self, opening: str, params):
-        return _request(_encoded(self.tok, opening), params, 0, self.args.max_tokens, self.stop)
 
 
 def _request(ids, params, seed, max_tokens, stop):

@@ -13,6 +13,7 @@ encode() adds no special tokens: a chat prompt gets them from the chat template
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import re
 import sys
@@ -39,6 +40,10 @@ class Tokenizer:
     eos_ids: list[int]
     bos_id: int | None
     chat_template: str | None
+    # The most bytes of UTF-8 one token can cover, and the bytes no token covers (the encoder drops
+    # them), for `fewest_tokens`; None: no such bound is known for this tokenizer.
+    max_token_bytes: int | None = None
+    dropped_bytes: bytes = b""
 
     def __init__(self, eos_ids: Iterable[int] = (), bos_id: int | None = None, chat_template: str | None = None):
         """The special ids (checked against vocab_size, which a subclass sets first) and the template."""
@@ -52,6 +57,18 @@ class Tokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         raise NotImplementedError
+
+    def fewest_tokens(self, text: str) -> int:
+        """A lower bound on len(self.encode(text)) found without encoding: every token covers at most
+        max_token_bytes of the text's UTF-8, so its B bytes (less the dropped ones) need at least
+        ceil(B / max_token_bytes) tokens; 0 when no bound is known. It lets a prompt far over the
+        context be refused at once: encoding 10 MB of text took 6 s and 1.7 GB only to be refused.
+        ValueError, as encode's, for a text that is not UTF-8."""
+        most = self.max_token_bytes
+        data = utf8(text)
+        if not most:
+            return 0
+        return -(-len(data.translate(None, self.dropped_bytes)) // most)
 
     def token_str(self, id: int) -> str:
         """One token for display: its text, with bytes that are not text on their own as \\xNN."""
@@ -86,6 +103,7 @@ class ByteTokenizer(Tokenizer):
     """Token id = byte value: UTF-8 in, 256 ids; decode replaces invalid UTF-8 with U+FFFD."""
 
     vocab_size = 256
+    max_token_bytes = 1  # fewest_tokens is the exact count
 
     def encode(self, text: str) -> list[int]:
         return list(utf8(text))
@@ -130,6 +148,40 @@ class BpeTokenizer(Tokenizer):
         self._special = {t.content for t in self._tok.get_added_tokens_decoder().values() if t.special}
         self._byte_of = {c: b for b, c in _bytes_to_unicode().items()}
 
+    @functools.cached_property
+    def _token_bound(self) -> tuple[int | None, bytes]:
+        """(max_token_bytes, dropped_bytes), worked out on first use (50 ms for SmolLM2's 49152 tokens).
+
+        The bound holds only where the text reaches the BPE model byte for byte: no normalizer (NFC
+        makes 2 bytes of 3, a Replace or Strip any number of none), pre-tokenizers that split the text
+        and map each byte to one character of the byte alphabet but drop nothing, no truncation, and
+        added tokens that cover their own text only (an lstrip or rstrip one takes the spaces around
+        it too). Then a vocabulary token covers as many bytes as it has characters, an added one its
+        text's, and a byte whose character is not in the vocabulary is dropped (SmolLM2 drops 0x04,
+        0x13 and six more). Any other tokenizer.json gets no bound: its prompts are encoded first, as before.
+        """
+        tok = self._tok
+        added = list(tok.get_added_tokens_decoder().values())
+        normalizer = None if tok.normalizer is None else json.loads(tok.normalizer.__getstate__())
+        pre = {} if tok.pre_tokenizer is None else json.loads(tok.pre_tokenizer.__getstate__())
+        if (normalizer not in (None, {"type": "Sequence", "normalizers": []}) or not _keeps_every_byte(pre)
+                or tok.truncation is not None or type(tok.model).__name__ != "BPE" or any(t.lstrip or t.rstrip for t in added)):
+            return None, b""
+        vocab = tok.get_vocab(with_added_tokens=False)
+        alphabet = set(self._byte_of)
+        most = max((len(p) if set(p) <= alphabet else len(p.encode("utf-8")) for p in vocab), default=0)
+        most = max([most, *(len(t.content.encode("utf-8")) for t in added)])
+        dropped = bytes(b for c, b in self._byte_of.items() if c not in vocab)
+        return most or None, dropped
+
+    @property
+    def max_token_bytes(self) -> int | None:
+        return self._token_bound[0]
+
+    @property
+    def dropped_bytes(self) -> bytes:
+        return self._token_bound[1]
+
     def encode(self, text: str) -> list[int]:
         # Special-token strings in the text (the chat template writes them) become their ids.
         utf8(text)  # the library would raise a bare TypeError on a lone surrogate
@@ -157,6 +209,19 @@ class BpeTokenizer(Tokenizer):
 
     def __repr__(self) -> str:
         return f"BpeTokenizer(vocab_size={self.vocab_size}, eos_ids={self.eos_ids}, bos_id={self.bos_id})"
+
+
+# Pre-tokenizers that only split the text, and ByteLevel, which maps each byte to one character: with
+# them, and ByteLevel among them, each byte of the text reaches the BPE model as one character.
+_SPLITTERS = {"ByteLevel", "Digits", "Split", "Punctuation"}
+
+
+def _keeps_every_byte(pre: dict) -> bool:
+    """Whether a pre-tokenizer (its tokenizer.json form) hands the BPE model every byte of the text as
+    one character of the byte alphabet (see BpeTokenizer._token_bound)."""
+    parts = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    return (all(p.get("type") in _SPLITTERS and p.get("behavior") != "Removed" for p in parts)
+            and any(p.get("type") == "ByteLevel" for p in parts))
 
 
 def utf8(text: str) -> bytes:

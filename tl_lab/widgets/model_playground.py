@@ -224,9 +224,7 @@ class ModelPlayground(CellWidget):
         try:
             self.prompt_ids = self._encode()
             context = self.prompt_ids + self.output_ids
-            if len(context) > self.max_context:
-                raise ValueError(f"the context is {len(context)} tokens, more than this model and pool take "
-                                 f"({self.max_context}); shorten the prompt")
+            self._fits(len(context))
             _, logits = self.runner.run_once(context)
         except (ValueError, TlError) as exc:
             self.logits, self.message = None, str(exc)
@@ -246,10 +244,18 @@ class ModelPlayground(CellWidget):
             raise ValueError("type a prompt first")
         if self.chat.value:
             text = self.tokenizer.apply_chat_template([{"role": "user", "content": text}])
+        # before encode spends seconds on a pasted book, when its bytes alone say it cannot fit
+        self._fits(self.tokenizer.fewest_tokens(text) + len(self.output_ids), "at least ")
         ids = self.tokenizer.encode(text)
         if not ids:
             raise ValueError("the prompt encodes to no tokens")
         return ids
+
+    def _fits(self, n: int, bound: str = "") -> None:
+        """ValueError if a context of n tokens (`bound` "at least ": n is a lower bound) is over max_context."""
+        if n > self.max_context:
+            raise ValueError(f"the context is {bound}{n} tokens, more than this model and pool take "
+                             f"({self.max_context}); shorten the prompt")
 
     def _set_draw(self, n: int) -> None:
         self.sampler._quiet = True  # the row is recomputed next; no need to redraw the old one
