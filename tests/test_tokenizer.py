@@ -385,6 +385,41 @@ def test_a_tokenizer_json_that_is_not_a_file_is_refused_at_once(bpe_dir, tmp_pat
         load_tokenizer(d)
 
 
+def test_a_tokenizer_json_too_big_for_its_vocabulary_is_refused_before_it_is_read(tmp_path):
+    """Was: anything up to 100 MB was parsed first (65 MB: 1 GB and 5 to 10 s), only to be refused for
+    more tokens than vocab_size. The limit scales with vocab_size: 1 MiB + 256 bytes a token. The files
+    here are sparse: one at the limit is read (and its NULs are not JSON), one byte more never is."""
+    from tl_lab.tokenizer import MAX_TOKENIZER_BYTES, tokenizer_limit
+
+    assert tokenizer_limit(1)[0] == (1 << 20) + 256 and tokenizer_limit(49152)[0] == 13_631_488
+    assert tokenizer_limit(None)[0] == tokenizer_limit(10**9)[0] == MAX_TOKENIZER_BYTES == 64 << 20
+    path = tmp_path / "tokenizer.json"
+    for size, words in [((1 << 20) + 256, "the tokenizers library can read"),
+                        ((1 << 20) + 257, "has 1,048,833 bytes, over the 1,048,832-byte limit for config.json's "
+                                          "vocab_size 1 (256 bytes a token and 1 MiB; real files take under 130 a token)")]:
+        with open(path, "wb") as f:
+            f.truncate(size)
+        with pytest.raises(ConfigError) as info:
+            BpeTokenizer(path, vocab_size=1)
+        assert words in str(info.value)
+    with open(path, "wb") as f:
+        f.truncate(MAX_TOKENIZER_BYTES + 1)
+    with pytest.raises(ConfigError, match="over the 67,108,864-byte limit for any tokenizer.json"):
+        BpeTokenizer(path)
+    with pytest.raises(ConfigError, match="vocab_size must be an integer, got str '49152'"):
+        load_tokenizer(tmp_path, {"tl_tokenizer": "bpe", "vocab_size": "49152"})
+
+
+@pytest.mark.smollm2
+def test_smollm2s_tokenizer_json_is_well_within_its_limit():
+    from conftest import smollm2_path
+    from tl_lab.tokenizer import tokenizer_limit
+
+    path = smollm2_path()
+    size = (path / "tokenizer.json").stat().st_size
+    assert 3 * size < tokenizer_limit(load_tokenizer(path).vocab_size)[0]  # 3.5 MB of 13.6 MB
+
+
 # --------------------------------------------------------------------------------------------
 # What mutation testing found unchecked (issue 20)
 # --------------------------------------------------------------------------------------------

@@ -72,12 +72,13 @@ def file_kind(mode: int) -> str:
     return next((name for test, name in _KINDS if test(mode)), "a file of another kind")
 
 
-def read_regular(path, what: str, error: type[Exception], limit: int) -> bytes:
-    """The bytes of the regular file `path` (see `open_regular`), refused past `limit` bytes."""
+def read_regular(path, what: str, error: type[Exception], limit: int, limit_of: str = "this file") -> bytes:
+    """The bytes of the regular file `path` (see `open_regular`), refused past `limit` bytes, which
+    the message calls the limit for `limit_of`."""
     with open_regular(path, what, error) as f:
         size = os.fstat(f.fileno()).st_size
         if size > limit:
-            raise error(f"{what}: {path} has {size:,} bytes, over the {limit:,}-byte limit for this file")
+            raise error(f"{what}: {path} has {size:,} bytes, over the {limit:,}-byte limit for {limit_of}")
         try:
             return f.read(size + 1)  # not read(limit): that allocates the whole limit up front
         except OSError as exc:

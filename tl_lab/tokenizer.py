@@ -26,7 +26,26 @@ from tl_lab.errors import ConfigError
 from tl_lab.paths import read_regular
 
 
-MAX_TOKENIZER_BYTES = 100_000_000  # tokenizer.json: SmolLM2's is 2 MB, the largest vocabularies ~20 MB
+# tokenizer.json is refused by its size before the tokenizers library parses it: a parse holds about
+# 15 bytes of memory for each byte of the file and takes 0.1 s a MB (65 MB: 1 GB and 5 to 10 s here,
+# all to be refused after for more tokens than config.json's vocab_size). Real files take 30 to 130 bytes
+# a token: SmolLM2's as tl_lab fetch writes it 72 (3.5 MB for 49,152), Llama 3's 71 (9.1 MB for
+# 128,256), Gemma 3's 127 (33 MB for 262,145, the largest we know of). So a file may take twice the
+# most of those for each token of vocab_size, and 1 MiB more for a small vocabulary's settings (the
+# added tokens, the pipeline): SmolLM2's vocab_size allows 13.6 MB, a parse of 0.2 GB and 1.3 s.
+TOKENIZER_BYTES_PER_TOKEN = 256
+TOKENIZER_BASE_BYTES = 1 << 20
+MAX_TOKENIZER_BYTES = 64 << 20  # whatever vocab_size says (or with none): twice the largest real file
+
+
+def tokenizer_limit(vocab_size: int | None) -> tuple[int, str]:
+    """(the most bytes a tokenizer.json may have for a vocabulary of vocab_size tokens, what that limit
+    is for, in words for a message); vocab_size None: not known."""
+    scaled = None if vocab_size is None else TOKENIZER_BASE_BYTES + TOKENIZER_BYTES_PER_TOKEN * vocab_size
+    if scaled is None or scaled > MAX_TOKENIZER_BYTES:
+        return MAX_TOKENIZER_BYTES, "any tokenizer.json (twice the largest real one)"
+    return scaled, (f"config.json's vocab_size {vocab_size:,} ({TOKENIZER_BYTES_PER_TOKEN} bytes a token and "
+                    f"{TOKENIZER_BASE_BYTES >> 20} MiB; real files take under 130 a token)")
 
 
 class Tokenizer:
@@ -135,7 +154,9 @@ class BpeTokenizer(Tokenizer):
         path = Path(path)
         if not path.exists():
             raise ConfigError(f"tl_tokenizer is bpe but {path} is missing")
-        text = read_regular(path, "tokenizer.json", ConfigError, MAX_TOKENIZER_BYTES)  # never blocks on a FIFO
+        if vocab_size is not None:
+            vocab_size = as_int(vocab_size, "config.json vocab_size", lo=1, error=ConfigError)
+        text = read_regular(path, "tokenizer.json", ConfigError, *tokenizer_limit(vocab_size))  # never blocks on a FIFO
         try:
             self._tok = HfTokenizer.from_str(text.decode("utf-8"))
         except Exception as exc:  # the library raises a bare Exception for a malformed file
