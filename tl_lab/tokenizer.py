@@ -178,8 +178,8 @@ class BpeTokenizer(Tokenizer):
         and map each byte to one character of the byte alphabet but drop nothing, no truncation, and
         added tokens that cover their own text only (an lstrip or rstrip one takes the spaces around
         it too). Then a vocabulary token covers as many bytes as it has characters, an added one its
-        text's, and a byte whose character is not in the vocabulary is dropped (SmolLM2 drops 0x04,
-        0x13 and six more). Any other tokenizer.json gets no bound: its prompts are encoded first, as before.
+        text's, and a byte whose character is not in the vocabulary is dropped (SmolLM2 drops 21 bytes, 0x04,
+        0x13 among them). Any other tokenizer.json gets no bound: its prompts are encoded first, as before.
         """
         tok = self._tok
         added = list(tok.get_added_tokens_decoder().values())
