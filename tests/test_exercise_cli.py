@@ -105,7 +105,7 @@ def test_in_process_cli_tests_lists_the_last_results(tmp_path, capsys):
 
 def test_in_process_cli_parity_runs_the_learners_sample(tmp_path, capsys, monkeypatch):
     """`exercise parity` in a process where tl_lab.sample is not imported yet: the workspace's
-    sample.py is the one held to the golden files, and one that does not import is named at its line."""
+    sample.py is the one held to the golden files, and one that does not import (or parse) is named at its line."""
     import tl_lab
     import tl_lab.sample  # the reference, put back after the test
 
@@ -126,6 +126,9 @@ def test_in_process_cli_parity_runs_the_learners_sample(tmp_path, capsys, monkey
     (other / "sample.py").write_text("import numpy\n\nx = undefined_name\n", encoding="utf-8")
     code, out, _ = _in_process_cli(capsys, "parity", "--workspace", str(other))
     assert code == 1 and out == f"parity: {other / 'sample.py'}:3: NameError: name 'undefined_name' is not defined\n"
+    (other / "sample.py").write_text("import numpy\n\ndef f(:\n", encoding="utf-8")  # was: no :3, no frame of it
+    code, out, _ = _in_process_cli(capsys, "parity", "--workspace", str(other))
+    assert code == 1 and out.startswith(f"parity: {other / 'sample.py'}:3: SyntaxError: ") and out.count("\n") == 1
 
 
 def test_in_process_cli_knows_which_commands_need_the_workspace(tmp_path, capsys, monkeypatch):

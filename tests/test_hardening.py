@@ -449,6 +449,89 @@ def test_every_other_failure_is_one_line_with_its_code(capsys, monkeypatch, exc,
             main(["generate", "--model", "bigram", "--prompt", "x"])
 
 
+def _raised_by(path: Path, source: str):
+    """The exception `source`, compiled as the file `path`, raises when run."""
+    from tl_lab.errors import KvError
+
+    path.write_text(source, encoding="utf-8")
+    try:
+        exec(compile(source, str(path), "exec"), {"KvError": KvError})
+    except Exception as exc:  # noqa: BLE001
+        return exc
+    raise AssertionError("did not raise")
+
+
+def test_what_a_learners_module_raises_is_named_not_called_a_bug_in_tl_lab(tmp_path, monkeypatch):
+    """Was, with TL_LAB_WORKSPACE set: a TypeError or a SyntaxError of the learner's kv.py was "internal
+    error, a bug in tl_lab", exit 4. The code stays 4 (docs/cli.md), the line names their file, line and
+    piece; what is not a bug (their ValueError, their KvError) keeps its code, and an error with no
+    frame of theirs is still tl_lab's."""
+    from tl_lab.__main__ import EXIT_BUG, _classify
+    from tl_lab.exercise.registry import PIECES
+    from tl_lab.exercise.workspace import WorkspaceFinder, plan
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    kv = ws / "kv.py"
+    typo = _raised_by(kv, "class KvPool:\n    def alloc(self, n):\n        return [0] * n + None\n\nKvPool().alloc(2)\n")
+    refusal = _raised_by(kv, "raise KvError('the pool has only 1 available of 1')\n")
+    usage = _raised_by(kv, "raise ValueError('top_p must be in (0, 1], got 1.5')\n")
+    try:
+        compile("x = 1\ndef f(:\n", str(kv), "exec")
+    except SyntaxError as exc:
+        syntax = exc
+    ours = RuntimeError("boom")
+    assert _classify(typo)[1].startswith("internal error, a bug in tl_lab (TypeError")  # no workspace active
+
+    monkeypatch.setattr(sys, "meta_path", [WorkspaceFinder(ws, plan(ws, use=set())), *sys.meta_path])
+    code, message = _classify(typo)
+    alloc = next(p for p in PIECES["kv"] if p.qualname == "KvPool.alloc")
+    assert code == EXIT_BUG and message == (
+        f"your kv.py raised at {kv}:3 in KvPool.alloc: TypeError: can only concatenate list (not \"NoneType\") to "
+        f"list; hint: {alloc.hint} (section {alloc.section}); python -m tl_lab exercise hint kv; it is "
+        "TL_LAB_WORKSPACE's code, not tl_lab's: python -m tl_lab exercise check kv says more, TL_LAB_TRACEBACK=1 "
+        "shows the traceback")
+    code, message = _classify(syntax)
+    assert code == EXIT_BUG and message.startswith(f"your kv.py raised at {kv}:2 in (import): SyntaxError: ")
+    assert _classify(refusal) == (REFUSED, "the pool has only 1 available of 1")
+    assert _classify(usage) == (USAGE, "top_p must be in (0, 1], got 1.5")
+    assert _classify(ours)[1].startswith("internal error, a bug in tl_lab (RuntimeError: boom)")
+
+
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_a_learners_module_that_does_not_run_is_named_by_the_command_line(tmp_path, command):
+    """The same through the process: a kv.py with a piece still the stub (one edit made it the learner's)
+    under `generate`, a sample.py that does not parse under `chat`; TL_LAB_TRACEBACK=1 still shows the
+    traceback, as for a bug of tl_lab's."""
+    from conftest import workspace
+    from tl_lab.exercise.stubs import reference_source, stub_source
+
+    ws = workspace(tmp_path, "stub", [])
+    if command == "generate":
+        module = "kv"
+        (ws / "kv.py").write_text(stub_source("kv") + "# started\n", encoding="utf-8")
+        line = next(i + 1 for i, text in enumerate(stub_source("kv").splitlines())
+                    if "raise NotImplementedError('KvPool.__init__: " in text)
+        argv = ["generate", "--model", "bigram", "--prompt", "hi"]
+    else:
+        module = "sample"
+        (ws / "sample.py").write_text(reference_source("sample") + "def broken(:\n", encoding="utf-8")
+        argv = ["chat", "--model", "bigram"]
+    env = {**os.environ, "TL_LAB_WORKSPACE": str(ws)}
+    p = tl_lab(*argv, stdin="hi\n", text=True, env=env)
+    assert p.returncode == 4 and p.stdout == "", p.stderr
+    one_error_line(p.stderr, f"error: your {module}.py raised at {ws / module}.py:",
+                   f"python -m tl_lab exercise check {module} says more")
+    assert "a bug in tl_lab" not in p.stderr
+    if command == "generate":
+        assert f"kv.py:{line} in KvPool.__init__: NotImplementedError: KvPool.__init__: not written yet" in p.stderr
+    else:
+        n = len(reference_source("sample").splitlines()) + 1
+        assert f"sample.py:{n} in (import): SyntaxError: " in p.stderr
+    p = tl_lab(*argv, stdin="hi\n", text=True, env={**env, "TL_LAB_TRACEBACK": "1"})
+    assert "Traceback" in p.stderr and f"{ws / module}.py" in p.stderr
+
+
 # ------------------------------------------------------------------------------------------------
 # Issue 20's probes: each was found by the second round and fails without its fix
 # ------------------------------------------------------------------------------------------------

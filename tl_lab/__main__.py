@@ -35,7 +35,8 @@ EXIT_CODES = {
     EXIT_USAGE: "bad arguments: argparse's usage errors, bad sampling or engine options, a prompt "
                 "that is not valid UTF-8 or does not fit the context",
     EXIT_OUTPUT: "the output could not be written (stdout closed, a full disk)",
-    EXIT_BUG: "an internal error: a bug in tl_lab (TL_LAB_TRACEBACK=1 shows the traceback)",
+    EXIT_BUG: "an internal error: a bug in tl_lab, or one in a learner's module of TL_LAB_WORKSPACE (the "
+              "line then names its file and line); TL_LAB_TRACEBACK=1 shows the traceback",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
 }
 
@@ -627,8 +628,25 @@ def _classify(exc: Exception) -> tuple[int, str]:
         return EXIT_REFUSED, f"{exc.strerror or exc}{where}"
     if isinstance(exc, ValueError):
         return EXIT_USAGE, str(exc)
+    fault = _learners_fault(exc)
+    if fault is not None:
+        return EXIT_BUG, (f"{fault.sentence()}; it is TL_LAB_WORKSPACE's code, not tl_lab's: python -m tl_lab "
+                          f"exercise check {fault.module} says more, TL_LAB_TRACEBACK=1 shows the traceback")
     return EXIT_BUG, (f"internal error, a bug in tl_lab ({type(exc).__name__}: {exc}); "
                       "run again with TL_LAB_TRACEBACK=1 to see where")
+
+
+def _learners_fault(exc: Exception):
+    """The learner's file, line and piece `exc` came from (`tl_lab.exercise.guard.culprit`) when a
+    workspace is active, else None. Only for what would be a bug: a learner's ValueError or KvError
+    keeps its meaning (a bad --top-p their SamplingParams refused is still the user's)."""
+    workspace = sys.modules.get("tl_lab.exercise.workspace")  # imported by `import tl_lab` when one is set
+    finder = workspace.active() if workspace is not None else None
+    if finder is None:
+        return None
+    from tl_lab.exercise.guard import culprit
+
+    return culprit(exc, finder.workspace)
 
 
 def _silence_stdout() -> None:

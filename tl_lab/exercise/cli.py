@@ -198,6 +198,7 @@ def _check(args) -> int:
 
 
 def _parity(args) -> int:
+    from tl_lab.exercise.guard import blame
     from tl_lab.exercise.parity import SUITES, limited, run
     from tl_lab.exercise.workspace import active, install
 
@@ -217,10 +218,8 @@ def _parity(args) -> int:
         with limited():  # a loop at the top level of sample.py too
             import tl_lab.sample as ts
     except Exception as exc:  # noqa: BLE001: the learner's module does not import
-        tb = exc.__traceback__
-        line = next((t.tb_lineno for t in _frames(tb) if t.tb_frame.f_code.co_filename == str(f)), None)
-        at = f"{f}:{line}" if line else str(f)
-        print(f"parity: {at}: {type(exc).__name__}: {exc}")
+        # blame's place: a SyntaxError has no frame in sample.py, its line is the error's own (was: no line)
+        print(f"parity: {blame(exc, ws, 'sample').at}: {type(exc).__name__}: {exc}")
         return EXIT_FAILED
     if ts.__file__ != str(f):  # never the reference held to the golden files in the learner's place
         raise ExerciseError(f"tl_lab.sample was loaded from {ts.__file__}, not your {f}: run parity in a fresh process")
@@ -229,12 +228,6 @@ def _parity(args) -> int:
     for v in verdicts:
         print(v.line())
     return EXIT_OK if all(v.ok for v in verdicts) else EXIT_FAILED
-
-
-def _frames(tb):
-    while tb is not None:
-        yield tb
-        tb = tb.tb_next
 
 
 def _hint(args) -> int:

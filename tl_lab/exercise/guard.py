@@ -27,7 +27,7 @@ from tl_lab.exercise.registry import MODULES, PIECES, SECTIONS
 from tl_lab.exercise.stubs import NOT_WRITTEN
 from tl_lab.exercise.workspace import ENV, ENV_USE, NotUtf8Error
 
-__all__ = ["Fault", "TRIALS", "trial", "blame"]
+__all__ = ["Fault", "TRIALS", "trial", "blame", "culprit"]
 
 MARK = "tl_lab-guard: "  # the trial's verdict line on stdout (the learner's own prints may come before it)
 TIMEOUT = 180.0  # seconds for one trial process: the six modules take a few here; a never-ending loop stops
@@ -50,6 +50,10 @@ class Fault:
     def at(self) -> str:
         """file:line, or the file alone when no line is known."""
         return f"{self.file}:{self.line}" if self.line else self.file
+
+    def sentence(self) -> str:
+        """The report in one line (a widget's, the command line's)."""
+        return f"your {self.module}.py raised at {self.at} in {self.function}: {self.error}; hint: {self.hint}"
 
     def lines(self) -> list[str]:
         """The loud report a notebook's first cell prints."""
@@ -134,20 +138,35 @@ TRIALS = {"kv": _kv, "quant": _quant, "model": _model, "forward": _runner, "runn
 the layer runs through ModelRunner). Only that they run is looked at, never what they answer."""
 
 
-def blame(exc: BaseException, workspace: Path, tried: str) -> Fault:
-    """The Fault for `exc`: in the learner's file of its innermost frame in the workspace (the module
-    `tried` when no frame is the learner's), with that piece's hint."""
+def _located(exc: BaseException, workspace: Path) -> tuple[str, str, int | None, str] | None:
+    """(module, file, line, function) of the learner's file of `workspace` that `exc` came from: its
+    innermost frame in one, or the file a SyntaxError names; None when no learner file is in it."""
     files = {str(workspace / f"{m}.py"): m for m in MODULES}
-    module, file, line, function = tried, str(workspace / f"{tried}.py"), None, "(import)"
+    found = None
     tb = exc.__traceback__
     while tb is not None:
         code = tb.tb_frame.f_code
         if code.co_filename in files:
-            module, file, line = files[code.co_filename], code.co_filename, tb.tb_lineno
             function = "(import)" if code.co_name == "<module>" else code.co_qualname
+            found = files[code.co_filename], code.co_filename, tb.tb_lineno, function
         tb = tb.tb_next
     if isinstance(exc, SyntaxError) and exc.filename in files:
-        module, file, line, function = files[exc.filename], exc.filename, exc.lineno, "(import)"
+        found = files[exc.filename], exc.filename, exc.lineno, "(import)"
+    return found
+
+
+def culprit(exc: BaseException, workspace: Path) -> Fault | None:
+    """`blame`'s Fault when `exc` came from a learner's file of `workspace`, else None (the command
+    line tells the learner's errors from tl_lab's bugs by it)."""
+    where = _located(exc, workspace)
+    return None if where is None else blame(exc, workspace, where[0])
+
+
+def blame(exc: BaseException, workspace: Path, tried: str) -> Fault:
+    """The Fault for `exc`: in the learner's file of its innermost frame in the workspace (the module
+    `tried` when no frame is the learner's), with that piece's hint."""
+    module, file, line, function = (_located(exc, workspace)
+                                    or (tried, str(workspace / f"{tried}.py"), None, "(import)"))
     piece = next((p for p in PIECES[module] if p.qualname == function), None)
     hint = f"{piece.hint} (section {piece.section})" if piece else f"reread {SECTIONS[module]}"
     error = f"{type(exc).__name__}: {exc}"

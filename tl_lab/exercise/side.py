@@ -86,8 +86,7 @@ def raised(exc: BaseException, yours_module, module: str) -> str:
     the learner's file and line, the function, the error and the hint of the piece it was in."""
     from tl_lab.exercise.guard import blame
 
-    f = blame(exc, Path(yours_module.__file__).parent, module)
-    return f"your {module}.py raised at {f.at} in {f.function}: {f.error}; hint: {f.hint}"
+    return blame(exc, Path(yours_module.__file__).parent, module).sentence()
 
 
 def reference_against_hf(block_tokens: int = 16) -> dict:
