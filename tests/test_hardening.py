@@ -532,6 +532,35 @@ def test_a_learners_module_that_does_not_run_is_named_by_the_command_line(tmp_pa
     assert "Traceback" in p.stderr and f"{ws / module}.py" in p.stderr
 
 
+def test_an_error_tl_lab_raises_on_a_learners_wrong_answer_names_their_modules_that_ran(tmp_path, monkeypatch):
+    """A kv.py whose alloc returns None: the TypeError is raised in tl_lab's runner, with no frame of the
+    learner's, and was "internal error, a bug in tl_lab" alone. With their modules run, the line now
+    says tl_lab ran them and names the check; with none of theirs run it is tl_lab's bug as before."""
+    from conftest import workspace
+    from tl_lab.__main__ import EXIT_BUG, _classify
+    from tl_lab.exercise import workspace as wsm
+    from tl_lab.exercise.stubs import reference_source
+
+    ws = workspace(tmp_path, "stub", [])
+    src = reference_source("kv")
+    end = src.index("        return out\n", src.index("    def alloc("))
+    (ws / "kv.py").write_text(src[:end] + "        return None\n" + src[end + len("        return out\n"):])
+    p = tl_lab("generate", "--model", "bigram", "--prompt", "hi", text=True, env={**os.environ, "TL_LAB_WORKSPACE": str(ws)})
+    assert p.returncode == EXIT_BUG and p.stdout == "", p.stderr
+    one_error_line(p.stderr, "error: internal error (TypeError: ", " in tl_lab while it ran your kv.py of "
+                   "TL_LAB_WORKSPACE: perhaps on a wrong answer of yours, else a bug in tl_lab; python -m tl_lab "
+                   "exercise check kv names the chapter's test")
+
+    monkeypatch.setattr(sys, "meta_path", [wsm.WorkspaceFinder(ws, wsm.plan(ws, use=set())), *sys.meta_path])
+    monkeypatch.setattr(wsm, "origins", lambda: {"kv": {"origin": "learner", "file": "k", "loaded": "k"},
+                                                 "quant": {"origin": "learner", "file": "q", "loaded": None},
+                                                 "sample": {"origin": "learner", "file": "s", "loaded": "s"}})
+    assert _classify(RuntimeError("boom"))[1].startswith(
+        "internal error (RuntimeError: boom) in tl_lab while it ran your kv.py, sample.py of TL_LAB_WORKSPACE: ")
+    monkeypatch.setattr(wsm, "origins", lambda: {"kv": {"origin": "reference", "file": "k", "loaded": "k"}})
+    assert _classify(RuntimeError("boom"))[1].startswith("internal error, a bug in tl_lab (RuntimeError: boom)")
+
+
 # ------------------------------------------------------------------------------------------------
 # Issue 20's probes: each was found by the second round and fails without its fix
 # ------------------------------------------------------------------------------------------------
