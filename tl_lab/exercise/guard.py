@@ -27,7 +27,7 @@ from tl_lab.exercise.registry import MODULES, PIECES, SECTIONS
 from tl_lab.exercise.stubs import NOT_WRITTEN
 from tl_lab.exercise.workspace import ENV, ENV_USE, NotUtf8Error
 
-__all__ = ["Fault", "TRIALS", "trial", "blame", "culprit"]
+__all__ = ["Fault", "TRIALS", "trial", "blame", "culprit", "located"]
 
 MARK = "tl_lab-guard: "  # the trial's verdict line on stdout (the learner's own prints may come before it)
 TIMEOUT = 180.0  # seconds for one trial process: the six modules take a few here; a never-ending loop stops
@@ -138,7 +138,7 @@ TRIALS = {"kv": _kv, "quant": _quant, "model": _model, "forward": _runner, "runn
 the layer runs through ModelRunner). Only that they run is looked at, never what they answer."""
 
 
-def _located(exc: BaseException, workspace: Path) -> tuple[str, str, int | None, str] | None:
+def located(exc: BaseException, workspace: Path) -> tuple[str, str, int | None, str] | None:
     """(module, file, line, function) of the learner's file of `workspace` that `exc` came from: its
     innermost frame in one, or the file a SyntaxError names; None when no learner file is in it."""
     files = {str(workspace / f"{m}.py"): m for m in MODULES}
@@ -158,14 +158,14 @@ def _located(exc: BaseException, workspace: Path) -> tuple[str, str, int | None,
 def culprit(exc: BaseException, workspace: Path) -> Fault | None:
     """`blame`'s Fault when `exc` came from a learner's file of `workspace`, else None (the command
     line tells the learner's errors from tl_lab's bugs by it)."""
-    where = _located(exc, workspace)
+    where = located(exc, workspace)
     return None if where is None else blame(exc, workspace, where[0])
 
 
 def blame(exc: BaseException, workspace: Path, tried: str) -> Fault:
     """The Fault for `exc`: in the learner's file of its innermost frame in the workspace (the module
     `tried` when no frame is the learner's), with that piece's hint."""
-    module, file, line, function = (_located(exc, workspace)
+    module, file, line, function = (located(exc, workspace)
                                     or (tried, str(workspace / f"{tried}.py"), None, "(import)"))
     piece = next((p for p in PIECES[module] if p.qualname == function), None)
     hint = f"{piece.hint} (section {piece.section})" if piece else f"reread {SECTIONS[module]}"

@@ -66,17 +66,11 @@ def yours_or_none(module: str, workspace=None):
     try:
         return yours(module, workspace)
     except Exception as exc:  # noqa: BLE001: the learner's code; its error is what to show
-        # the learner's file by its path: a clone is often a folder named tl_lab, so the reference's
-        # files are not told apart from the learner's by their names
-        f = str(_learner_file(module, workspace))
-        tb = exc.__traceback__
-        where = ""
-        while tb is not None:
-            if tb.tb_frame.f_code.co_filename == f:
-                where = f"{f}:{tb.tb_lineno}: "
-            tb = tb.tb_next
-        if isinstance(exc, SyntaxError):
-            where = f"{exc.filename}:{exc.lineno}: "
+        from tl_lab.exercise.guard import located
+
+        f = _learner_file(module, workspace)
+        found = located(exc, f.parent) if f is not None else None
+        where = f"{found[1]}:{found[2]}: " if found else ""
         print(f"your {module}.py does not import: {where}{type(exc).__name__}: {exc}; the reference's is shown alone")
         return None
 
