@@ -420,6 +420,32 @@ def test_a_template_or_a_chat_line_over_the_context_is_refused_before_it_is_enco
     assert err.count("[2 tokens, finish=length") == 1
 
 
+@pytest.mark.parametrize("command, stdin", [("generate", None), ("chat", b"hi\n")])
+@pytest.mark.parametrize("fault", ["prompt", "tokenizer.json", "template"])
+def test_the_weights_are_never_read_for_a_refused_tokenizer_or_prompt(tmp_path, capsys, monkeypatch, command, stdin,
+                                                                       fault):
+    """Was: model.safetensors read (SmolLM2: 3 s and 600 MB) before the tokenizer was loaded and the
+    prompt checked, only to refuse either. Now config.json, the tokenizer and the prompt come first."""
+    import tl_lab.model
+
+    def load_weights(*args, **kwargs):
+        raise AssertionError("the weights were read before the refusal")
+
+    monkeypatch.setattr(tl_lab.model, "load_weights", load_weights)
+    d = bpe_model(tmp_path)
+    if fault == "tokenizer.json":
+        (d / "tokenizer.json").write_text("{")
+    if fault == "template":
+        c = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps({**c, "tl_chat_template": "{{ raise_exception('no') }}"}))
+    prompt = ["--system", "x" * 7000] if command == "chat" else ["--prompt", "x" * 7000]
+    prompt += ["--template"] if fault == "template" and command == "generate" else []
+    code, out, err = run_main(capsys, command, "--model", str(d), *prompt, stdin=stdin, monkeypatch=monkeypatch)
+    assert code == (USAGE if fault == "prompt" else REFUSED) and "the weights were read" not in err, err
+    one_error_line(err, {"prompt": "longer than the context", "tokenizer.json": "tokenizer.json",
+                         "template": "tl_chat_template"}[fault])
+
+
 # ------------------------------------------------------------------------------------------------
 # The codes no probe above reaches: a bug, no memory, Ctrl-C
 # ------------------------------------------------------------------------------------------------

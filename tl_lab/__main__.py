@@ -213,19 +213,28 @@ def _text_option(args, name: str) -> None:
             raise UsageError(f"--{name}: {exc}") from None
 
 
-def _open_model(args, quant):
-    """--model's files read and checked -> (weights, tokenizer). Only the readers run here (numpy;
-    `tl_lab.lazy_kernels`): a refused file is said in a fraction of a second, without waiting for
-    the compiler's import. A ValueError here comes from --int4 not fitting the checkpoint."""
-    from tl_lab.model import load_weights
+def _open_text(args):
+    """--model's config.json and tokenizer read and checked -> (its directory, config, tokenizer): before
+    the weights, so a refused tokenizer or prompt costs neither their load (SmolLM2: 3 s and 600 MB) nor
+    the compiler's import."""
+    from tl_lab.model import ModelConfig
     from tl_lab.tokenizer import load_tokenizer
 
     path = resolve_model(args.model)
+    config = ModelConfig.load(path)
+    return path, config, load_tokenizer(path, config)
+
+
+def _open_weights(args, path: Path, quant):
+    """--model's weights read and checked. Only the readers run here (numpy; `tl_lab.lazy_kernels`): a
+    refused file is said in a fraction of a second, without waiting for the compiler's import. A
+    ValueError here comes from --int4 not fitting the checkpoint."""
+    from tl_lab.model import load_weights
+
     try:
-        weights = load_weights(path, quant=quant)
+        return load_weights(path, quant=quant)
     except ValueError as exc:
         raise UsageError(f"--int4 {args.int4}: {exc}" if args.int4 is not None else str(exc)) from None
-    return weights, load_tokenizer(path, weights.config)
 
 
 def _engine(args, quant, weights, tokenizer):
@@ -267,13 +276,13 @@ def _report(engine, result, seconds: float) -> None:
 
 def _generate(args) -> int:
     params, quant = _checked(args)
-    weights, tok = _open_model(args, quant)
+    path, config, tok = _open_text(args)
     if args.template:
         text = tok.apply_chat_template([{"role": "user", "content": args.prompt}])
-        ids = _prompt_ids(tok, text, weights.config, "--prompt through the chat template", rendered=True)
+        ids = _prompt_ids(tok, text, config, "--prompt through the chat template", rendered=True)
     else:
-        ids = _prompt_ids(tok, args.prompt, weights.config, "--prompt", rendered=False)
-    engine = _engine(args, quant, weights, tok)
+        ids = _prompt_ids(tok, args.prompt, config, "--prompt", rendered=False)
+    engine = _engine(args, quant, _open_weights(args, path, quant), tok)
     t0 = time.perf_counter()
     (result,) = _run(engine, _request(ids, params, args.seed, args.max_tokens, None))
     _out("\n")
@@ -368,11 +377,13 @@ class _Chat:
     def _fit(self, text: str, params, seed: int):
         """(the request of prompt `text`, None), or (None, the refusal) if the prompt is too long for the
         context (`_prompt_ids`) or the pool (`Engine.check`): what dropping turns can cure. Any other
-        refusal is raised as it is."""
+        refusal is raised as it is. Before the engine is given, the context alone: (None, None) if it fits."""
         try:
             ids = _prompt_ids(self.tok, text, self.config, None, rendered=True)
         except _TooLong as exc:
             return None, exc
+        if self.engine is None:  # the weights are not read yet: the request would import the compiler
+            return None, None
         request = _request(ids, params, seed, self.args.max_tokens, self.stop)
         try:
             self.engine.check([request])
@@ -449,11 +460,12 @@ def _skip_line() -> None:
 
 def _chat(args) -> int:
     params, quant = _checked(args)
-    weights, tok = _open_model(args, quant)
-    chat = _Chat(tok, weights.config, args)
+    path, config, tok = _open_text(args)
+    chat = _Chat(tok, config, args)
     opening = chat.opening()
-    chat.engine = _engine(args, quant, weights, tok)
-    chat.check_opening(params, opening)
+    chat.check_opening(params, opening)  # the context, before the weights are read
+    chat.engine = _engine(args, quant, _open_weights(args, path, quant), tok)
+    chat.check_opening(params, opening)  # and the pool
     if chat.note:
         _err(chat.note)
     interactive = sys.stdin is not None and sys.stdin.isatty()
