@@ -229,9 +229,9 @@ def errors(page) -> list[str]:
 
 
 def cut_labels(page) -> list[str]:
-    """Widget labels and buttons whose text does not fit (shown as 'temperature (0 = g...')."""
+    """Widget labels, checkbox descriptions and buttons whose text does not fit (shown as 'temperature (0 = g...')."""
     return page.eval_on_selector_all(
-        ".jp-OutputArea .widget-label, .jp-OutputArea button.jupyter-button",
+        ".jp-OutputArea .widget-label, .jp-OutputArea .widget-label-basic, .jp-OutputArea button.jupyter-button",
         "els => els.filter(e => e.offsetParent && e.scrollWidth > e.clientWidth + 1).map(e => e.textContent)",
     )
 

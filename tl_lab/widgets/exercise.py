@@ -32,7 +32,9 @@ class CheckPanel(widgets.VBox):
         self.rows: list[Row] = []
         self.message = ""
         self.modules = widgets.Dropdown(options=[ALL, *MODULES], value=modules, description="modules", **field_style())
-        self.ref_deps = widgets.Checkbox(value=False, description="--ref-deps (borrow the reference for a dependency)")
+        # width auto: at the default 300 px JupyterLab cuts the description to "--ref-deps (borrow the refer..."
+        self.ref_deps = widgets.Checkbox(value=False, description="--ref-deps (borrow the reference for a dependency)",
+                                         layout=widgets.Layout(width="auto"))
         self.button = widgets.Button(description="check", button_style="primary")
         self.table = widgets.HTML(message("press check to run the chapter's tests on your code", NOTE))
         self.button.on_click(lambda _: self.run())
