@@ -218,3 +218,14 @@ def test_in_process_plugin_says_where_in_the_learners_code_a_failure_was_raised(
                            longrepr="ValueError: wrong exception", duration=0.5)
     plugin.pytest_runtest_logreport(report)
     assert plugin._results[-1]["at"] == f"{f}:2 in inner"
+
+
+def test_in_process_plugin_names_no_learners_line_when_no_workspace_is_active(plugin, monkeypatch):
+    """A failure in a run with no workspace finder (the lab's own run) is recorded without a place,
+    not turned into an error inside the report hook."""
+    from tl_lab.exercise import workspace as wsm
+
+    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if not isinstance(f, wsm.WorkspaceFinder)])
+    with pytest.raises(ValueError) as raised:
+        raise ValueError("in the reference")
+    assert plugin._learner_at(raised.tb) == ""
