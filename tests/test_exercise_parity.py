@@ -76,13 +76,14 @@ def test_in_process_parity_of_the_sampler_is_bit_for_bit():
     yours, golden = (float.fromhex(part.split(" logprob ")[1].split(" ")[0])
                      for part in v.first_difference.split(", golden "))
     assert yours == np.nextafter(golden, -np.inf)
+    assert v.line() == f"parity sampler: 0/12 cases identical\n  first difference: {v.first_difference}"
 
     def raising(*args):
         raise NotImplementedError("section 2.6")
 
     v = parity.parity_sampler(_Off(sample=raising))
     assert v.first_difference.endswith("token 0: raised NotImplementedError: section 2.6") and v.matched == 0
-    assert v.total == 12
+    assert v.line() == f"parity sampler: 0/12 cases identical\n  first difference: {v.first_difference}"
 
 
 def test_in_process_parity_of_the_sampler_names_a_stream_that_raises():
