@@ -119,6 +119,8 @@ def test_in_process_grading_of_a_workspace_not_started_saves_every_row(tmp_path)
     assert by["kv"].hint == "no kv.py yet: python -m tl_lab exercise start kv"
     assert by["quant"].hint.startswith("quant.py is the stub: write its pieces (sections 2.5")
     assert by["sample"].message.startswith(f"{ws / 'sample.py'}:1: SyntaxError: ")
+    assert by["sample"].hint == f"fix the syntax at {ws / 'sample.py'}:1; the other modules are still checked"
+    assert (by["quant"].file, by["sample"].file) == (str(ws / "quant.py"), str(ws / "sample.py"))
     status = load_status(ws)
     assert set(status) == set(MODULES) and status["sample"]["state"] == "does not import" and status["kv"]["when"]
     assert sorted(p.name for p in (ws / STATUS_DIR).iterdir()) == ["status.json"]  # no temporary left
@@ -257,3 +259,51 @@ def test_in_process_grading_of_a_relative_workspace_is_the_one_here(tmp_path, mo
     monkeypatch.chdir(tmp_path)
     (row,) = check(Path("ws"), ["sample"])
     assert (row.state, row.passed, row.file) == ("passed", 7, str(ws / "sample.py"))
+
+
+def test_in_process_grading_reads_the_learners_syntax_as_the_import_does(tmp_path):
+    """grading.py's own `from __future__ import annotations` is not the learner's: a named expression in
+    an annotation, which that future refuses, imports from a file without it, so it is no "does not
+    import" row."""
+    from tl_lab.exercise.grading import _not_started
+
+    f = tmp_path / "kv.py"
+    f.write_text("limit: (n := 1) = 2\n", encoding="utf-8")
+    assert _not_started("kv", f) is None
+    f.write_text("from __future__ import annotations\n\nlimit: (n := 1) = 2\n", encoding="utf-8")
+    assert _not_started("kv", f).state == "does not import"  # the file's own future refuses it, as its import
+
+
+def test_in_process_grading_runs_pytest_with_the_clone_first_on_the_learners_path(tmp_path, monkeypatch):
+    import os
+
+    from tl_lab.exercise.grading import _env
+    from tl_lab.paths import REPO_ROOT
+
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "mine"))
+    env = _env(tmp_path, "kv", ["kv"], tmp_path / "report.json", 2.5)
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(REPO_ROOT), str(tmp_path / "mine")]
+    monkeypatch.delenv("PYTHONPATH")
+    assert _env(tmp_path, "kv", ["kv"], tmp_path / "report.json", 2.5)["PYTHONPATH"] == str(REPO_ROOT)
+
+
+def test_in_process_grading_ends_a_run_that_never_ends_past_every_tests_limit(tmp_path, monkeypatch):
+    """The pytest process of a graded run stands for one that hangs: it is given a deadline (else the
+    command would wait forever), one no honest run reaches, each of its tests at its limit; the log says so."""
+    import subprocess
+
+    from tl_lab.exercise import grading
+
+    deadlines = []
+
+    def hangs(cmd, timeout=None, stdout=None, **kw):
+        if timeout is None:
+            raise AssertionError("no deadline: a hung pytest would never return")
+        deadlines.append(timeout)
+        raise subprocess.TimeoutExpired(cmd, timeout)
+
+    monkeypatch.setattr(grading.subprocess, "run", hangs)
+    data, log, _ = grading._run(tmp_path, "sample", ["sample"], 2.0)
+    (deadline,) = deadlines
+    assert data is None and deadline > 2.0 * len(graded("sample"))
+    assert log.read_text(encoding="utf-8").endswith(f"exercise: pytest gave no verdict within {deadline:.0f} s; stopped\n")
