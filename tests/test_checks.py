@@ -20,6 +20,7 @@ def test_first_bool_finds_a_bool_that_numpy_would_read_as_an_integer():
 
 def test_as_int_names_the_argument_the_type_and_the_range():
     assert as_int(np.int32(5), "n", lo=0, hi=9) == 5 and type(as_int(np.int32(5), "n")) is int
+    assert as_int(3, "n", lo=3, hi=3) == 3  # the range is closed: both bounds are in it
     with pytest.raises(ValueError, match=r"^n must be an integer, got bool True$"):
         as_int(True, "n")
     with pytest.raises(ValueError, match=r"^n must be in \[0, 3\], got 5$"):
@@ -76,6 +77,19 @@ def test_finite_matrix_keeps_a_float32_weight_uncopied_and_names_the_first_bad_e
         finite_matrix(w)
     with pytest.raises(ValueError, match=r"w must be 2D \(out, inp\), got shape \(4,\)"):
         finite_matrix(np.ones(4))
+
+
+def test_finite_matrix_names_a_value_beyond_float32_without_numpys_overflow_warning():
+    """A float64 weight past float32's largest becomes inf in the cast: the refusal names it, and
+    numpy's "overflow encountered in cast" is not shown besides."""
+    import warnings
+
+    w = np.ones((2, 2))
+    w[0, 1] = 1e300
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning would end the call before the refusal
+        with pytest.raises(ValueError, match=r"^w must be finite, got w\[0, 1\] = inf$"):
+            finite_matrix(w)
 
 
 def test_exact_array_names_what_differs():
