@@ -131,6 +131,10 @@ def test_the_bars_are_drawn_inside_their_pictures_in_their_colours():
     ghost = re.search(r"<rect x='([\d.]+)' y='\d+' width='([\d.]+)' height='12' fill='none'", svg)
     zero = re.search(r"<line x1='([\d.]+)'", svg).group(1)  # the axis at 0, drawn first
     assert ghost.group(1) == zero and float(ghost.group(2)) > 0  # from 0 to the earlier 0.75
+    bars = re.findall(r"<rect x='([\d.]+)' y='\d+' width='([\d.]+)' height='12' fill='[^']+'><title>", svg)
+    (a_x, a_width), (b_x, b_width) = [(float(x), float(w)) for x, w in bars]
+    assert a_x == float(zero) and abs(b_x + b_width - float(zero)) <= 0.1  # each bar from 0 to its value
+    assert abs(a_width / float(ghost.group(2)) - 0.5 / 0.75) < 0.01  # as long as its value, to scale
     assert svg.count("fill='none'") == 1  # an unchanged value has no ghost
     line = re.findall(r"<line x1='([\d.]+)' x2='[\d.]+' y1='(\d+)'", svg)
     assert [int(y) for _, y in line] == [common.HEAD_H - 2, common.HEAD_H - 4]  # the axis, then u's line
@@ -141,3 +145,23 @@ def test_the_bars_are_drawn_inside_their_pictures_in_their_colours():
     assert svg_outside(labels) == [] and labels.endswith("</svg>")
     width = int(re.search(r"width='(\d+)'", labels).group(1))
     assert re.findall(r"<text x='(\d+)'", labels) == [str(width - 6)] * 3  # every label ends 6 px inside
+
+
+def test_the_sliders_step_as_their_table_says_and_update_on_release():
+    """A float slider moves in its row's step (ipywidgets' own is 0.1), and every slider recomputes once
+    it is let go, not at each pixel of a drag (a sampler's charts are redrawn at each change)."""
+    table = [common.Control("top_k", widgets.IntSlider, 0, 50, 1, "top-k"),
+             common.Control("top_p", widgets.FloatSlider, 0.0, 1.0, 0.01, "top-p")]
+    controls = common.build_controls(table, {"top_k": 5, "top_p": 0.9})
+    assert controls["top_p"].step == 0.01 and (controls["top_k"].value, controls["top_p"].value) == (5, 0.9)
+    assert [c.continuous_update for c in controls.values()] == [False, False]
+
+
+def test_a_field_lines_up_with_the_sliders_label_column():
+    """A text box or dropdown given field_style has the sliders' label width and their width, so the
+    labels of a widget's fields and sliders form one column."""
+    (slider,) = common.build_controls([common.Control("t", widgets.FloatSlider, 0.0, 2.0, 0.05, "temperature")],
+                                      {"t": 1.0}).values()
+    box = widgets.Text(**common.field_style())
+    assert box.style.description_width == slider.style.description_width == "190px"
+    assert box.layout.width == slider.layout.width == "470px"
