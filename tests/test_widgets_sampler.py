@@ -125,6 +125,7 @@ def test_bad_input_shows_a_message_not_a_traceback():
     w = SamplerPlayground()
     for field, text, msg in [
         ("logits_text", "1, abc, 2", "'abc' (number 2) is not a number"),
+        ("logits_text", "1, 2, 3X", "'3X' (number 3) is not a number"),  # only brackets are taken off the ends
         ("logits_text", "1, nan, 2", "logit of id 1 is nan: logits must be finite"),
         ("logits_text", "1, inf", "logit of id 1 is inf"),
         ("logits_text", "", "type some logits"),
@@ -635,3 +636,25 @@ def test_top_k_comes_back_after_a_smaller_vector_clamped_it():
     w.top_k.value = 2  # moved by the learner while the range is small: that is what comes back
     w.preset.value = "peaked"
     assert w.top_k.value == 2
+
+
+def test_the_top_k_slider_ends_at_the_size_of_a_given_vector():
+    w = SamplerPlayground(np.array([0.5, 1.5], np.float32))
+    assert w.top_k.max == 2
+    w.set_logits(np.array([0.5], np.float32))  # one id: top-k 1 keeps every id there is
+    assert w.top_k.max == 1 and w.trace.token == 0
+
+
+def test_every_input_and_slider_of_the_playground_is_on_screen():
+    """The boxes and sliders are in the widget's displayed tree, not only attributes of it."""
+    import ipywidgets as widgets
+
+    w = SamplerPlayground()
+    shown, todo = [], list(w.children)
+    while todo:
+        x = todo.pop()
+        shown.append(x)
+        todo.extend(getattr(x, "children", ()))
+    inputs = [w.preset, w.logits_text, w.prompt_text, w.output_text, w.seed, w.draw, *w.sliders.values()]
+    assert all(any(x is i for x in shown) for i in inputs)
+    assert all(isinstance(i, widgets.ValueWidget) for i in inputs)
