@@ -357,8 +357,8 @@ def test_safetensors_reader_reads_only_what_it_is_asked(tmp_path):
     with pytest.raises(ValueError, match="closed"):
         f.raw("a")
     with SafeTensors.open(p) as g:
-        g.f32("a")
-    assert "closed" in repr(g)
+        assert repr(g) == f"SafeTensors({str(p)!r}, 1 tensors)"
+    assert repr(g) == f"SafeTensors({str(p)!r}, closed)"  # what the refusal of a closed file names
 
 
 # ---------------------------------------------------------------------------------------------
@@ -567,7 +567,8 @@ REFUSALS = {
     "eps_infinite_in_float32": (_with(rms_norm_eps=1e300), ["rms_norm_eps", "1e+300", "float32"]),
     "eps_zero_in_float32": (_with(rms_norm_eps=1e-50), ["rms_norm_eps", "float32"]),
     "rope_theta_zero_in_float32": (_with(rope_theta=1e-300), ["rope_theta", "1e-300", "float32"]),
-    "rope_theta_subnormal_in_float32": (_with(rope_theta=1e-40), ["rope_theta", "float32"]),
+    "rope_theta_subnormal_in_float32": (_with(rope_theta=1e-40), ["rope_theta", "float32",
+                                                                   "; RoPE takes its powers in float32 and inverts them"]),
     "eos_outside_vocab": (_with(eos_token_id=[3, 300]), ["eos_token_id", "300"]),
     "eos_negative": (_with(eos_token_id=-1), ["eos_token_id"]),
     "bos_outside_vocab": (_with(bos_token_id=256), ["bos_token_id", "256"]),
@@ -838,6 +839,17 @@ def test_load_weights_bigram():
     assert isinstance(w, BigramWeights) and w.logits.shape == (256, 256) and w.logits.dtype == np.float32
     with pytest.raises(ValueError, match="bigram"):
         load_weights(BIGRAM, quant=Int4(32))
+
+
+def test_a_bigram_file_without_its_logits_is_refused_naming_the_tensor_and_the_count(tmp_path):
+    import shutil
+
+    shutil.copy(BIGRAM / "config.json", tmp_path / "config.json")
+    lib_save_file({}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(FormatError) as refused:
+        load_weights(tmp_path)
+    assert str(refused.value) == ("model.safetensors has no tensor 'bigram.logits' (config.json needs it): "
+                                  "config.json needs 1 tensors (bigram.logits), the file holds 0")
 
 
 def test_load_weights_int4_file_and_quantize_at_load_agree():
