@@ -82,6 +82,8 @@ def test_byte_tokenizer_refuses_ids_outside_the_vocabulary():
         tok.token_str(256)
     with pytest.raises(ValueError, match="300"):
         ByteTokenizer(eos_ids=[300])
+    with pytest.raises(ValueError, match=r"^eos id must be an integer, got float 2\.5$"):
+        ByteTokenizer(eos_ids=[2.5])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -359,6 +361,46 @@ def test_a_bad_chat_template_is_a_config_error_and_never_hangs(template, why):
         render_chat_template(template, messages)
     assert sys.gettrace() is None  # the step counter is gone again
     assert "<|im_start|>user\nhi<|im_end|>" in render_chat_template(CHATML, messages[:1])  # rendering still works
+
+
+def test_a_chat_template_that_does_not_parse_is_refused_at_its_line():
+    with pytest.raises(ConfigError, match=r"^the chat template \(config.json tl_chat_template\) failed \(line 2\): "
+                                          r"TemplateSyntaxError: "):
+        render_chat_template("{{ bos_token }}\n{% if %}", [])
+
+
+def test_a_repetition_by_zero_or_fewer_makes_nothing_whatever_the_sequence(monkeypatch):
+    """The bound on `*` counts what it makes: nothing for a count of 0 or below, even from a sequence
+    longer than the bound (a message's content can be)."""
+    import tl_lab.tokenizer as tokenizer
+
+    monkeypatch.setattr(tokenizer, "MAX_TEMPLATE_ITEMS", 5)
+    messages = [{"role": "user", "content": "abcdefgh"}]
+    assert render_chat_template("[{{ messages[0]['content'] * 0 }}{{ messages[0]['content'] * -2 }}]", messages) == "[]"
+    with pytest.raises(ConfigError, match="more than 5 items"):
+        render_chat_template("{{ messages[0]['content'] * 1 }}", messages)
+
+
+def test_token_bytes_of_a_special_or_added_token_is_its_text(bpe_dir, tmp_path):
+    """A special token is its text in UTF-8 even when its characters are in the byte-level alphabet
+    ("Ġ" reads as a space there), and so is an added token with a character outside that alphabet."""
+    import shutil
+
+    from tokenizers import AddedToken
+    from tokenizers import Tokenizer as HfTokenizer
+
+    d = tmp_path / "m"
+    shutil.copytree(bpe_dir, d)
+    hf = HfTokenizer.from_file(str(d / "tokenizer.json"))
+    hf.add_special_tokens([AddedToken("<|Ġ|>", special=True, normalized=False)])
+    hf.add_tokens([AddedToken("✓ok", special=False, normalized=False)])
+    hf.save(str(d / "tokenizer.json"))
+    config = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**config, "vocab_size": hf.get_vocab_size(with_added_tokens=True)}))
+    tok = load_tokenizer(d)
+    special, added = (hf.token_to_id(s) for s in ("<|Ġ|>", "✓ok"))
+    assert tok.token_bytes(special) == "<|Ġ|>".encode() and tok.token_bytes(added) == "✓ok".encode()
+    assert tok.token_bytes(tok.encode(" the")[0]) == b" the"  # a byte-level piece: its bytes
 
 
 @pytest.mark.parametrize("ids", [[104, 2.7], [True], ["104"]])
