@@ -379,6 +379,44 @@ EQUIVALENT = [
      "catalogue's rows); in a fresh process the int4 tests fail, and s09 edits the same line"),
     ("kernels (hand-written)", "attention: the next block's keys not prefetched",
      "speed only: a prefetch is a hint; the same bits (kept in the list as the harness's own check)"),
+    ("exercise.plugin", "_write: the report opened with `encoding=\"UTF-8\"` or the locale's encoding, or dumped "
+     "with `indent=2`",
+     "json.dump escapes every non-ASCII character (ensure_ascii), so every locale writes the same bytes, and a "
+     "codec's name is case-blind; the indent is whitespace the report's reader skips"),
+    ("exercise.plugin", "pytest_runtest_logreport: `getattr(report, \"learner_at\", \"\")` -> default None",
+     "both defaults are false: no \"at\" either way"),
+    ("schema", "_values_in: the stack extended while `n < budget` instead of `n <= budget`",
+     "at n == budget the field already counts 1 + budget values, past the limit: refused either way, naming "
+     "the same field (a seeded walk of random configs at limits 1 to 29 found no difference)"),
+    ("checks", "rows_of: `x.dtype.kind not in \"fiu\"` -> `not in \"XXfiuXX\"`",
+     "a dtype's kind is one letter, and no kind is X: the same test"),
+    ("widgets.common", "_forget_outputs: `getattr(ip, \"user_ns_hidden\", {})` without its default; _parts: "
+     "`getattr(w, \"_trait_values\", {})` -> default None; _running_cell: `parent.get(\"content\", {})` without "
+     "its default",
+     "every IPython shell has user_ns_hidden, every widget (a HasTraits) _trait_values, and an execute_request "
+     "always carries its content (the code): no default is read"),
+    ("widgets.common", "hbars_svg: the chart 99 pixels wide instead of 98; _hbar_row: a value's text a pixel "
+     "lower; labels_svg: the picture a pixel taller, a label's colour an unreadable `XX#222XX`",
+     "a pixel inside the drawing (the pictures' boxes are tested, `svg_outside`), or a colour the browser cannot "
+     "read, leaving SVG's default black for #222: presentation a test should not pin"),
+    ("widgets.int4", "int4_view: `s_each.astype(np.float64)` -> `astype(None)`",
+     "numpy reads a dtype of None as float64: the same halves"),
+    ("widgets.int4", "error_svg: a column's number a third of its bar from the left instead of centred, the "
+     "chart at least 301 pixels wide instead of 300, `XXXX` between its shapes, its end tag `</SVG>`; __init__: "
+     "the group box's width left to the browser, its label width `110PX`",
+     "a pixel or a few inside the drawing, character data between shapes (SVG draws text only inside <text>), "
+     "tags and CSS lengths (case-blind), a box's width: presentation a test should not pin"),
+    ("widgets.sampler_playground", "_build: the controls' box's flex-flow None, the prompt box or the draws box "
+     "without field_style (the browser's widths), the draws box's widths in capitals (`200PX`, `90PX`), the "
+     "output box's label in capitals",
+     "presentation: the same boxes with the same values (tested), in another width, wrapping or letter case; "
+     "CSS lengths are case-blind"),
+    ("widgets.sampler_playground", "update: `stage_data(self.trace, self.shown_ids, params)` -> params None",
+     "stage_data reads only the trace and the ids: its params argument is not used"),
+    ("model", "_check_parse_cost: the pieces read without their byte of overlap, the characters subtracted or "
+     "counted with the continuation bytes, its refusal's message None",
+     "left: killed by tests/test_hardening.py (the parse cost's exact bound for each character width, the "
+     "pass with overlap 1, the refusal's words), outside model's fast selection"),
 ]
 METHOD = (
     "mutmut 3.8.1 per module, each in a scratch copy (git archive) with only that module mutated "
@@ -453,7 +491,11 @@ METHOD = (
     "seeds (quant 60 seed 21, pitfalls 40 seed 20, widgets.sampler_playground 40 seed 20, widgets.int4 40 "
     "seed 46, machine 30 seed 46) at 01ea5ac or the next commit; 's48-whole2-after' the first four again "
     "with the tests written for what they found, and widgets.model_playground's 40 (seed 20) whole; "
-    "'s48-whole2-after-rerun' the survivors of quant, the int4 widget and the two playgrounds again."
+    "'s48-whole2-after-rerun' the survivors of quant, the int4 widget and the two playgrounds again. "
+    "'s53-review': the ten modules the day's change of 2026-12-06 touched (exercise.plugin, exercise.parity, "
+    "exercise.grading, schema, checks, widgets.common, widgets.int4, widgets.sampler_playground, model, "
+    "tokenizer), 40 each (seed 20) at 4bda722; 's53-review-after' their survivors again with the tests "
+    "written for them."
 )
 
 
