@@ -24,16 +24,21 @@ MUTATION = RESULTS / "mutation.json"
 BEGIN = "<!-- mutation table: written by `python benchmarks/mutation_table.py --write` from results/mutation.json -->"
 END = "<!-- end of the mutation table -->"
 
+S53 = ("s53-review", "s53-review-after", "a new 40 after the review of 2026-12-06")
+"""The runs of the modules the change reviewed on 2026-12-06 touched, and the rows' note."""
+
 SHOWN = [
     # (module, what it is, the first run's label or None for a single run, the last run's label, a note)
     ("kv", "the paged KV cache", "before", "after", ""),
     ("quant", "f16, bf16 and int4", "s43-fork-safe", "s48-whole2-after-rerun", ""),
     ("model", "the model and its safetensors", "wide-before", "wide-after", ""),
+    ("model", "the model and its safetensors", *S53),
     ("forward", "the Llama forward", "s43-forward", "s43-forward-rerun", ""),
     ("runner", "the runner", "s43-fork-safe", "s43-fork-safe-rerun", ""),
     ("sample", "the sampler", "after-2", "after-2-rerun", ""),
     ("generate", "the engine loop", "s43-fork-safe", "s43-fork-safe-rerun", ""),
     ("tokenizer", "the tokenizer", "after", "after-rerun", ""),
+    ("tokenizer", "the tokenizer", *S53),
     ("blocks", "the block manager", "before", "after", ""),
     ("blocks", "the block manager", None, "wide-before", "every mutant"),
     ("fetch", "the download and the converter", "wide-before", "wide-after", ""),
@@ -53,8 +58,10 @@ SHOWN = [
     ("fp8", "the fp8 numbers", "s44-new-modules", "s44-new-modules-rerun", ""),
     ("widening", "the load's widening", "s44-new-modules", "s44-new-modules-rerun", ""),
     ("checks", "the argument checks", "s44-new-modules", "s44-new-modules-rerun", ""),
+    ("checks", "the argument checks", *S53),
     ("sample_reference", "the reference sampler", "s44-more-modules", "s44-more-modules-rerun", ""),
     ("schema", "config.json's schema", "s44-more-modules", "s44-more-modules-rerun", ""),
+    ("schema", "config.json's schema", *S53),
     ("lazy_kernels", "the kernels' entry points", "s44-lazy-all", "s44-lazy-all-rerun", "every mutant"),
     ("paths", "the file paths", "s46-paths-errors", "s46-paths-errors-rerun", "every mutant"),
     ("errors", "the refusals' clipped messages", "s46-paths-errors", "s46-paths-errors-rerun", "every mutant"),
@@ -63,8 +70,10 @@ SHOWN = [
      "the probes had run only in subprocesses"),
     ("widgets.common", "what the widgets share", "s46-widgets", "s48-after-rerun",
      "after: a new 40 (seed 20, the first 46), with the sampler widgets' tests, its charts' users"),
+    ("widgets.common", "what the widgets share", *S53),
     ("widgets.blockmap", "the block map", "s46-widgets", "s46-widgets-after-rerun", "a second sample"),
     ("widgets.int4", "the int4 widget", "s46-widgets", "s48-whole2-after-rerun", ""),
+    ("widgets.int4", "the int4 widget", *S53),
     ("widgets.numbers", "the numbers widget", "s46-widgets", "s46-widgets-rerun2", ""),
     ("widgets.checkpoint", "the checkpoint's map", "s47-widgets", "s47-widgets-rerun", ""),
     ("widgets.enginesteps", "the engine's steps", "s47-widgets", "s47-widgets-rerun", ""),
@@ -74,6 +83,7 @@ SHOWN = [
     ("widgets.sampler_charts", "the sampler's charts", "s47-widgets", "s47-widgets-rerun2", "at one kernel thread"),
     ("widgets.sampler_playground", "the sampler's playground", "s47-widgets", "s48-whole2-after-rerun",
      "at one kernel thread"),
+    ("widgets.sampler_playground", "the sampler's playground", *S53),
     ("widgets.model_playground", "the playground on a model", "s47-widgets", "s48-whole2-after-rerun",
      "at one kernel thread: workqueue aborts its pipelined prefill at two"),
     ("exercise.stubs", "the exercise's stubs", "s47-exercise", "s47-exercise-rerun", ""),
@@ -85,11 +95,14 @@ SHOWN = [
      "its commands had been run only as processes of their own"),
     ("exercise.grading", "the exercise's grading", "s48-exercise", "s48-exercise-after2",
      "untried: `_run` and `_env`, which start the graded pytest process"),
+    ("exercise.grading", "the exercise's grading", *S53),
     ("exercise.guard", "the notebooks' guard", "s48-exercise", "s48-exercise-after2",
      "untried: `_one_trial`, which starts the trial process; the survivors are the trials' inputs (equivalent)"),
     ("exercise.parity", "the exercise's parity", "s48-exercise", "s48-exercise-after2", ""),
+    ("exercise.parity", "the exercise's parity", *S53),
     ("exercise.plugin", "the graded runs' pytest plugin", "s48-exercise", "s48-exercise-after2",
      "its hooks had run only inside the graded pytest processes"),
+    ("exercise.plugin", "the graded runs' pytest plugin", *S53),
     ("exercise.side", "yours beside the reference", "s48-exercise", "s48-exercise-after2",
      "untried: `reference_against_hf`, which starts a process; a bug found and mended (the learner's line)"),
     ("kernels (hand-written)", "the compiled kernels' hand-written mutants", None, "s42-all-kernels",
