@@ -282,6 +282,57 @@ def test_model_playground_bad_input_gives_a_message(tiny_runner):
     assert len(w.output_ids) == 1
 
 
+def test_model_playground_refusal_leaves_nothing_of_the_previous_request(tiny_runner):
+    """Was: after the prompt box was cleared ("type a prompt first") the sampler's prompt ids and output
+    ids boxes still showed the previous request's ids beside draws before 0, `prompt_ids` kept them, and
+    a slider moved afterwards drew the previous row's charts and token again. Every refusal of the
+    prompt (empty, too long for the pool, no chat template) now withdraws the row and its ids."""
+    w = tiny_playground(tiny_runner, "Hello")
+    s = w.sampler
+    refusals = [("prompt", "   ", "type a prompt first"),
+                ("prompt", "x" * 600, "the context is at least 600 tokens"),
+                ("chat", True, "no chat template")]
+    for box, value, says in refusals:
+        w.prompt.value, w.chat.value = "Hello", False
+        w.sample_button.click()
+        w.sample_button.click()
+        assert s.prompt_text.value == "72, 101, 108, 108, 111" and len(s.output_text.value.split(",")) == 2
+        setattr(getattr(w, box), "value", value)
+        assert says in plain(w.status.value) and w.logits is None and s.trace is None, box
+        assert w.prompt_ids == []  # none encoded
+        assert (s.prompt_text.value, s.output_text.value, s.logits_text.value) == ("", "", ""), says
+        assert s.draw.value == 0 and w.output_ids == [] and w.context_html.value == "" and s.charts.value == ""
+        # any order of clicks afterwards: nothing draws the previous row again
+        s.temperature.value = 0.5
+        s.draw.value = 3
+        assert s.trace is None and s.charts.value == "" and says in plain(s.result.value)
+        s.preset.value = "peaked"
+        assert s.trace is not None  # a preset is its own vector
+        s.preset.value = GIVEN
+        assert s.trace is None and s.charts.value == "" and says in plain(s.result.value) and s.logits_text.disabled
+        w.sample_button.click()
+        assert "Nothing to sample" in plain(w.status.value) and w.output_ids == []
+        s.temperature.value, s.draw.value = 1.0, 0
+    w.chat.value, w.prompt.value = False, "Hi"  # a prompt it takes brings the row back
+    assert w.prompt_ids == [72, 105] and s.prompt_text.value == "72, 105" and s.trace is not None
+    assert np.array_equal(s._logits, tiny_runner.run_once([72, 105])[1]) and s.charts.value != ""
+
+
+def test_model_playground_bad_draws_value_keeps_the_current_request(tiny_runner):
+    """A refused draws value is the sampler's: the prompt, its ids and the context are still the current
+    request's and stay; no token or chart is shown, and a press is refused."""
+    w = tiny_playground(tiny_runner, "Hello")
+    w.sample_button.click()
+    out = w.sampler.output_text.value
+    w.sampler.draw.value = -1
+    assert "draws before must be in [0, 100,000], got -1" in plain(w.sampler.result.value)
+    assert w.sampler.trace is None and w.sampler.charts.value == ""
+    assert w.sampler.prompt_text.value == "72, 101, 108, 108, 111" and w.sampler.output_text.value == out
+    assert "5 prompt tokens + 1 appended" in plain(w.context_html.value)
+    w.sample_button.click()
+    assert "Nothing to sample: draws before must be" in plain(w.status.value) and len(w.output_ids) == 1
+
+
 def test_model_playground_full_context_is_refused(tiny_runner):
     w = tiny_playground(tiny_runner, "y" * 512)
     assert w.logits is not None  # exactly the context

@@ -220,17 +220,22 @@ class ModelPlayground(CellWidget):
 
     def recompute(self) -> None:
         """Run the model on prompt + appended tokens and hand the last row to the sampler. Refusals
-        (an empty prompt, no chat template, a context too long) become a message."""
+        (an empty prompt, no chat template, a context too long) become a message, and then nothing of
+        the previous request stays on screen: `prompt_ids` is [] unless this prompt was encoded, the
+        context is blank, and the sampler has withdrawn the previous row and its ids (`withdraw`)."""
         try:
+            self.prompt_ids = []  # stays empty when the prompt is refused: the previous one's ids describe nothing
             self.prompt_ids = self._encode()
             context = self.prompt_ids + self.output_ids
             self._fits(len(context))
             _, logits = self.runner.run_once(context)
         except (ValueError, TlError) as exc:
+            # nothing shown may describe the previous request: no prompt ids (none encoded), no context,
+            # and the sampler lets go of the previous row and its ids (a slider moved later redrew it)
             self.logits, self.message = None, str(exc)
             self._say(str(exc), error=True)
             self.context_html.value = ""
-            self.sampler.show_refusal("no logits: " + str(exc))
+            self.sampler.withdraw("no logits: " + str(exc))
             return
         self.logits, self.message = logits, ""
         self.context_html.value = self._context_html()

@@ -77,6 +77,7 @@ class SamplerPlayground(CellWidget):
         self.chart_data: dict[str, dict] = {}
         self._logits: np.ndarray | None = None
         self._given: tuple | None = None  # (logits, labels) of the last set_logits, for the GIVEN preset
+        self._withdrawn = ""  # why the given logits were withdrawn (`withdraw`), "" while they stand
         self.labels: list[str] | None = None
         self._build(params or SamplingParams(), seed)
         self.prompt_text.value = _ids_text(prompt)
@@ -131,7 +132,7 @@ class SamplerPlayground(CellWidget):
         try:
             self._logits = x
             self.labels = None if labels is None else [str(t) for t in labels]
-            self._given = (x, self.labels)
+            self._given, self._withdrawn = (x, self.labels), ""
             for box, text in texts:
                 box.value = text
             if GIVEN not in self.preset.options:
@@ -141,6 +142,21 @@ class SamplerPlayground(CellWidget):
             self.logits_text.disabled = not editable
             self.logits_text.value = _numbers_text(x) if editable else f"({x.size} logits given; not editable here)"
             self._top_k_range(max(1, min(200, x.size if x.ndim == 1 else 1)))
+        finally:
+            self._quiet = False
+        self.update()
+
+    def withdraw(self, text: str) -> None:
+        """The given logits no longer describe anything (e.g. the model playground's prompt was refused):
+        drop them and the given prompt and output ids, and refuse with `text` while 'given logits' is
+        chosen, until set_logits gives new ones. Nothing of the previous row stays on screen, and no
+        slider moved afterwards can draw it again."""
+        self._quiet = True
+        try:
+            self._logits, self.labels, self._given, self._withdrawn = None, None, None, text
+            self.prompt_text.value = self.output_text.value = ""
+            if self.preset.value == GIVEN:
+                self.logits_text.disabled, self.logits_text.value = True, ""
         finally:
             self._quiet = False
         self.update()
@@ -160,7 +176,16 @@ class SamplerPlayground(CellWidget):
         if self._quiet:
             return
         if name == GIVEN:
-            self.set_logits(*self._given)
+            if self._given is not None:
+                self.set_logits(*self._given)
+                return
+            self._quiet = True  # withdrawn: nothing given to show
+            try:
+                self._logits, self.labels = None, None
+                self.logits_text.disabled, self.logits_text.value = True, ""
+            finally:
+                self._quiet = False
+            self.update()
             return
         self._quiet = True
         try:
@@ -177,6 +202,8 @@ class SamplerPlayground(CellWidget):
         return self.engine.SamplingParams(**{name: w.value for name, w in self.sliders.items()})
 
     def _read_logits(self):
+        if self.preset.value == GIVEN and self._given is None:
+            raise ValueError(self._withdrawn or "no logits given")
         if self._logits is not None and (self.logits_text.disabled or self._given_text_unchanged()):
             self.labels = self._given[1]
             return self._logits
