@@ -89,7 +89,7 @@ def test_underflow_infinity_and_the_kept_bits_of_each_format_are_named():
     assert "f32 → bf16: keep (exponent and mantissa) 011111110000000 drop 0000000000000000 (16 bits" in shown
     w.text.value = "1e-8"  # below f16's smallest subnormal: every kept bit is gone
     shown = plain(w.html.value)
-    assert "keep (significand, implicit 1 included) (none) drop" in shown and "0x0000" in shown
+    assert "keep (significand, implicit 1 included) (none) drop every bit" in shown and "0x0000" in shown
     assert "below f16's normal range (6.1e-05): underflow to zero;" in shown and "f16 subnormal" not in shown
     w.text.value = "1e-6"
     assert "below f16's normal range (6.1e-05): f16 subnormal;" in plain(w.html.value)
@@ -113,6 +113,33 @@ def test_beside_the_learners_quant_the_values_stored_are_the_references_with_a_w
                                    "w = NumbersWidget('0.1', yours=exercise.side.yours_or_none('quant'))\n"
                                    "print('0.199951171875' in w.html.value, '0.0999755859375' in w.html.value)\n")
     assert shown == "False True"
+
+
+def test_below_2_to_the_minus_26_the_f16_explanation_is_at_the_true_scale():
+    """Was: for |x| < 2^-26 the line read "drop <the 25-bit significand> (25 bits; halfway is 1 and 24
+    zeros)": explain_f32_to_f16 caps its shift at 25 (enough for the bits: a 24-bit significand is then
+    below half), so for 1e-9 it implied 0.268 of f16's smallest step, where x is 0.0168 of it. The line
+    now gives the true fraction; from 2^-26 up the dropped bits are at scale and are shown as before."""
+    from tl_lab.quant import explain_f32_to_f16, f32_from_bits
+
+    w = NumbersWidget("1e-9")
+    shown = plain(w.html.value)
+    x32 = f32_from_bits(w.narrowings["f16"].x_bits)
+    assert f"{x32 / 2**-24:.3g}" == "0.0168" and "0.268" not in shown
+    assert ("drop every bit: |x| = 1e-09 is 0.0168 of f16's smallest step 2^-24 = 5.96e-08, below half of it "
+            "(2^-25 = 2.98e-08), so it rounds to zero (to drop it at its scale takes a shift of 29 bits; "
+            "the code shifts by 25") in shown
+    assert "(25 bits; halfway is" not in shown and "0x0000" in shown and "underflow to zero" in shown
+    for x in (2.0**-26, 1.5 * 2.0**-26, 2.0**-25, 1.5 * 2.0**-25, 1e-6):  # the shift is not capped: bits at scale
+        w.text.value = repr(x)
+        r = explain_f32_to_f16(x).rounding
+        assert r.n_dropped <= 25 and f"({r.n_dropped} bits; halfway is" in plain(w.html.value), x
+        assert "drop every bit" not in plain(w.html.value)
+        x32 = f32_from_bits(explain_f32_to_f16(x).x_bits)
+        assert r.dropped / 2**r.n_dropped + r.kept == x32 / 2**-24  # the bits shown are x in steps, exactly
+    for x in ("-1e-30", "1e-40", str(2.0**-26 * 0.999)):  # a negative, an f32 subnormal, just below 2^-26
+        w.text.value = x
+        assert "drop every bit" in plain(w.html.value) and "rounds to zero" in plain(w.html.value), x
 
 
 def test_a_pasted_page_is_quoted_in_one_short_line():

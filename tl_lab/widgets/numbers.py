@@ -160,14 +160,28 @@ def _rounding_block(n: Narrowing) -> str:
     dropped = f"{r.dropped:0{r.n_dropped}b}"
     half = f"{r.half:0{r.n_dropped}b}"
     what = "significand, implicit 1 included" if n.fmt == "f16" else "exponent and mantissa"
+    drop = (f"drop <span style='{MONO}; color:{COLOURS['dropped']}'>{dropped}</span> "
+            f"({r.n_dropped} bits; halfway is <span style='{MONO}'>{half}</span>)")
+    shift = f16_shift(n.x_bits) if n.fmt == "f16" else r.n_dropped
+    if shift > r.n_dropped:  # the code's shift stops short: its dropped bits are at the wrong scale
+        x32, step = abs(f32_from_bits(n.x_bits)), 2.0**-24
+        drop = (f"drop every bit: |x| = {x32:.3g} is {x32 / step:.3g} of f16's smallest step 2^-24 = {step:.3g}, "
+                f"below half of it (2^-25 = {step / 2:.3g}), so it rounds to zero (to drop it at its scale takes a "
+                f"shift of {shift} bits; the code shifts by {r.n_dropped}, which drops it all the same)")
     lines = [
-        f"keep ({what}) <span style='{MONO}; color:{COLOURS['mantissa']}'>{kept}</span> "
-        f"drop <span style='{MONO}; color:{COLOURS['dropped']}'>{dropped}</span> "
-        f"({r.n_dropped} bits; halfway is <span style='{MONO}'>{half}</span>)",
+        f"keep ({what}) <span style='{MONO}; color:{COLOURS['mantissa']}'>{kept}</span> {drop}",
         f"decision: {decision_text(r)}",
         _range_note(n),
     ]
     return title + "<br>".join(lines) + "</p>"
+
+
+def f16_shift(x_bits: int) -> int:
+    """The right shift that takes an f32 significand to f16's last kept place: 13 in f16's normal range,
+    one more per binade below 2^-14 (f16 subnormal: one step is 2^-24), 125 for an f32 subnormal.
+    explain_f32_to_f16 shifts by at most 25: below 2^-26 its dropped bits are not at this scale."""
+    e = max((x_bits >> 23) & 0xFF, 1) - 127
+    return 13 + max(0, -14 - e)
 
 
 def _range_note(n: Narrowing) -> str:
