@@ -73,6 +73,32 @@ def test_the_registry_holds_the_chapters_22():
             assert p.cell, p.id
 
 
+def sections_named(cell: str) -> set[str]:
+    """The section numbers a registry `cell` names: "8. Chunk invariance (and 2. One layer, ...)" -> {"8", "2"}."""
+    return set(re.findall(r"(?:^|[;,(]\s*(?:and\s+)?)(\d+)\. ", cell))
+
+
+def notebook_05_table() -> dict[str, set[str]]:
+    """05_forward's own table, "Pitfalls of this section": pitfall id -> the sections whose cells fail."""
+    nb = json.loads((REPO_ROOT / "notebooks" / "05_forward.ipynb").read_text(encoding="utf-8"))
+    (table,) = ["".join(c["source"]) for c in nb["cells"]
+                if c["cell_type"] == "markdown" and "".join(c["source"]).startswith("## Pitfalls of this section")]
+    rows = re.findall(r"^\| (s\d\d) \|[^|\n]+\| ([^|\n]+) \|", table, re.M)
+    return {pid: set(re.findall(r"\b(\d+) \(", where)) for pid, where in rows}
+
+
+def test_the_registry_and_05s_pitfall_table_name_the_same_sections():
+    """The lab (10_pitfalls' table, the pitfall lab's "also seen in") and 05_forward's own table say where
+    each of the forward's pitfalls shows. Was: the registry left out 9 (the f16 bound) for s13, s14, s15,
+    s17 and s20, and 2 (one layer) for s14, s15 and s22, and 6 for s14; 05's table was what running 05
+    with each pitfall on fails (tests/test_notebooks.py runs it)."""
+    table = notebook_05_table()
+    in_05 = {p.id for p in pf.PITFALLS.values() if p.notebook == "05_forward"}
+    assert set(table) == in_05 == {"s13", "s14", "s15", "s16", "s17", "s20", "s21", "s22"}
+    for pid, sections in table.items():
+        assert sections and sections_named(pf.get(pid).cell) == sections, (pid, pf.get(pid).cell, sorted(sections))
+
+
 def test_every_section_4_test_exists_under_its_name():
     defs = _test_defs()
     # safetensors_reader_rules is a family, test_safetensors_reader_rules_<rule>; the others are one test

@@ -232,7 +232,8 @@ PITFALLS: dict[str, Pitfall] = {p.id: p for p in [
        [(_F, "llama_forward",
          "cos, sin = rope_cos_sin(step.pos, c.head_dim, c.rope_theta)",
          "cos, sin = rope_cos_sin(step.pos - np.repeat(step.starts, np.diff(step.offsets)), c.head_dim, c.rope_theta)")],
-       "05_forward", "8. Chunk invariance (and 2. One layer, 6. the runner against Hugging Face)", probe="decode_vs_prefill"),
+       "05_forward", "8. Chunk invariance (and 2. One layer, 6. the runner against Hugging Face, 9. The f16 bound)",
+       probe="decode_vs_prefill"),
     _p("s14", "q_offset 0 for a decode step",
        "the new token sees only key 0",
        "incremental_decode_equals_full_prefill", _T_RUNNER + "incremental_decode_equals_full_prefill",
@@ -242,14 +243,16 @@ PITFALLS: dict[str, Pitfall] = {p.id: p for p in [
         (_KE, "_attend_tiles",
          "last[i] = starts[s] + (t0 + i - firsts[s])  # q_offset = p_s",
          "last[i] = 0 + (t0 + i - firsts[s])  # q_offset = 0")],
-       "05_forward", "4. Attention over the keys in the blocks; 8. Chunk invariance", probe="decode_vs_prefill"),
+       "05_forward", "4. Attention over the keys in the blocks; 8. Chunk invariance (and 2. One layer, 6. the runner "
+       "against Hugging Face, 9. The f16 bound)", probe="decode_vs_prefill"),
     _p("s15", "K written to the V slab",
        "logits far from HF",
        "tiny_llama_logits_match_hf", _T_RUNNER + "tiny_llama_logits_match_hf",
        [(_F, "write_kv",
          "f32_to_f16(np.stack([k, v], axis=1))",
          "f32_to_f16(np.stack([v, k], axis=1))")],
-       "05_forward", "1. One step's shapes (the keys read back from the pool); 6. the runner against Hugging Face; 9. The f16 bound", probe="hf_logits"),
+       "05_forward", "1. One step's shapes (the keys read back from the pool); 2. One layer (the V read back); 6. the runner "
+       "against Hugging Face; 9. The f16 bound", probe="hf_logits"),
     _p("s16", "Skipping the final norm",
        "logits scaled wrong",
        "tiny_llama_logits_match_hf", _T_RUNNER + "tiny_llama_logits_match_hf",
@@ -261,7 +264,8 @@ PITFALLS: dict[str, Pitfall] = {p.id: p for p in [
        [(_B, "BlockManager.temporary",
          "self.give_back(table)  # temporary blocks go back to the pool, every time",
          "pass  # the temporary blocks are kept: nobody gives them back")],
-       "05_forward", "10. Refusals, and blocks that come back (run_once)", probe="pool_drain"),
+       "05_forward", "9. The f16 bound (its pool check); 10. Refusals, and blocks that come back (run_once)",
+       probe="pool_drain"),
     _p("s18", "Evicting the newest prefix instead of the oldest",
        "a useful recent prefix disappears early",
        "kv_pool_evicts_the_oldest_cached_block", "tests/test_kv.py::test_kv_pool_evicts_the_oldest_cached_block",
@@ -282,7 +286,8 @@ PITFALLS: dict[str, Pitfall] = {p.id: p for p in [
        [(_F, "rope_inv_freq",
          "return np.float32(1.0) / (np.float32(theta) ** exponent)",
          "return np.float32(1.0) / (np.float32(theta) ** exponent[::-1])")],
-       "05_forward", "3. RoPE: pairs turning at their own speeds; 6. the runner against Hugging Face", probe="rope_freqs"),
+       "05_forward", "3. RoPE: pairs turning at their own speeds; 6. the runner against Hugging Face; 9. The f16 bound",
+       probe="rope_freqs"),
     _p("s21", "Not checking token ids against the vocabulary",
        "an invalid id reaches the embedding lookup",
        "forward_refuses_bad_batches", _T_RUNNER + "forward_refuses_bad_batches",
@@ -301,7 +306,8 @@ PITFALLS: dict[str, Pitfall] = {p.id: p for p in [
          "    x = x + linear(gate * gu[:, I:], layer.down_proj)",
          "gate = gu[:, :I]                                               # (N, I), no silu here\n"
          "    x = x + linear(gate * silu(gu[:, I:]), layer.down_proj)")],
-       "05_forward", "6. The chapter's central claim: the runner against Hugging Face; 11. Int4 weights", probe="hf_logits"),
+       "05_forward", "2. One layer; 6. The chapter's central claim: the runner against Hugging Face; 11. Int4 weights",
+       probe="hf_logits"),
 ]}
 
 
