@@ -9,7 +9,7 @@ from tl_lab.generate import Engine, Request
 from tl_lab.paths import DATA_DIR
 from tl_lab.runner import EngineConfig, KvConfig
 from tl_lab.sample import SamplingParams
-from tl_lab.widgets.enginesteps import CELL_H, CELL_W, DECODE, LEFT, PREFILL, TOP, EngineSteps
+from tl_lab.widgets.enginesteps import CELL_H, CELL_W, DECODE, HIT, LEFT, PREFILL, TOP, EngineSteps
 
 SYSTEM = "You are a careful assistant. Answer in one short sentence.\n"  # 3 full blocks of 16
 
@@ -38,6 +38,21 @@ def test_the_timeline_is_the_engines_records():
     assert first.admitted == [(0, 3), (1, 3)]  # both find the warm-up's system-prompt blocks
     assert sum(n for s, r, n in cells(w) if r == 0) == len(results[0].prompt_ids) - 48 + 2  # 3 output, last not fed
     assert w.timeline.value.count("class='tl-hit'") == 2
+
+
+def test_the_hit_bar_is_the_colour_notebook_12_names():
+    """12_where_next names the prefix-cache-hit marker by its colour; was: "a gold bar", drawn dark orange
+    (#b45309). The bars and the legend's swatch are HIT, and the notebook's words are that colour's."""
+    import json
+
+    from tl_lab.paths import REPO_ROOT
+
+    (w, _), _ = run()
+    assert HIT == "#b45309" and w.timeline.value.count(f"fill='{HIT}'") == 2
+    assert f"border-left:3px solid {HIT}" in w.timeline.value
+    nb = json.loads((REPO_ROOT / "notebooks" / "12_where_next.ipynb").read_text(encoding="utf-8"))
+    text = " ".join(" ".join("".join(c["source"]).split()) for c in nb["cells"] if c["cell_type"] == "markdown")
+    assert "dark orange bar marks prefix-cache hits" in text and "gold" not in text
 
 
 def test_buttons_and_slider_walk_the_steps():

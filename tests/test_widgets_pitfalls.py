@@ -156,6 +156,24 @@ def test_the_decode_picture_plots_each_codes_gaps_and_marks_where_the_prompt_end
     assert 9 < edge < 10  # between the prompt's last position and the first decoded one
 
 
+def test_the_decode_picture_says_where_it_draws_the_exact_zeros():
+    """A log axis has no 0: the correct code's gaps are exactly 0 (and s13's at the prompt), drawn at 1e-9.
+    Was: drawn at 1e-9 (gap + 1e-9) with nothing saying so, read as a gap of 1e-9; now the axis says
+    "exact: drawn at 1e-9", as 03's chart does, the zeros sit exactly there and the other gaps are drawn
+    as they are. Without a zero (or a gap below 1e-9) there is nothing to say."""
+    off = {"positions": [9, 10, 11], "gaps": [0.0, 0.0, 0.0], "n_prompt": 10}
+    on = {"positions": [9, 10, 11], "gaps": [0.0, 2e-9, 3e-3], "n_prompt": 10}
+    fig = draw_probe("decode_vs_prefill", off, on, "s13")
+    assert fig.axes[0].get_ylabel() == "max |logits - full prefill|\n(exact: drawn at 1e-9)"
+    got = curves(fig)
+    assert got["correct"][1] == [1e-9] * 3 and got["s13"][1] == [1e-9, 2e-9, 3e-3]  # zeros at the floor, the rest as is
+    on = {**on, "gaps": [5e-10, 1.0, 2.0]}
+    assert "(exact or below 1e-9: drawn at 1e-9)" in draw_probe("decode_vs_prefill", off, on, "s13").axes[0].get_ylabel()
+    off = {**off, "gaps": [1e-6, 1e-5, 1e-6]}
+    assert draw_probe("decode_vs_prefill", off, {**on, "gaps": [1e-6, 1.0, 2.0]}, "s13").axes[0].get_ylabel() == \
+        "max |logits - full prefill|"
+
+
 def test_the_rope_picture_plots_both_codes_frequencies():
     off = pf.PROBES["rope_freqs"]()
     on = {**off, "inv_freq": [f / 2 for f in off["inv_freq"]]}

@@ -20,6 +20,7 @@ from tl_lab.generate import Engine, Request, StepRecord
 from tl_lab.widgets.common import CellWidget, MONO, NOTE, message
 
 PREFILL, DECODE, SELECT = "#93c5fd", "#86efac", "#dc2626"
+HIT = "#b45309"  # dark orange: the prefix-cache-hit bar (notebook 12 calls it so)
 CELL_W, CELL_H, LEFT, TOP = 26, 22, 64, 22
 MAX_DRAWN = 120  # steps drawn in the timeline; the slider still reaches every step
 
@@ -88,9 +89,9 @@ def timeline(records: list[StepRecord], labels: dict[int, str], selected: int) -
                 f"<rect x='{x + 1}' y='{y + 1}' width='{CELL_W - 2}' height='{CELL_H - 2}' fill='{colour}'/>"
                 f"<text x='{x + CELL_W / 2}' y='{y + 15}' font-size='10' text-anchor='middle'>{row.n}</text></g>")
         for req, hits in rec.admitted:
-            if hits:  # prefix-cache hits: a gold bar on the left of the admission step's cell
+            if hits:  # prefix-cache hits: a dark orange bar (HIT) on the left of the admission step's cell
                 parts.append(f"<rect class='tl-hit' x='{x}' y='{TOP + req * CELL_H + 1}' width='3' "
-                             f"height='{CELL_H - 2}' fill='#b45309'/>")
+                             f"height='{CELL_H - 2}' fill='{HIT}'/>")
     if selected < len(drawn):
         parts.append(f"<rect x='{LEFT + selected * CELL_W}' y='{TOP - 2}' width='{CELL_W}' "
                      f"height='{len(labels) * CELL_H + 4}' fill='none' stroke='{SELECT}' stroke-width='2'/>")
@@ -98,7 +99,7 @@ def timeline(records: list[StepRecord], labels: dict[int, str], selected: int) -
             if len(records) > MAX_DRAWN else "")
     legend = (f"<span style='background:{PREFILL};padding:0 6px'>prompt chunk</span> "
               f"<span style='background:{DECODE};padding:0 6px'>decode</span> "
-              "<span style='border-left:3px solid #b45309;padding:0 6px'>prefix-cache hits at admission</span>")
+              f"<span style='border-left:3px solid {HIT};padding:0 6px'>prefix-cache hits at admission</span>")
     return (f"<div class='tl-steps' style='{MONO}'><p>{legend} (the number: new tokens in that step)</p>"
             f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' "
             f"style='font-family: sans-serif'>{''.join(parts)}</svg>{more}</div>")
