@@ -215,6 +215,35 @@ def test_no_bound_where_the_text_does_not_reach_the_model_byte_for_byte(tmp_path
     assert tok.max_token_bytes is None and tok.fewest_tokens(text) == 0
 
 
+def _with_model(directory, **fields):
+    """directory's tokenizer.json with its BPE model's `fields` replaced (what the library's setters cannot)."""
+    spec = json.loads((directory / "tokenizer.json").read_text())
+    spec["model"].update(fields)
+    (directory / "tokenizer.json").write_text(json.dumps(spec))
+    return directory / "tokenizer.json"
+
+
+@pytest.mark.parametrize("field, value, text", [
+    ("continuing_subword_prefix", "##", "a" * 100),  # every "a" after the first is looked up as "##a"
+    ("end_of_word_suffix", "</w>", "a"),  # a word's last "a" is looked up as "a</w>"
+])
+def test_no_bound_for_a_bpe_that_looks_a_character_up_by_another_name(tmp_path, field, value, text):
+    """A character in the vocabulary is dropped all the same where only its prefixed or suffixed form is
+    looked up: fewer tokens than the bound would say, so there is none (the review's 513 "a" on a
+    256-token vocabulary are 512 tokens, and a bound refused them)."""
+    tok = BpeTokenizer(_with_model(make_bpe(tmp_path), **{field: value, "merges": []}))
+    assert len(tok.encode(text)) < -(-len(text.encode()) // len("<|endoftext|>"))
+    assert tok.max_token_bytes is None and tok.fewest_tokens(text) == 0
+
+
+def test_a_tokenizer_json_the_library_panics_on_is_refused_in_one_line(tmp_path):
+    """The library panics (a pyo3 PanicException, a BaseException: no `except Exception` caught it, and
+    the command line ended in a traceback) on merges of plain pieces under a continuing_subword_prefix."""
+    path = _with_model(make_bpe(tmp_path), continuing_subword_prefix="##")
+    with pytest.raises(ConfigError, match=r"is not a tokenizer.json the tokenizers library can read: .*slice index"):
+        BpeTokenizer(path)
+
+
 @pytest.mark.smollm2
 def test_fewest_tokens_on_smollm2_never_exceeds_the_count():
     from conftest import smollm2_path

@@ -159,7 +159,9 @@ class BpeTokenizer(Tokenizer):
         text = read_regular(path, "tokenizer.json", ConfigError, *tokenizer_limit(vocab_size))  # never blocks on a FIFO
         try:
             self._tok = HfTokenizer.from_str(text.decode("utf-8"))
-        except Exception as exc:  # the library raises a bare Exception for a malformed file
+        except BaseException as exc:  # a bare Exception for a malformed file; a panic (pyo3's PanicException,
+            if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":  # a BaseException) for some
+                raise  # Ctrl-C
             raise ConfigError(f"{path} is not a tokenizer.json the tokenizers library can read: {exc}") from exc
         n = self._tok.get_vocab_size(with_added_tokens=True)
         if vocab_size is not None and n > vocab_size:
@@ -175,7 +177,9 @@ class BpeTokenizer(Tokenizer):
 
         The bound holds only where the text reaches the BPE model byte for byte: no normalizer (NFC
         makes 2 bytes of 3, a Replace or Strip any number of none), pre-tokenizers that split the text
-        and map each byte to one character of the byte alphabet but drop nothing, no truncation, and
+        and map each byte to one character of the byte alphabet but drop nothing, no truncation, a BPE
+        model that looks a character up as itself (a continuing_subword_prefix or end_of_word_suffix
+        makes it look up "##a" or "a</w>" instead, and drop the character when only "a" is there), and
         added tokens that cover their own text only (an lstrip or rstrip one takes the spaces around
         it too). Then a vocabulary token covers as many bytes as it has characters, an added one its
         text's, and a byte whose character is not in the vocabulary is dropped (SmolLM2 drops 21 bytes, 0x04,
@@ -186,7 +190,8 @@ class BpeTokenizer(Tokenizer):
         normalizer = None if tok.normalizer is None else json.loads(tok.normalizer.__getstate__())
         pre = {} if tok.pre_tokenizer is None else json.loads(tok.pre_tokenizer.__getstate__())
         if (normalizer not in (None, {"type": "Sequence", "normalizers": []}) or not _keeps_every_byte(pre)
-                or tok.truncation is not None or type(tok.model).__name__ != "BPE" or any(t.lstrip or t.rstrip for t in added)):
+                or tok.truncation is not None or type(tok.model).__name__ != "BPE" or any(t.lstrip or t.rstrip for t in added)
+                or tok.model.continuing_subword_prefix or tok.model.end_of_word_suffix):
             return None, b""
         vocab = tok.get_vocab(with_added_tokens=False)
         alphabet = set(self._byte_of)
