@@ -15,6 +15,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -418,6 +419,16 @@ def test_a_template_or_a_chat_line_over_the_context_is_refused_before_it_is_enco
     assert "error: this message does not fit even on its own, so it was not sent (a prompt of 617 bytes is " \
            "at least 617 tokens, longer than the context (max_position_embeddings 512)); try a shorter one" in err
     assert err.count("[2 tokens, finish=length") == 1
+
+
+def test_a_chat_line_that_does_not_fit_alone_leaves_the_conversation_as_it_was(capsys, monkeypatch):
+    """Was: the oldest turns were dropped one by one to make room, then the line was refused and the
+    dropped turns stayed lost (the next line's prompt was itself alone), against reply's docstring."""
+    code, out, err = run_main(capsys, "chat", "--model", "tiny-llama", "--max-tokens", "2", "--stats",
+                              stdin=b"hello\nagain\n" + b"y" * 600 + b"\nhi\n", monkeypatch=monkeypatch)
+    prompts = [int(n) for n in re.findall(r"prompt (\d+) tokens", err)]
+    assert code == OK and "does not fit even on its own" in err and "dropped the oldest" not in err, err
+    assert len(prompts) == 3 and prompts[2] > prompts[1] > prompts[0], prompts  # "hi" after both turns
 
 
 @pytest.mark.parametrize("command, stdin", [("generate", None), ("chat", b"hi\n")])

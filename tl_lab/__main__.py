@@ -36,7 +36,8 @@ EXIT_CODES = {
                 "that is not valid UTF-8 or does not fit the context",
     EXIT_OUTPUT: "the output could not be written (stdout closed, a full disk)",
     EXIT_BUG: "an internal error: a bug in tl_lab, or one in a learner's module of TL_LAB_WORKSPACE (the "
-              "line then names its file and line); TL_LAB_TRACEBACK=1 shows the traceback",
+              "line then names its file and line, or the learner's modules that ran); TL_LAB_TRACEBACK=1 "
+              "shows the traceback",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
 }
 
@@ -346,7 +347,8 @@ class _Chat:
         """Answer one user line, dropping the oldest turns while the prompt is too long for the context
         or the pool (`Engine.check`, before anything runs). None, and the line forgotten, if it does
         not fit even alone, or if the reply fails (a ValueError, reported as what it is): the
-        conversation is then as it was before the line."""
+        conversation is then as it was before the line, the turns dropped for it included."""
+        before = list(self.messages)
         self.messages.append({"role": "user", "content": line})
         dropped = 0
         while True:
@@ -355,7 +357,7 @@ class _Chat:
                 break
             first_user = len(self.start)
             if len(self.messages) - first_user <= 1:  # only this line is left: refuse it, keep the session
-                self.messages.pop()
+                self.messages = before
                 _err(f"error: this message does not fit even on its own, so it was not sent ({overflow}); "
                      "try a shorter one")
                 return None
@@ -366,7 +368,7 @@ class _Chat:
         try:
             (result,) = _run(self.engine, request)
         except UsageError as exc:  # not an overflow: say what it is, keep the conversation
-            self.messages.pop()
+            self.messages = before
             _out("\n")
             _err(f"error: {exc}; the message was not answered")
             return None
