@@ -79,9 +79,16 @@ def test_in_process_grading_of_a_row_after_a_test_past_the_limit_says_what_was_n
     assert row.message.splitlines() == [f"test_{b}: TestTimeout: the test ran longer than 2 s", "not run after it: "
                                         "2 of its chapter tests (a module's first test past the limit ends its check)"]
     assert row.hint.startswith(f"test_{b} ran past the 2 s limit")
-    caught = [_result(a), _result(b), _result(c, "not run", why), _result(d, "not run", why)]
+    caught_it = "TestTimeout: the test ran past the 2 s limit (its code caught the time-out, then it passed)"
+    caught = [_result(a), _result(b, "failed", caught_it), _result(c, "not run", why), _result(d, "not run", why)]
     row = _row("kv", f, {"kv": "learner"}, _report(caught), log, 1, 2)  # the learner's code caught the alarm's error
-    assert (row.state, row.passed, row.message) == ("failed", 2, why)
+    assert (row.state, row.passed, row.first_failure) == ("failed", 1, b)  # the plugin failed b: as any time-out
+    assert row.message.splitlines() == [f"test_{b}: {caught_it}", "not run after it: "
+                                        "2 of its chapter tests (a module's first test past the limit ends its check)"]
+    assert row.hint == f"test_{b} ran past the 2 s limit: a loop that never ends?"
+    unfailed = [_result(a), _result(b), _result(c, "not run", why), _result(d, "not run", why)]
+    row = _row("kv", f, {"kv": "learner"}, _report(unfailed), log, 1, 2)  # no report the plugin writes: not a pass
+    assert (row.state, row.passed, row.message) == ("failed", 2, f"only 2 of the 4 chapter tests ran; see {log}")
 
 
 def test_in_process_grading_hints_in_the_chapters_words():

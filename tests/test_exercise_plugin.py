@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from tl_lab.exercise.grading import pitfall_hint
 from tl_lab.exercise.registry import MODULES, graded
 
 
@@ -18,6 +19,7 @@ def plugin(monkeypatch):
     monkeypatch.setattr(p, "_errors", [])
     monkeypatch.setattr(p, "_past_limit", "")
     monkeypatch.setattr(p, "_not_run", {})
+    monkeypatch.setattr(p, "_rang", False)
     monkeypatch.setattr(p, "GRADE", "kv")
     monkeypatch.setattr(p, "REPORT", "")
     return p
@@ -161,6 +163,53 @@ def test_in_process_plugin_runs_none_of_a_modules_tests_after_one_past_the_limit
     assert plugin._past_limit == looping.nodeid
 
 
+def test_in_process_plugin_fails_a_test_that_caught_the_time_out_and_passed(plugin, monkeypatch):
+    """The alarm rang in a test whose code (the learner's) caught its TestTimeout and went on to pass: the
+    test fails, saying it ran past the limit (it is the one the module's later tests are "not run" for);
+    its teardown's report, and a test the alarm never rang in, are left as they are."""
+    import signal
+    import types
+
+    monkeypatch.setattr(plugin, "TIMEOUT", 2.5)
+    names = [g.name for g in graded("kv")[:2]]
+    caught, quick = (_item(f"tests/test_kv.py::test_{n}") for n in names)
+
+    def run(item, alarm):
+        wrapper = plugin.pytest_runtest_call(item)
+        next(wrapper)  # the test runs here
+        if alarm:
+            try:
+                plugin._on_alarm(signal.SIGALRM, None)
+            except Exception:  # the learner's `except Exception`
+                pass
+        with pytest.raises(StopIteration):
+            wrapper.send(None)
+
+    def report(item, when, outcome="passed"):
+        rep = pytest.TestReport(item.nodeid, ("tests/test_kv.py", 0, item.nodeid), {}, outcome, None, when, duration=0.5)
+        wrapper = plugin.pytest_runtest_makereport(item, types.SimpleNamespace(when=when, excinfo=None))
+        next(wrapper)
+        with pytest.raises(StopIteration):
+            wrapper.send(types.SimpleNamespace(get_result=lambda: rep))
+        plugin.pytest_runtest_logreport(rep)
+        return rep
+
+    run(quick, alarm=False)
+    assert report(quick, "call").passed
+    run(caught, alarm=True)
+    got = report(caught, "call")
+    message = "TestTimeout: the test ran past the 2.5 s limit (its code caught the time-out, then it passed)"
+    assert (got.outcome, got.longrepr) == ("failed", message) and plugin.caught_message(2.5) == message
+    assert report(caught, "teardown").passed  # the limit is the call's
+    assert plugin._results == [
+        {"nodeid": quick.nodeid, "chapter_test": names[1], "when": "call", "outcome": "passed", "message": "",
+         "seconds": 0.5},
+        {"nodeid": caught.nodeid, "chapter_test": names[0], "when": "call", "outcome": "failed", "message": message,
+         "seconds": 0.5}]
+    assert plugin._past_limit == caught.nodeid
+    assert pitfall_hint("kv", caught.nodeid, message, 2.5) == f"test_{names[0]} ran past the 2.5 s limit: a loop that never ends?"
+
+
 def test_in_process_plugin_limits_the_collection_too(plugin, monkeypatch):
     """The collection imports the learner's modules: a loop at a module's top level ends at the limit,
     named as the import; after a test file that did not import, the modules are not imported again."""
@@ -208,7 +257,7 @@ def test_in_process_plugin_says_where_in_the_learners_code_a_failure_was_raised(
     assert plugin._learner_at(failed.tb) == ""
 
     report = types.SimpleNamespace()
-    wrapper = plugin.pytest_runtest_makereport(None, types.SimpleNamespace(excinfo=raised))
+    wrapper = plugin.pytest_runtest_makereport(None, types.SimpleNamespace(when="call", excinfo=raised))
     next(wrapper)
     with pytest.raises(StopIteration):
         wrapper.send(types.SimpleNamespace(get_result=lambda: report))

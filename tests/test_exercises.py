@@ -269,6 +269,34 @@ def test_a_module_whose_test_runs_past_the_limit_runs_none_of_its_later_tests(tm
     assert f"not run: test_{looping}[numpy] of this module ran past the 1 s limit" in log
 
 
+def test_a_test_whose_code_catches_the_time_out_and_passes_fails_at_the_limit(tmp_path):
+    """The learner's code catches the alarm's TestTimeout (an `except Exception` around a wait) and the test
+    then passes: it fails all the same, saying it ran past the limit, with the time-out's hint, and the
+    module's later tests are not run (never a row "passed" or "failed" with no failing test). The wait is in
+    the first Pcg32 made, which the module's first test makes: no honest test before it has to end in time."""
+    ws = workspace(tmp_path, "ref", ["sample"])
+    src = reference_source("sample")
+    init = src.index("\n", src.index("    def __init__(self, seed: int, seq: int):")) + 1
+    wait = ("        if not _WAITED:\n            _WAITED.append(1)\n            try:\n"
+            "                time.sleep(120)\n            except Exception:\n                pass\n")
+    cls = src.index("\nclass Pcg32:")
+    (ws / "sample.py").write_text(src[:cls] + "\nimport time\n\n_WAITED = []\n\n" + src[cls:init] + wait + src[init:])
+    (row,) = check(ws, ["sample"], timeout=1)
+    names = [g.name for g in graded("sample")]
+    first = "pcg32_reference_vectors"  # the first of tests/test_sample.py
+    assert row.results == {first: "failed", **{n: "not run" for n in names if n != first}}
+    assert (row.state, row.passed, row.total, row.first_failure) == ("failed", 0, len(names), first)
+    assert row.message.splitlines() == [
+        f"test_{first}: TestTimeout: the test ran past the 1 s limit (its code caught the time-out, then it passed)",
+        f"not run after it: {len(names) - 1} of its chapter tests (a module's first test past the limit ends its check)"]
+    assert row.hint == f"test_{first} ran past the 1 s limit: a loop that never ends?"
+    log = open(row.log, encoding="utf-8").read()
+    assert f"FAILED tests/test_sample.py::test_{first} - TestTimeout: " in log, log  # pytest's own verdict too
+    assert "\nTestTimeout: the test ran past the 1 s limit (its code caught the time-out, then it passed)\n" in log
+    assert "E   tl_lab.exercise.plugin.TestTimeout" not in log  # it was caught: no traceback of it
+    assert f"not run: test_{first} of this module ran past the 1 s limit" in log
+
+
 def test_a_loop_at_a_modules_top_level_ends_at_the_collections_limit(tmp_path):
     """Importing the learner's module never ends: "does not import" at the loop's line after the
     collection's limit, not "not run" when the whole run's budget (about an hour) is spent."""

@@ -5,6 +5,7 @@ The time limit's rule: the first test of the module that runs past it ends the m
 tests before it keep their verdicts, the ones after it are "not run" (each saying which test ran past
 the limit), so a module whose code never returns costs one limit, not one per test (six of sample's
 at 120 s were twelve minutes), and a correct module, however slow, passes as long as each test does.
+A test past the limit fails even when its code caught the time-out (TestTimeout) and then passed.
 
 Loaded with `-p tl_lab.exercise.plugin` by `tl_lab.exercise.grading` in a pytest subprocess whose
 environment names the workspace (TL_LAB_WORKSPACE), the learner's modules (TL_LAB_EXERCISE_USE),
@@ -148,10 +149,21 @@ def pytest_runtest_logreport(report):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """A failure raised inside the learner's code: where, for the row (the message alone does not say)."""
+    """A failure raised inside the learner's code: where, for the row (the message alone does not say).
+    A test the alarm rang in that passed all the same (its code caught the TestTimeout) fails: it ran past
+    the limit, and the module's later tests are not run because of it, so it cannot be the module's pass."""
     outcome = yield
+    report = outcome.get_result()
     if call.excinfo is not None:
-        outcome.get_result().learner_at = _learner_at(call.excinfo.tb)
+        report.learner_at = _learner_at(call.excinfo.tb)
+    if call.when == "call" and _rang and report.passed:
+        report.outcome = "failed"
+        report.longrepr = caught_message(TIMEOUT)
+
+
+def caught_message(seconds: float) -> str:
+    """The failure of a test that ran past the limit of `seconds` and passed anyway."""
+    return f"TestTimeout: the test ran past the {seconds:g} s limit (its code caught the time-out, then it passed)"
 
 
 def _learner_at(tb) -> str:
