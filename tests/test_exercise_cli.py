@@ -2,6 +2,7 @@
 the one-line refusals and the help (the same commands as processes are test_exercises.py's).
 """
 
+import codecs
 import sys
 
 import pytest
@@ -42,6 +43,9 @@ def test_in_process_cli_start_status_hint_reset_and_check(tmp_path, capsys):
     assert lines[1] == f"  kv       the stub   0/{n_kv:<2} pieces  last check: never checked"
     assert lines[2] == f"  quant    yours     {n_quant:>2}/{n_quant:<2} pieces  last check: never checked"
     assert lines[3].startswith("  model    no file    0/")
+    (ws / "sample.py").write_bytes(codecs.BOM_UTF8 + stub_source("sample").replace("\n", "\r\n").encode())
+    code, out, _ = _in_process_cli(capsys, "status", "--workspace", str(ws))  # the stub as Notepad saves it
+    assert out.splitlines()[6].startswith("  sample   the stub ")
     code, out, _ = _in_process_cli(capsys, "hint", "kv", "--workspace", str(ws))
     lines = out.splitlines()
     assert lines[0] == f"kv: {registry.SECTIONS['kv']}; 0 of {n_kv} pieces written"

@@ -210,6 +210,26 @@ def test_in_process_grading_blocks_a_module_whose_dependencies_do_not_pass(tmp_p
                                     "model": "reference (--ref-deps)", "runner": "reference (harness)"}
 
 
+def test_in_process_grading_reads_a_byte_order_mark_and_names_the_line_of_a_cr_file(tmp_path):
+    """Before any pytest run (`_not_started`): a stub saved with a byte order mark and CRLF lines is "not
+    started"; the reference so saved compiles (nothing to say: it goes to its tests); a Latin-1 file with CR
+    lines names the line of its bad byte."""
+    import codecs
+
+    from tl_lab.exercise.grading import _not_started
+    from tl_lab.exercise.stubs import reference_source, stub_source
+
+    f = tmp_path / "kv.py"
+    f.write_bytes(codecs.BOM_UTF8 + stub_source("kv").replace("\n", "\r\n").encode())
+    assert _not_started("kv", f).state == "not started"
+    f.write_bytes(codecs.BOM_UTF8 + reference_source("kv").encode())
+    assert _not_started("kv", f) is None
+    f.write_bytes(reference_source("kv").replace("\n", "\r").encode() + "# café\r".encode("latin-1"))
+    n = reference_source("kv").count("\n") + 1
+    row = _not_started("kv", f)
+    assert (row.state, row.message) == ("does not import", f"{f}:{n}: not UTF-8 text (invalid continuation byte)")
+
+
 def test_in_process_grading_names_a_file_that_is_not_utf8(tmp_path):
     """A kv.py saved in Latin-1 (the workspace hook reads UTF-8 only): "does not import" at its line,
     never an origin error ("no workspace is active"), and no pytest run."""

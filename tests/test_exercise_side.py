@@ -2,6 +2,7 @@
 said with its line, where the learner's code raised, the reference against HF.
 """
 
+import codecs
 import sys
 
 import pytest
@@ -18,6 +19,8 @@ def test_in_process_side_loads_yours_beside_the_reference(tmp_path, capsys):
     assert side.yours("sample", ws) is None  # no file yet
     (ws / "sample.py").write_text(stub_source("sample"), encoding="utf-8")
     assert side.yours("sample", ws) is None  # still the stub
+    (ws / "sample.py").write_bytes(codecs.BOM_UTF8 + stub_source("sample").replace("\n", "\r\n").encode())
+    assert side.yours("sample", ws) is None  # the stub as Notepad saves it
     (ws / "sample.py").write_text(reference_source("sample") + "\nMINE = 1\n", encoding="utf-8")
     mine, ref = side.yours("sample", ws), side.reference("sample")
     assert mine.__name__ == "tl_lab.exercise.side.yours_sample" and mine.MINE == 1 and sys.modules[mine.__name__] is mine

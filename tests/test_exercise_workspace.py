@@ -8,7 +8,7 @@ import pytest
 
 from conftest import workspace
 from tl_lab.exercise.registry import MODULES
-from tl_lab.exercise.stubs import ExerciseError, reference_source
+from tl_lab.exercise.stubs import ExerciseError, reference_source, stub_source
 from tl_lab.paths import REPO_ROOT
 
 
@@ -102,6 +102,36 @@ def test_in_process_hook_refuses_a_file_that_is_not_utf8_at_its_import_alone(tmp
             bad.value.filename, bad.value.lineno, bad.value.msg)
     (ws / "quant.py").write_text("x = 1\r\ny = 2\r", encoding="utf-8", newline="")
     assert wsm.read_source(ws / "quant.py") == (ws / "quant.py").read_text(encoding="utf-8") == "x = 1\ny = 2\n"
+
+
+def test_in_process_hook_reads_a_byte_order_mark_and_counts_any_line_ending(tmp_path):
+    """A UTF-8 file with a byte order mark (older Windows Notepad saves one) is its text, as Python's import
+    reads it (was: "invalid non-printable character U+FEFF" at its compile); the stub so saved, or with CRLF
+    or CR lines, is still the stub; a bad byte's line counts "\\r\\n", "\\r" and "\\n" as the text's newlines do
+    (was: "\\n" alone, so a file with CR lines always said line 1), with or without the mark."""
+    import codecs
+
+    from tl_lab.exercise import workspace as wsm
+
+    bom = codecs.BOM_UTF8
+    ws = _hook_workspace(tmp_path)
+    (ws / "quant.py").write_bytes(bom + reference_source("quant").replace("\n", "\r\n").encode())
+    assert wsm.read_source(ws / "quant.py") == reference_source("quant")
+    finder = wsm.WorkspaceFinder(ws, wsm.plan(ws))
+    spec = finder.find_spec("tl_lab.quant")
+    assert spec.origin == str(ws / "quant.py") and spec.loader.get_code("tl_lab.quant").co_filename == spec.origin
+    stub = stub_source("kv")
+    for data in (bom + stub.encode(), stub.replace("\n", "\r\n").encode(), bom + stub.replace("\n", "\r").encode()):
+        (ws / "kv.py").write_bytes(data)
+        assert wsm.is_stub(ws / "kv.py", "kv") and wsm.plan(ws)["kv"].why == "untouched since start (the stub)"
+    lines = ["x = 1", "", "", "\xe9 = 1", "y = 2"]  # the bad byte right after three line breaks, on line 4
+    for newline in ("\n", "\r\n", "\r"):
+        for mark in (b"", bom):
+            (ws / "kv.py").write_bytes(mark + newline.join(lines).encode("latin-1"))
+            with pytest.raises(wsm.NotUtf8Error) as bad:
+                wsm.read_source(ws / "kv.py")
+            assert (bad.value.lineno, bad.value.msg) == (4, "not UTF-8 text (invalid continuation byte)"), (newline, mark)
+            assert not wsm.is_stub(ws / "kv.py", "kv")
 
 
 def test_in_process_hook_installs_once_first_on_the_path(tmp_path, monkeypatch):

@@ -20,7 +20,7 @@ from pathlib import Path
 from tl_lab.errors import one_line
 from tl_lab.exercise.registry import CATALOGUE, MODULES, PIECES, SECTIONS
 from tl_lab.exercise.stubs import NOT_WRITTEN, ExerciseError, check_module, learner_lines, stub_source
-from tl_lab.exercise.workspace import ENV, OFF, resolve, usable
+from tl_lab.exercise.workspace import ENV, OFF, is_stub, resolve, usable
 
 __all__ = ["add_cli", "cli", "start", "reset", "written"]
 
@@ -259,7 +259,7 @@ def _status(args) -> int:
         done = written(ws, m)
         if not f.is_file():
             state = "no file"
-        elif f.read_text(encoding="utf-8", errors="replace") == stub_source(m):
+        elif is_stub(f, m):  # as the hook reads it: a byte order mark or CRLF lines do not make it yours
             state = "the stub"
         else:
             state = "yours"

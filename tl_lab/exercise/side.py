@@ -16,8 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tl_lab.exercise.stubs import reference_path, stub_source
-from tl_lab.exercise.workspace import active, resolve
+from tl_lab.exercise.stubs import reference_path
+from tl_lab.exercise.workspace import active, is_stub, resolve
 
 __all__ = ["load", "yours", "yours_or_none", "reference", "raised", "reference_against_hf"]
 
@@ -50,7 +50,7 @@ def yours(module: str, workspace=None):
     """The learner's `module` from the workspace, or None while it is missing or still the stub.
     An error inside it (a SyntaxError, a failing import) is raised as it is, from the learner's file."""
     f = _learner_file(module, workspace)
-    if f is None or not f.is_file() or f.read_text(encoding="utf-8", errors="replace") == stub_source(module):
+    if f is None or not f.is_file() or is_stub(f, module):
         return None
     return load(f, f"{__name__}.yours_{module}")
 

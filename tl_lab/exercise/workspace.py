@@ -4,7 +4,8 @@ Chapter L10.1, "How to work this chapter". With a workspace active, `import tl_l
 the learner's file, compiled under its own path (tracebacks show the learner's line), through the
 same import hook that switches a pitfall in (`tl_lab.switch`). A module whose file is missing, or
 still the stub `start` wrote, comes from the reference. `origins()` says where each came from. A
-file that is not UTF-8 text fails its own module's import (`NotUtf8Error`), never the workspace.
+file that is not UTF-8 text fails its own module's import (`NotUtf8Error`: the hook reads UTF-8 only,
+a coding declaration is not honoured), never the workspace.
 
 When a workspace is active (the project's own tests never see one unless asked for):
 - TL_LAB_WORKSPACE=DIR in the environment of a process (`exercise check` sets it for its pytest runs;
@@ -19,6 +20,7 @@ even when untouched; the others from the reference.
 
 from __future__ import annotations
 
+import codecs
 import os
 import sys
 from dataclasses import asdict, dataclass
@@ -28,9 +30,9 @@ from tl_lab.exercise.registry import MODULES
 from tl_lab.exercise.stubs import ExerciseError, reference_path, stub_source
 from tl_lab.switch import SourceFinder
 
-__all__ = ["ENV", "ENV_USE", "OFF", "Origin", "WorkspaceFinder", "NotUtf8Error", "read_source", "default_workspace",
-           "resolve", "usable", "plan", "install", "install_from_env", "refuse_from_env", "env_error", "lift_refusal",
-           "origins", "active"]
+__all__ = ["ENV", "ENV_USE", "OFF", "Origin", "WorkspaceFinder", "NotUtf8Error", "read_source", "is_stub",
+           "default_workspace", "resolve", "usable", "plan", "install", "install_from_env", "refuse_from_env",
+           "env_error", "lift_refusal", "origins", "active"]
 
 ENV = "TL_LAB_WORKSPACE"
 ENV_USE = "TL_LAB_EXERCISE_USE"
@@ -92,7 +94,7 @@ def plan(workspace: Path, use=None, instead=None) -> dict[str, Origin]:
             out[m] = Origin(m, "reference", ref, "the reference stands in (not asked for)")
         elif not f.is_file():
             out[m] = Origin(m, "reference", ref, f"no {f.name} in the workspace")
-        elif use is None and _is_stub(f, m):
+        elif use is None and is_stub(f, m):
             out[m] = Origin(m, "reference", ref, "untouched since start (the stub)")
         else:
             out[m] = Origin(m, "learner", str(f), "the learner's file")
@@ -100,24 +102,33 @@ def plan(workspace: Path, use=None, instead=None) -> dict[str, Origin]:
 
 
 class NotUtf8Error(SyntaxError):
-    """A learner's file that is not UTF-8 text, at the line of its first bad byte. A SyntaxError, as
-    Python's own import calls such a file: it counts against its module alone, like any module that does
-    not import (`exercise check`'s row, the notebooks' trial in `tl_lab.exercise.guard`)."""
+    """A learner's file that is not UTF-8 text, at the line of its first bad byte. A SyntaxError, so that
+    it counts against its module alone, like any module that does not import (`exercise check`'s row, the
+    notebooks' trial in `tl_lab.exercise.guard`). The hook's rule, not Python's: Python's own import honours
+    a coding declaration (`# -*- coding: latin-1 -*-`) and, on 3.11, lets bad bytes in a comment pass."""
 
 
 def read_source(f: Path) -> str:
-    """The text of learner file `f`, its newlines as `Path.read_text` gives them; NotUtf8Error when it is
-    not UTF-8 (the only encoding the hook reads: a coding declaration is not honoured)."""
+    """The text of learner file `f`, its newlines as `Path.read_text` gives them, a UTF-8 byte order mark
+    at its start dropped (older Windows Notepad writes one; Python's import drops it too); NotUtf8Error
+    when any byte of it, a comment's included, is not UTF-8: the hook reads UTF-8 only, and does not honour
+    a coding declaration. The error's line counts "\r\n", "\r" and "\n" each as one line break, as the
+    text's newlines are."""
     data = f.read_bytes()
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8):]  # not decoded with "utf-8-sig": the error's offsets are the data's
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = data[:exc.start].count(b"\n") + 1
+        before = data[:exc.start]
+        line = before.count(b"\n") + before.count(b"\r") - before.count(b"\r\n") + 1
         raise NotUtf8Error(f"not UTF-8 text ({exc.reason})", (str(f), line, None, None)) from None
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
-def _is_stub(f: Path, module: str) -> bool:
+def is_stub(f: Path, module: str) -> bool:
+    """Whether learner file `f` is `module`'s stub, as the hook reads it (`read_source`: a byte order mark
+    or other line endings do not make it the learner's)."""
     try:
         return read_source(f) == stub_source(module)
     except NotUtf8Error:  # the stub is UTF-8: this is the learner's, refused where it is imported
