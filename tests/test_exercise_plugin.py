@@ -131,7 +131,7 @@ def test_in_process_plugin_limits_each_test(plugin, monkeypatch):
 
 def test_in_process_plugin_runs_none_of_a_modules_tests_after_one_past_the_limit(plugin, monkeypatch):
     """The first test the alarm stops ends the module's check: each later test is "not run", naming it;
-    a test that returns within the limit, however close to it, stops nothing."""
+    a test before it that returned with no alarm stops nothing; a later alarm does not change the test named."""
     import signal
     import types
 
