@@ -81,7 +81,7 @@ def test_in_process_cli_refuses_in_one_line(tmp_path, capsys):
     code, _, err = _in_process_cli(capsys, "parity", "dice", "--workspace", str(ws))
     assert code == 2 and err == "error: unknown parity suite 'dice': the suites are sampler, rng\n"
     code, _, err = _in_process_cli(capsys, "parity", "--workspace", str(ws))
-    assert code == 2 and err == f"error: no {ws / 'sample.py'}: python -m tl_lab exercise start sample\n"
+    assert code == 2 and err == f"error: no {ws / 'sample.py'}: python -m tl_lab exercise start sample --workspace {ws}\n"
     (ws / "sample.py").write_text(stub_source("sample"), encoding="utf-8")
     import tl_lab.sample  # noqa: F401
 
@@ -147,6 +147,53 @@ def test_in_process_cli_knows_which_commands_need_the_workspace(tmp_path, capsys
     assert code == 2 and err == f"error: workspace {missing} does not exist: python -m tl_lab exercise start writes it\n"
     code, _, err = _in_process_cli(capsys, "tests", "--workspace", str(missing))  # a named one must exist
     assert code == 2 and "does not exist" in err
+
+
+def test_in_process_cli_suggests_commands_that_carry_the_workspace(tmp_path, capsys, monkeypatch):
+    """Every command the output suggests (start's next steps, a row's hint, hint's last check, parity's
+    refusal, the notebook guard's) names the workspace, quoted for the shell, when it was given by
+    --workspace or is not the default: an instructor grading --workspace learner1 who copies one acts on
+    learner1, never on their own work/L10.1. The default work/L10.1 alone is left unsaid."""
+    import shlex
+
+    from tl_lab.exercise import cli as cli_module, guard, workspace as wsm
+
+    default = tmp_path / "work" / "L10.1"
+    monkeypatch.setattr(wsm, "default_workspace", lambda: default)
+    monkeypatch.setattr(cli_module, "default_workspace", lambda: default)
+    monkeypatch.delenv(wsm.ENV, raising=False)
+    ws = tmp_path / "learner 1"  # a space: quoted
+    opt = f"--workspace {shlex.quote(str(ws))}"
+    assert opt == f"--workspace '{ws}'"
+    code, out, _ = _in_process_cli(capsys, "start", "kv", "--workspace", str(ws))
+    assert code == 0 and out.splitlines()[-1] == (f"next: python -m tl_lab exercise tests {opt}   (the catalogue), then "
+                                                  f"write a module and python -m tl_lab exercise check MODULE {opt}")
+    code, out, _ = _in_process_cli(capsys, "check", "kv", "quant", "--workspace", str(ws))
+    assert code == 1 and f"hint: kv.py is the stub: write its pieces ({registry.SECTIONS['kv']}); " \
+                         f"python -m tl_lab exercise hint kv {opt}\n" in out
+    assert f"hint: no quant.py yet: python -m tl_lab exercise start quant {opt}\n" in out
+    code, out, _ = _in_process_cli(capsys, "hint", "kv", "--workspace", str(ws))
+    assert out.splitlines()[-1].endswith(f"python -m tl_lab exercise hint kv {opt}")
+    code, _, err = _in_process_cli(capsys, "parity", "--workspace", str(ws))
+    assert code == 2 and err.endswith(f": python -m tl_lab exercise start sample {opt}\n")
+    monkeypatch.setenv(wsm.ENV, str(ws))  # not the default, though not given by --workspace
+    code, out, _ = _in_process_cli(capsys, "check", "kv")
+    assert f"python -m tl_lab exercise hint kv {opt}\n" in out
+    fault = guard.blame(ValueError("x"), ws, "kv")  # a notebook's first cell, `generate` under TL_LAB_WORKSPACE
+    assert fault.hint.endswith(f"; python -m tl_lab exercise hint kv {opt}")
+    assert fault.lines()[-1] == f"   fix it (python -m tl_lab exercise check kv {opt} says more), then restart the kernel"
+
+    monkeypatch.delenv(wsm.ENV)  # the default work/L10.1, not named: the commands as the chapter writes them
+    code, out, _ = _in_process_cli(capsys, "start", "kv")
+    assert (default / "kv.py").is_file() and out.splitlines()[-1] == (
+        "next: python -m tl_lab exercise tests   (the catalogue), then write a module and "
+        "python -m tl_lab exercise check MODULE")
+    code, out, _ = _in_process_cli(capsys, "check", "kv")
+    assert "; python -m tl_lab exercise hint kv\n" in out
+    assert guard.blame(ValueError("x"), default, "kv").hint.endswith("; python -m tl_lab exercise hint kv")
+    code, out, _ = _in_process_cli(capsys, "check", "kv", "--workspace", str(default))  # named: said, even the default
+    assert f"; python -m tl_lab exercise hint kv --workspace {default}\n" in out
+    assert cli_module.command("check", "kv", workspace=default) == "python -m tl_lab exercise check kv"
 
 
 def test_in_process_cli_workspace_option_lifts_a_bad_environment(tmp_path, capsys, monkeypatch):

@@ -123,7 +123,7 @@ def test_in_process_grading_of_a_workspace_not_started_saves_every_row(tmp_path)
     assert states == {"kv": "not started", "quant": "not started", "model": "not started",
                       "forward": "not started", "runner": "not started", "sample": "does not import"}
     by = {r.module: r for r in rows}
-    assert by["kv"].hint == "no kv.py yet: python -m tl_lab exercise start kv"
+    assert by["kv"].hint == f"no kv.py yet: python -m tl_lab exercise start kv --workspace {ws}"  # not the default
     assert by["quant"].hint.startswith("quant.py is the stub: write its pieces (sections 2.5")
     assert by["sample"].message.startswith(f"{ws / 'sample.py'}:1: SyntaxError: ")
     assert by["sample"].hint == f"fix the syntax at {ws / 'sample.py'}:1; the other modules are still checked"

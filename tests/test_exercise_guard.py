@@ -34,23 +34,25 @@ def test_in_process_guard_blames_the_learners_innermost_frame(tmp_path):
     assert (fault.module, fault.file, fault.line, fault.function) == ("kv", str(tmp_path / "kv.py"), 3 if owner else 2,
                                                                        piece.qualname)
     assert fault.error == "ZeroDivisionError: division by zero"
-    assert fault.hint == f"{piece.hint} (section {piece.section}); python -m tl_lab exercise hint kv"
+    ws = f" --workspace {tmp_path}"  # not the default work/L10.1: each command suggested names it
+    assert fault.hint == f"{piece.hint} (section {piece.section}); python -m tl_lab exercise hint kv{ws}"
     assert fault.at == f"{tmp_path / 'kv.py'}:{fault.line}"
     assert fault.lines() == [
         "!! your kv.py raises, so this notebook runs the reference's kv in its place:",
         f"   {fault.at} in {piece.qualname}: ZeroDivisionError: division by zero",
         f"   hint: {fault.hint}",
-        "   fix it (python -m tl_lab exercise check kv says more), then restart the kernel"]
+        f"   fix it (python -m tl_lab exercise check kv{ws} says more), then restart the kernel"]
 
 
 def test_in_process_guard_blames_imports_syntax_stubs_and_long_errors(tmp_path):
     from tl_lab.exercise import guard
     from tl_lab.exercise.stubs import NOT_WRITTEN
 
+    ws = f" --workspace {tmp_path}"  # not the default work/L10.1: each command suggested names it
     exc = _raised_in(tmp_path, "sample", "x = undefined_name\n", "0")
     fault = guard.blame(exc, tmp_path, "sample")
     assert (fault.module, fault.line, fault.function) == ("sample", 1, "(import)")
-    assert fault.hint == f"reread {registry.SECTIONS['sample']}; python -m tl_lab exercise hint sample"
+    assert fault.hint == f"reread {registry.SECTIONS['sample']}; python -m tl_lab exercise hint sample{ws}"
     try:
         compile("def f(:\n", str(tmp_path / "quant.py"), "exec")
     except SyntaxError as exc:
@@ -58,7 +60,7 @@ def test_in_process_guard_blames_imports_syntax_stubs_and_long_errors(tmp_path):
     assert (fault.module, fault.file, fault.line, fault.function) == ("quant", str(tmp_path / "quant.py"), 1, "(import)")
     exc = _raised_in(tmp_path, "model", f"def f():\n    raise NotImplementedError('load: {NOT_WRITTEN} (section 2.3)')\n")
     fault = guard.blame(exc, tmp_path, "model")
-    assert fault.hint == "a piece still the stub (its message says what to write); python -m tl_lab exercise hint model"
+    assert fault.hint == f"a piece still the stub (its message says what to write); python -m tl_lab exercise hint model{ws}"
     exc = _raised_in(tmp_path, "kv", "def f():\n    raise ValueError('v' * 400)\n")
     fault = guard.blame(exc, tmp_path, "kv")
     assert fault.error == ("ValueError: " + "v" * 400)[: guard.MESSAGE_CHARS] + " ..."
@@ -69,7 +71,7 @@ def test_in_process_guard_blames_imports_syntax_stubs_and_long_errors(tmp_path):
         fault = guard.blame(exc, tmp_path, "runner")  # raised where runner.py imported kv
     assert (fault.module, fault.at, fault.function) == ("kv", f"{tmp_path / 'kv.py'}:2", "(import)")
     assert fault.error == "NotUtf8Error: not UTF-8 text (invalid continuation byte) (kv.py, line 2)"
-    assert fault.hint == "save kv.py as UTF-8 (the character at line 2); python -m tl_lab exercise hint kv"
+    assert fault.hint == f"save kv.py as UTF-8 (the character at line 2); python -m tl_lab exercise hint kv{ws}"
     fault = guard.blame(ValueError("no traceback"), tmp_path, "runner")  # no frame of the learner's
     assert (fault.module, fault.file, fault.line, fault.at, fault.function) == (
         "runner", str(tmp_path / "runner.py"), None, str(tmp_path / "runner.py"), "(import)")

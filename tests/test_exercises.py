@@ -227,7 +227,7 @@ def test_check_without_the_clones_tests_says_what_is_missing_and_exit_2(tmp_path
     assert p.returncode == 2 and p.stdout == "" and p.stderr == (
         f"error: exercise check runs the chapter's tests from a clone of the repository, and this tl_lab "
         f"({tmp_path / 'site' / 'tl_lab'}) has no tests/conftest.py: clone it (README, Install), then run "
-        f"python -m tl_lab exercise check from the clone\n"), p.stderr
+        f"python -m tl_lab exercise check --workspace {ws} from the clone\n"), p.stderr
     assert not (ws / ".tl_lab").exists()  # nothing checked, nothing written
 
 

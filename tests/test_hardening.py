@@ -525,9 +525,9 @@ def test_what_a_learners_module_raises_is_named_not_called_a_bug_in_tl_lab(tmp_p
     alloc = next(p for p in PIECES["kv"] if p.qualname == "KvPool.alloc")
     assert code == EXIT_BUG and message == (
         f"your kv.py raised at {kv}:3 in KvPool.alloc: TypeError: can only concatenate list (not \"NoneType\") to "
-        f"list; hint: {alloc.hint} (section {alloc.section}); python -m tl_lab exercise hint kv; it is "
-        "TL_LAB_WORKSPACE's code, not tl_lab's: python -m tl_lab exercise check kv says more, TL_LAB_TRACEBACK=1 "
-        "shows the traceback")
+        f"list; hint: {alloc.hint} (section {alloc.section}); python -m tl_lab exercise hint kv --workspace {ws}; it "
+        f"is TL_LAB_WORKSPACE's code, not tl_lab's: python -m tl_lab exercise check kv --workspace {ws} says more, "
+        "TL_LAB_TRACEBACK=1 shows the traceback")
     code, message = _classify(syntax)
     assert code == EXIT_BUG and message.startswith(f"your kv.py raised at {kv}:2 in (import): SyntaxError: ")
     assert _classify(refusal) == (REFUSED, "the pool has only 1 available of 1")
@@ -558,7 +558,7 @@ def test_a_learners_module_that_does_not_run_is_named_by_the_command_line(tmp_pa
     p = tl_lab(*argv, stdin="hi\n", text=True, env=env)
     assert p.returncode == 4 and p.stdout == "", p.stderr
     one_error_line(p.stderr, f"error: your {module}.py raised at {ws / module}.py:",
-                   f"python -m tl_lab exercise check {module} says more")
+                   f"python -m tl_lab exercise check {module} --workspace {ws} says more")
     assert "a bug in tl_lab" not in p.stderr
     if command == "generate":
         assert f"kv.py:{line} in KvPool.__init__: NotImplementedError: KvPool.__init__: not written yet" in p.stderr
@@ -586,7 +586,7 @@ def test_an_error_tl_lab_raises_on_a_learners_wrong_answer_names_their_modules_t
     assert p.returncode == EXIT_BUG and p.stdout == "", p.stderr
     one_error_line(p.stderr, "error: internal error (TypeError: ", " in tl_lab while it ran your kv.py of "
                    "TL_LAB_WORKSPACE: perhaps on a wrong answer of yours, else a bug in tl_lab; python -m tl_lab "
-                   "exercise check kv names the chapter's test")
+                   f"exercise check kv --workspace {ws} names the chapter's test")
 
     monkeypatch.setattr(sys, "meta_path", [wsm.WorkspaceFinder(ws, wsm.plan(ws, use=set())), *sys.meta_path])
     monkeypatch.setattr(wsm, "origins", lambda: {"kv": {"origin": "learner", "file": "k", "loaded": "k"},

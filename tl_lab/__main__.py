@@ -656,18 +656,19 @@ def _learners_part(exc: Exception, workspace: Path, origins: dict) -> str | None
     runner: "a bug in tl_lab" alone sent them looking in the wrong place); None when none of theirs ran.
     Only for what would be exit 4: their ValueError or KvError keeps its meaning (a bad --top-p their
     SamplingParams refused is the user's)."""
+    from tl_lab.exercise.cli import command
     from tl_lab.exercise.guard import culprit
 
     fault = culprit(exc, workspace)
     if fault is not None:
-        return (f"{fault.sentence()}; it is TL_LAB_WORKSPACE's code, not tl_lab's: python -m tl_lab exercise "
-                f"check {fault.module} says more, TL_LAB_TRACEBACK=1 shows the traceback")
+        return (f"{fault.sentence()}; it is TL_LAB_WORKSPACE's code, not tl_lab's: "
+                f"{command('check', fault.module, workspace=workspace)} says more, TL_LAB_TRACEBACK=1 shows the traceback")
     ran = [m for m, o in origins.items() if o["origin"] == "learner" and o["loaded"] == o["file"]]
     if not ran:
         return None
     return (f"internal error ({type(exc).__name__}: {exc}) in tl_lab while it ran your "
             f"{', '.join(f'{m}.py' for m in ran)} of TL_LAB_WORKSPACE: perhaps on a wrong answer of yours, else a "
-            f"bug in tl_lab; python -m tl_lab exercise check {' '.join(ran)} names the chapter's test, "
+            f"bug in tl_lab; {command('check', *ran, workspace=workspace)} names the chapter's test, "
             "TL_LAB_TRACEBACK=1 shows where")
 
 

@@ -13,6 +13,7 @@ import argparse
 import ast
 import os
 import re
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -20,9 +21,9 @@ from pathlib import Path
 from tl_lab.errors import one_line
 from tl_lab.exercise.registry import CATALOGUE, MODULES, PIECES, SECTIONS
 from tl_lab.exercise.stubs import NOT_WRITTEN, ExerciseError, check_module, learner_lines, stub_source
-from tl_lab.exercise.workspace import ENV, OFF, is_stub, resolve, usable
+from tl_lab.exercise.workspace import ENV, OFF, default_workspace, is_stub, resolve, usable
 
-__all__ = ["add_cli", "cli", "start", "reset", "written"]
+__all__ = ["add_cli", "cli", "command", "start", "reset", "written"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -64,6 +65,17 @@ def cli(args) -> int:
     except ExerciseError as exc:
         print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
+
+
+def command(*words: str, workspace: str | os.PathLike | None = None, named: bool = False) -> str:
+    """A command suggested in the output: `python -m tl_lab exercise WORDS`, with `--workspace DIR` (quoted
+    for the shell) when the workspace was `named` by --workspace or is not the default work/L10.1, so a
+    copied suggestion acts on the folder the output is about (an instructor grading --workspace learner1,
+    never their own work/L10.1). The one builder of the commands tl_lab.exercise suggests."""
+    text = " ".join(["python -m tl_lab exercise", *words])
+    if workspace is not None and (named or Path(workspace).resolve() != default_workspace().resolve()):
+        text += f" --workspace {shlex.quote(str(workspace))}"
+    return text
 
 
 def _workspace(args, must_exist: bool = True, write: bool = False) -> Path:
@@ -153,8 +165,9 @@ def _start(args) -> int:
     ws = resolve(args.workspace)  # start makes it (and refuses a file or an unwritable parent)
     for name, what in start(ws, _modules(args.modules)):
         print(f"{what:<24} {ws / name}")
-    print("next: python -m tl_lab exercise tests   (the catalogue), then write a module and "
-          "python -m tl_lab exercise check MODULE")
+    named = args.workspace is not None
+    print(f"next: {command('tests', workspace=ws, named=named)}   (the catalogue), then write a module and "
+          f"{command('check', 'MODULE', workspace=ws, named=named)}")
     return EXIT_OK
 
 
@@ -191,7 +204,8 @@ def _check(args) -> int:
     def progress(row) -> None:
         print(f"  {row.module:<8} {row.state:<16} {row.seconds:6.1f} s", file=sys.stderr, flush=True)
 
-    rows = check(ws, modules, ref_deps=args.ref_deps, timeout=timeout, progress=progress)
+    rows = check(ws, modules, ref_deps=args.ref_deps, timeout=timeout, progress=progress,
+                 named=args.workspace is not None)
     print(format_table(rows))
     asked = [r for r in rows if r.module in modules]
     return EXIT_OK if all(r.ok for r in asked) else EXIT_FAILED
@@ -208,7 +222,7 @@ def _parity(args) -> int:
     ws = _workspace(args)
     f = ws / "sample.py"
     if not f.is_file():
-        raise ExerciseError(f"no {f}: python -m tl_lab exercise start sample")
+        raise ExerciseError(f"no {f}: {command('start', 'sample', workspace=ws, named=args.workspace is not None)}")
     if "tl_lab.sample" in sys.modules:
         raise ExerciseError("tl_lab.sample is already imported in this process: run parity in a fresh one")
     if (finder := active()) is not None:  # TL_LAB_WORKSPACE's, from `import tl_lab`: its plan takes an untouched

@@ -23,6 +23,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from tl_lab.exercise.cli import command
 from tl_lab.exercise.registry import DEPS, HARNESS, MODULES, PIECES, SECTIONS, graded
 from tl_lab.exercise.stubs import NOT_WRITTEN, ExerciseError, check_module, stub_source
 from tl_lab.exercise.workspace import ENV, ENV_USE, REPO_ROOT, NotUtf8Error, read_source
@@ -74,9 +75,12 @@ def _shorten(text: str) -> str:
     return "\n".join(lines)
 
 
-def _not_started(module: str, f: Path) -> Row | None:
+def _not_started(module: str, f: Path, named: bool = False) -> Row | None:
+    """The row of `module`'s file `f` when it is not run: missing, the stub, not UTF-8 or not Python; `named`:
+    the workspace was given by --workspace (the commands suggested carry it, `cli.command`)."""
     if not f.is_file():
-        return Row(module, "not started", str(f), hint=f"no {f.name} yet: python -m tl_lab exercise start {module}")
+        return Row(module, "not started", str(f),
+                   hint=f"no {f.name} yet: {command('start', module, workspace=f.parent, named=named)}")
     try:
         text = read_source(f)
     except NotUtf8Error as exc:  # said here with its own hint, not as the collection's SyntaxError
@@ -85,7 +89,7 @@ def _not_started(module: str, f: Path) -> Row | None:
                    hint=f"save {f.name} as UTF-8 (the character at {where}); the other modules are still checked")
     if text == stub_source(module):
         return Row(module, "not started", str(f), hint=f"{f.name} is the stub: write its pieces ({SECTIONS[module]}); "
-                                                       f"python -m tl_lab exercise hint {module}")
+                                                       f"{command('hint', module, workspace=f.parent, named=named)}")
     try:
         compile(text, str(f), "exec", dont_inherit=True)
     except SyntaxError as exc:
@@ -208,7 +212,7 @@ def _row(module: str, f: Path, uses: dict, data: dict | None, log: Path, seconds
     return row
 
 
-def need_tests(modules) -> None:
+def need_tests(modules, workspace: Path | None = None, named: bool = False) -> None:
     """The graded tests live in the clone's tests/ (with its conftest and pytest, hypothesis): an
     ExerciseError naming what is missing and how to get it, before any module is checked. A tl_lab
     installed with pip has no tests/ (the graded tests read the repository's golden files and helpers
@@ -220,23 +224,24 @@ def need_tests(modules) -> None:
     if missing:
         raise ExerciseError(f"exercise check runs the chapter's tests from a clone of the repository, and this tl_lab "
                             f"({REPO_ROOT / 'tl_lab'}) has no {missing[0]}: clone it (README, Install), then run "
-                            f"python -m tl_lab exercise check from the clone")
+                            f"{command('check', workspace=workspace, named=named)} from the clone")
     lacking = [m for m in ("pytest", "hypothesis") if importlib.util.find_spec(m) is None]
     if lacking:
         raise ExerciseError(f"exercise check needs {' and '.join(lacking)}: pip install -e '.[dev]' in the clone")
 
 
 def check(workspace: Path, modules=None, ref_deps: bool = False, timeout: float = DEFAULT_TIMEOUT,
-          progress=None) -> list[Row]:
+          progress=None, named: bool = False) -> list[Row]:
     """Check `modules` (default: all six) of `workspace`, with their dependencies, in the chapter's
-    order. progress: called with each Row as it is done."""
-    need_tests(order(modules))
+    order. progress: called with each Row as it is done; named: the workspace was given by --workspace
+    (the commands the hints suggest carry it, as they do for a workspace that is not the default)."""
     workspace = Path(workspace).resolve()  # the pytest runs start in the clone: a relative path would be another folder
+    need_tests(order(modules), workspace, named)
     rows: dict[str, Row] = {}
     for m in order(modules):
         f = workspace / f"{m}.py"
         digest = file_digest(f)  # before the run: the file may be edited while it is graded
-        row = _not_started(m, f)
+        row = _not_started(m, f, named)
         if row is None:
             uses = {m: "learner"}
             for d in DEPS[m]:

@@ -23,6 +23,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from tl_lab.exercise.cli import command
 from tl_lab.exercise.registry import MODULES, PIECES, SECTIONS
 from tl_lab.exercise.stubs import NOT_WRITTEN
 from tl_lab.exercise.workspace import ENV, ENV_USE, NotUtf8Error
@@ -57,10 +58,11 @@ class Fault:
 
     def lines(self) -> list[str]:
         """The loud report a notebook's first cell prints."""
+        check = command("check", self.module, workspace=Path(self.file).parent)
         return [f"!! your {self.module}.py raises, so this notebook runs the reference's {self.module} in its place:",
                 f"   {self.at} in {self.function}: {self.error}",
                 f"   hint: {self.hint}",
-                f"   fix it (python -m tl_lab exercise check {self.module} says more), then restart the kernel"]
+                f"   fix it ({check} says more), then restart the kernel"]
 
 
 # ------------------------------------------------------------------ the trials (the trial process)
@@ -176,7 +178,7 @@ def blame(exc: BaseException, workspace: Path, tried: str) -> Fault:
         hint = f"save {Path(file).name} as UTF-8 (the character at line {line})"
     if len(error) > MESSAGE_CHARS:
         error = error[:MESSAGE_CHARS] + " ..."
-    return Fault(module, file, line, function, error, f"{hint}; python -m tl_lab exercise hint {module}")
+    return Fault(module, file, line, function, error, f"{hint}; {command('hint', module, workspace=workspace)}")
 
 
 def _main(argv: list[str]) -> int:
@@ -213,14 +215,14 @@ def _one_trial(workspace: Path, modules: list[str]) -> Fault | None:
         out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         m = _last_tried(out, modules)
         return Fault(m, str(workspace / f"{m}.py"), None, "(its trial)", f"ran longer than {TIMEOUT:g} s",
-                     f"a loop that never ends? python -m tl_lab exercise check {m} names the test")
+                     f"a loop that never ends? {command('check', m, workspace=workspace)} names the test")
     # the learner's print(..., end="") may leave the verdict's line begun: look for the mark anywhere in it
     verdict = next((s[s.rindex(MARK) + len(MARK):] for s in reversed(out.splitlines()) if MARK in s), None)
     if verdict is None:  # the process died (the learner's code called exit, or crashed the interpreter)
         m = _last_tried(out, modules)
         tail = (err.strip().splitlines() or ["no output"])[-1][:MESSAGE_CHARS]
         return Fault(m, str(workspace / f"{m}.py"), None, "(its trial)", f"the process ended: {tail}",
-                     f"python -m tl_lab exercise check {m} says more")
+                     f"{command('check', m, workspace=workspace)} says more")
     data = json.loads(verdict)
     return None if data is None else Fault(**data)
 
