@@ -52,7 +52,7 @@ def test_in_process_cli_start_status_hint_reset_and_check(tmp_path, capsys):
     first = registry.PIECES["kv"][0]
     assert lines[1].startswith(f"  [todo] {first.qualname:<28} section {first.section:<4} ~") and first.hint in lines[1]
     code, out, err = _in_process_cli(capsys, "check", "kv", "--workspace", str(ws))  # the stub: no test run
-    assert code == 1 and "kv       not started" in out and out.splitlines()[-1] == "0 of 1 modules pass"
+    assert code == 1 and "kv       not started" in out and out.splitlines()[-2] == "0 of 1 modules pass"
     assert err.split() == ["kv", "not", "started", "0.0", "s"]
     code, out, _ = _in_process_cli(capsys, "hint", "kv", "--workspace", str(ws))
     assert out.splitlines()[-1].startswith("last check (") and "): not started; kv.py is the stub" in out
@@ -194,6 +194,21 @@ def test_in_process_cli_suggests_commands_that_carry_the_workspace(tmp_path, cap
     code, out, _ = _in_process_cli(capsys, "check", "kv", "--workspace", str(default))  # named: said, even the default
     assert f"; python -m tl_lab exercise hint kv --workspace {default}\n" in out
     assert cli_module.command("check", "kv", workspace=default) == "python -m tl_lab exercise check kv"
+
+
+def test_in_process_cli_check_says_where_the_logs_and_status_are_pass_or_fail(tmp_path, capsys):
+    """The table's last line names the logs and status.json, once, on a pass too (was: a pass said only
+    "4/4", and only a failed row named its log)."""
+    ws = workspace(tmp_path, "ref", ["kv"]).resolve()
+    d = ws / ".tl_lab"
+    where = f"logs: {d / 'check-<module>.log'} (each module run); verdicts: {d / 'status.json'}"
+    code, out, _ = _in_process_cli(capsys, "check", "kv", "--workspace", str(ws))
+    assert code == 0 and out.splitlines()[-2:] == ["1 of 1 modules pass", where], out
+    assert out.count("status.json") == 1 and (d / "check-kv.log").is_file() and (d / "status.json").is_file()
+    (ws / "kv.py").write_text(stub_source("kv"), encoding="utf-8")
+    code, out, _ = _in_process_cli(capsys, "check", "kv", "--workspace", str(ws))
+    assert code == 1 and out.splitlines()[-2:] == ["0 of 1 modules pass", where], out
+    assert out.count("status.json") == 1
 
 
 def test_in_process_cli_workspace_option_lifts_a_bad_environment(tmp_path, capsys, monkeypatch):

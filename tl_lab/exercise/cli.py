@@ -206,7 +206,7 @@ def _check(args) -> int:
 
     rows = check(ws, modules, ref_deps=args.ref_deps, timeout=timeout, progress=progress,
                  named=args.workspace is not None)
-    print(format_table(rows))
+    print(format_table(rows, ws))
     asked = [r for r in rows if r.module in modules]
     return EXIT_OK if all(r.ok for r in asked) else EXIT_FAILED
 

@@ -301,9 +301,10 @@ def _uses(row: Row) -> str:
     return "learner's file" + (f"; {', '.join(others)}" if others else "")
 
 
-def format_table(rows: list[Row]) -> str:
+def format_table(rows: list[Row], workspace: Path | None = None) -> str:
     """The check as text: one line per module (state, passed/total, where its code came from), then
-    under it the first failing chapter test, its message and the hint."""
+    under it the first failing chapter test, its message and the hint; with `workspace`, a last line
+    saying where the logs and status.json are, pass or fail."""
     head = f"{'module':<8} {'state':<16} {'tests':>5}  from"
     lines = [head, "-" * 78]
     for r in rows:
@@ -320,4 +321,7 @@ def format_table(rows: list[Row]) -> str:
             lines.append(f"         the whole output: {r.log}")
     n_ok = sum(r.ok for r in rows)
     lines.append(f"{n_ok} of {len(rows)} modules pass")
+    if workspace is not None:
+        d = Path(workspace) / STATUS_DIR
+        lines.append(f"logs: {d / 'check-<module>.log'} (each module run); verdicts: {d / 'status.json'}")
     return "\n".join(lines)
