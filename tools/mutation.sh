@@ -15,7 +15,7 @@ PY=${PYTHON:-python}
 label=${1:-after}
 ref=${2:-HEAD}
 sample=${3:-40}
-"$PY" -c 'import mutmut' 2>/dev/null || { echo "mutation.sh needs mutmut: pip install mutmut" >&2; exit 2; }
+"$PY" -c 'import mutmut' 2>/dev/null || { echo "mutation.sh needs mutmut: pip install mutmut==3.8.1" >&2; exit 2; }
 args=(--label "$label" --ref "$ref" --budget "${TL_LAB_MUTATION_BUDGET:-600}")
 [ "$sample" = all ] || args+=(--sample "$sample")
 nice -n 10 "$PY" tools/mutation.py "${args[@]}" --kernels all
