@@ -6,10 +6,6 @@ import os
 
 import pytest
 
-# The project's own tests (and the notebooks nbval runs, which inherit this) grade the reference: a
-# learner's work/L10.1 in the clone is used only when TL_LAB_WORKSPACE asks for it (tl_lab.exercise).
-os.environ.setdefault("TL_LAB_WORKSPACE", "off")
-
 INSTALL_HINT = {
     "transformers": "the hf extra: pip install -e '.[hf]'  (transformers and torch==2.13.0)",
     "torch": "the hf extra: pip install -e '.[hf]'  (transformers and torch==2.13.0)",

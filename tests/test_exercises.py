@@ -118,11 +118,46 @@ def test_an_untouched_stub_comes_from_the_reference_and_a_traceback_shows_the_le
 
 
 def test_the_projects_own_tests_see_no_workspace():
-    """tests/conftest.py: a clone's work/L10.1 is not used unless TL_LAB_WORKSPACE asks for it."""
+    """The clone's root conftest.py: a clone's work/L10.1 is not used unless TL_LAB_WORKSPACE asks for it."""
     from tl_lab.exercise import origins
 
     assert os.environ["TL_LAB_WORKSPACE"] == "off" or "PYTEST_XDIST_WORKER" in os.environ
     assert all(o["origin"] == "reference" for o in origins().values())
+
+
+def test_a_notebook_run_alone_under_nbval_grades_the_reference_despite_a_learners_work_folder(tmp_path):
+    """`pytest --nbval-lax notebooks/X.ipynb` with no file of tests/ in the run, TL_LAB_WORKSPACE unset, in a
+    clone with a learner's work/L10.1: the notebook runs the reference. Was: the setdefault lived in
+    tests/conftest.py, which such a run never loads, so 04's first cell took the learner's kv.py (cells 6 and 7
+    failed on one that evicts the newest block). A copy of the package, the root conftest.py and pyproject.toml
+    (the rootdir), with such a kv.py in work/L10.1, and a notebook of 04's first cell and an assert on kv's origin."""
+    import shutil
+
+    nbformat = need("nbformat")
+    clone = tmp_path / "clone"
+    shutil.copytree(REPO_ROOT / "tl_lab", clone / "tl_lab", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("conftest.py", "pyproject.toml"):
+        shutil.copy(REPO_ROOT / name, clone / name)
+    (clone / "work" / "L10.1").mkdir(parents=True)
+    (clone / "work" / "L10.1" / "kv.py").write_text(apply_edit(reference_source("kv"), PITFALLS["s18"].edits[0], "s18"))
+    real = nbformat.read(REPO_ROOT / "notebooks" / "04_kv_pool.ipynb", 4)
+    first = next(c for c in real.cells if c.cell_type == "code")
+    nb = nbformat.v4.new_notebook(metadata=real.metadata, cells=[first, nbformat.v4.new_code_cell(
+        'assert exercise.origins()["kv"]["origin"] == "reference", exercise.origins()["kv"]')])
+    (clone / "notebooks").mkdir()
+    nbformat.write(nb, clone / "notebooks" / "probe.ipynb")
+    unset = ("TL_LAB_WORKSPACE", "TL_LAB_PITFALL", "TL_LAB_EXERCISE_USE")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    env.update(PYTHONPATH=str(clone), PY_COLORS="0")
+
+    # the control: outside pytest, the copy's first cell does take the learner's kv.py (the guard lets it through)
+    code = "from tl_lab import exercise; exercise.activate(quiet=True); print(exercise.origins()['kv']['origin'])"
+    p = subprocess.run([PY, "-c", code], cwd=clone, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and p.stdout.split()[-1] == "learner", (p.stdout, p.stderr)
+
+    p = subprocess.run([PY, "-m", "pytest", "--nbval-lax", "-q", "-p", "no:cacheprovider", "notebooks/probe.ipynb"],
+                       cwd=clone, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0 and "2 passed" in p.stdout.splitlines()[-1], p.stdout[-3000:]
 
 
 # ------------------------------------------------------------------ start, reset, bad input

@@ -12,8 +12,8 @@ When a workspace is active (the project's own tests never see one unless asked f
   a learner may set it for `python -m tl_lab generate`, pytest or the lab); TL_LAB_WORKSPACE=off
   (or empty) switches it off;
 - `tl_lab.exercise.activate()` in a notebook's first cell: TL_LAB_WORKSPACE when set, else the
-  clone's `work/L10.1` when it exists. tests/conftest.py sets TL_LAB_WORKSPACE=off when it is unset,
-  so the project's tests and the notebooks they run use the reference even in a clone with work/.
+  clone's `work/L10.1` when it exists. The clone's root conftest.py sets TL_LAB_WORKSPACE=off when it
+  is unset, so every pytest run in the clone (its tests, nbval's notebooks) uses the reference even with work/.
 TL_LAB_EXERCISE_USE=kv,quant (set by `exercise check`): only these come from the learner, each
 even when untouched; the others from the reference.
 """
