@@ -215,8 +215,11 @@ def test_cli_lists_the_22(capsys):
     assert len(lines) == 22
     assert lines[12].startswith("s13") and "tl_lab.forward" in lines[12]
     assert "test_incremental_decode_equals_full_prefill" in lines[12]
-    assert main(["pitfalls", "--check", "s77"]) == 1  # an unknown id is a refusal (exit 1)
-    capsys.readouterr()
+    # an unknown id is a usage error (was exit 1, the code of a pitfall not caught), said in one line
+    assert main(["pitfalls", "--check", "s18", "s99"]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == (f"error: --check: unknown pitfall 's99': the chapter's are "
+                                         f"{', '.join(f's{i:02d}' for i in range(1, 23))}\n")
     # an empty id (an unset shell variable) is a usage error, never all 22 checked (was: 95 s of runs)
     assert main(["pitfalls", "--check", ""]) == 2
     assert capsys.readouterr().err.startswith("error: --check: no pitfall id in ''")

@@ -890,7 +890,10 @@ def cli(args) -> int:
         for p in PITFALLS.values():
             print(f"{p.id}  {p.module:<14} {p.test.split('::')[-1]:<58} {p.symptom}")
         return 0
-    ids = parse_ids(",".join(args.check)) if args.check else tuple(PITFALLS)
+    try:
+        ids = parse_ids(",".join(args.check)) if args.check else tuple(PITFALLS)
+    except PitfallError as exc:  # an id the user typed, not a pitfall that failed: exit 2, not "not caught"'s 1
+        raise ValueError(f"--check: {exc}") from None
     if args.check and not ids:  # `--check ""` (an unset shell variable): not a request for all 22
         raise ValueError(f"--check: no pitfall id in {' '.join(map(repr, args.check))}; give ids such as s13, or none for all")
     if args.jobs < 1:  # a bad argument: exit 2 like argparse's own (ValueError is a usage error)
