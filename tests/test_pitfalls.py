@@ -209,6 +209,23 @@ def test_run_test_reports_pass_fail_and_errors_apart():
     assert pf.run_test("tests/test_kv.py::test_no_such_test", "s18").outcome in ("error", "not run")
 
 
+def test_the_check_runs_the_reference_whatever_the_callers_workspace(tmp_path, monkeypatch, capsys):
+    """TL_LAB_WORKSPACE naming a workspace whose kv.py has s18 in it: `pitfalls --check s18` still checks the
+    reference (was: that kv.py ran off and on, "s18 NOT caught: off failed, on failed"). The runs' environment
+    is the caller's with TL_LAB_WORKSPACE off, TL_LAB_PITFALL, colour and PYTHONPATH set, nothing else."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "kv.py").write_text(pf.patched_source("tl_lab.kv", ["s18"]), encoding="utf-8")
+    monkeypatch.setenv("TL_LAB_WORKSPACE", str(ws))
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    env = pf._env(("s18",))
+    assert env["TL_LAB_WORKSPACE"] == "off" and env["TL_LAB_PITFALL"] == "s18"
+    changed = {k for k in env.keys() | os.environ.keys() if env.get(k) != os.environ.get(k)}
+    assert changed <= {"TL_LAB_WORKSPACE", "TL_LAB_PITFALL", "FORCE_COLOR", "PY_COLORS", "PYTHONPATH"}, changed
+    assert main(["pitfalls", "--check", "s18", "--jobs", "1"]) == 0
+    assert "1 of 1 caught" in capsys.readouterr().out
+
+
 def test_cli_lists_the_22(capsys):
     assert main(["pitfalls"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()

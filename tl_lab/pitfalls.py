@@ -569,8 +569,13 @@ class TestRun:
 
 
 def _env(ids) -> dict:
+    """The environment of a run with pitfalls `ids` on: this process's, with TL_LAB_PITFALL set to `ids` (or
+    unset), TL_LAB_WORKSPACE off, colour off and the clone first on PYTHONPATH; nothing else changes."""
     env = dict(os.environ)
     env.pop(ENV, None)
+    # a pitfall is an edit of the reference: a learner's workspace would be graded in its place (was: with
+    # TL_LAB_WORKSPACE set, `--check s18` ran their kv.py and said "NOT caught: off failed, on failed")
+    env["TL_LAB_WORKSPACE"] = "off"
     # a notebook kernel sets FORCE_COLOR, which makes pytest colour even its report; plain text here
     env.pop("FORCE_COLOR", None)
     env["PY_COLORS"] = "0"
