@@ -225,6 +225,64 @@ def test_a_bad_TL_LAB_WORKSPACE_or_workspace_is_one_line_and_exit_2_for_every_co
         assert bad.read_text() == "not a folder\n"
 
 
+def test_TL_LAB_PITFALL_with_TL_LAB_WORKSPACE_is_one_line_and_exit_2_and_raised_where_a_program_imports(tmp_path):
+    """Was: both honoured, the first hook on sys.meta_path won module by module (a command ran s19's kv.py
+    beside the learner's other files; a notebook's first cell put the learner's kv.py first, and s19 silently
+    did nothing). Now refused in one line naming both, before anything runs."""
+    ws = workspace(tmp_path, "ref", ["kv"])
+    line = (f"TL_LAB_PITFALL=s19 does not combine with the workspace {ws}: a pitfall edits the reference's code, "
+            "not a learner's; unset TL_LAB_PITFALL, or run without the workspace")
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TL_LAB_WORKSPACE": str(ws), "TL_LAB_PITFALL": "s19"}
+    for argv in (["generate", "--model", "bigram", "--prompt", "ab", "--max-tokens", "2"], ["exercise", "status"]):
+        p = subprocess.run([PY, "-m", "tl_lab", *argv], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                           timeout=300)
+        assert (p.returncode, p.stdout, p.stderr) == (2, "", f"error: {line}\n"), argv
+    code = "try:\n    from tl_lab import exercise\nexcept Exception as e:\n    print(type(e).__name__, e)"
+    p = subprocess.run([PY, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert p.stdout == f"PitfallError {line}\n", (p.stdout, p.stderr)  # a notebook's first cell: the same line
+
+
+_ACTIVATE = """import sys
+from pathlib import Path
+import tl_lab.exercise.workspace as w
+w.default_workspace = lambda: Path(sys.argv[1])  # the clone's work/L10.1, here the test's folder
+from tl_lab import exercise
+exercise.activate(*sys.argv[2:])
+from tl_lab.pitfalls import PROBES
+print(exercise.origins()["kv"]["origin"], "|", PROBES["zero_pool"]()["refused_at"])
+"""
+
+
+@pytest.mark.parametrize("pitfall", [None, "s19"])
+def test_with_TL_LAB_PITFALL_the_first_cell_leaves_work_and_runs_the_pitfall_saying_so(tmp_path, pitfall):
+    """A notebook's first cell in a clone with a work/L10.1 (a copy of the reference's kv.py): without a
+    pitfall it takes the learner's kv.py (the control); with TL_LAB_PITFALL=s19 it does not (was: it did, and
+    the zero-block pool was refused at once, s19 silently doing nothing), says so in its one line, and s19 is
+    on. A workspace named to activate() with the pitfall on is the one line of TL_LAB_WORKSPACE with it."""
+    ws = workspace(tmp_path, "ref", ["kv"])
+    env = {k: v for k, v in os.environ.items() if k not in ("TL_LAB_WORKSPACE", "TL_LAB_PITFALL")}
+    env.update(PYTHONPATH=str(REPO_ROOT), **({"TL_LAB_PITFALL": pitfall} if pitfall else {}))
+
+    def first_cell(*named):
+        p = subprocess.run([PY, "-c", _ACTIVATE, str(ws), *named], cwd=REPO_ROOT, env=env, capture_output=True,
+                           text=True, timeout=300)
+        assert p.returncode == 0, p.stderr
+        return p.stdout.splitlines()
+
+    out = first_cell()
+    if pitfall is None:
+        assert out[-1] == "learner | KvPool(KvCfg(n_blocks=0, ...))", out
+        return
+    assert out[0] == (f"no workspace: TL_LAB_PITFALL=s19 is on, and a pitfall edits the reference, so every module "
+                      f"is the reference's (your {ws} is not used)"), out
+    assert out[-1] == "reference | pool.alloc(1), later", out
+    out = first_cell(str(ws))
+    assert out[0] == (f"error: TL_LAB_PITFALL=s19 does not combine with the workspace {ws}: a pitfall edits the "
+                      "reference's code, not a learner's; unset TL_LAB_PITFALL, or run without the workspace; this "
+                      "notebook runs the reference's modules (fix it, then restart the kernel)"), out
+    assert out[-1] == "reference | pool.alloc(1), later", out
+
+
 def test_a_bad_TL_LAB_WORKSPACE_is_raised_where_a_program_imports_the_learners_modules(tmp_path):
     code = ("import tl_lab, tl_lab.tokenizer\ntry:\n    import tl_lab.sample\nexcept Exception as e:\n"
             "    print(type(e).__name__, e)")

@@ -604,7 +604,10 @@ def _pitfall_env() -> None:
     pitfalls = sys.modules.get("tl_lab.pitfalls")
     error = pitfalls.env_error() if pitfalls is not None else None
     if error is not None:
-        raise UsageError(f"TL_LAB_PITFALL={os.environ.get('TL_LAB_PITFALL', '')!r}: {error}")
+        message = str(error)
+        if not message.startswith("TL_LAB_PITFALL="):  # the refusal of a workspace with it names it already
+            message = f"TL_LAB_PITFALL={os.environ.get('TL_LAB_PITFALL', '')!r}: {message}"
+        raise UsageError(message)
 
 
 def _workspace_env(args) -> None:

@@ -58,6 +58,7 @@ __all__ = [
     "patched_source",
     "function_diff",
     "install",
+    "with_workspace",
     "switched_on",
     "active",
     "run_test",
@@ -529,6 +530,14 @@ def install_from_env() -> tuple[str, ...]:
     """`install` the pitfalls named by TL_LAB_PITFALL (nothing when it is unset or empty)."""
     text = os.environ.get(ENV, "").strip()
     return install(text) if text else ()
+
+
+def with_workspace(pitfall: str, workspace) -> PitfallError:
+    """The refusal of pitfalls `pitfall` ("s19") asked for together with a learner's workspace named
+    explicitly (TL_LAB_WORKSPACE, or `exercise.activate(workspace)`): a pitfall is an edit of the reference's
+    text, so the learner's file would run without it."""
+    return PitfallError(f"{ENV}={pitfall} does not combine with the workspace {workspace}: a pitfall edits the "
+                        f"reference's code, not a learner's; unset {ENV}, or run without the workspace")
 
 
 _ALLOWED = ("tl_lab.__main__", "tl_lab.errors")  # what the command line needs to report a bad TL_LAB_PITFALL

@@ -26,7 +26,9 @@ __all__ = ["MODULES", "ExerciseError", "activate", "origins", "active"]
 def activate(workspace=None, quiet: bool = False) -> dict[str, dict]:
     """Make the learner's workspace tl_lab's modules in this process (a section notebook's first cell)
     and return `origins()`. The workspace: `workspace`, else TL_LAB_WORKSPACE, else the clone's
-    work/L10.1; with none of those (TL_LAB_WORKSPACE=off, or no work/L10.1) the reference runs.
+    work/L10.1; with none of those (TL_LAB_WORKSPACE=off, or no work/L10.1) the reference runs. With
+    TL_LAB_PITFALL on, work/L10.1 is not taken (the pitfall edits the reference, which runs), and a
+    `workspace` named is refused like TL_LAB_WORKSPACE with it (`tl_lab.pitfalls.with_workspace`).
     Each learner module is tried first (`tl_lab.exercise.guard`): one that raises is reported with
     its file, line, error and hint, and the reference runs in its place. A workspace that cannot be
     used is one line, and the reference runs. Prints one line per module unless quiet (the faults
@@ -36,8 +38,13 @@ def activate(workspace=None, quiet: bool = False) -> dict[str, dict]:
     named = workspace is not None or os.environ.get(ENV, "").strip().lower() not in OFF
     off = workspace is None and os.environ.get(ENV) is not None and not named  # TL_LAB_WORKSPACE=off
     bad = env_error() if workspace is None else None
+    pitfall = ",".join(_pitfalls_on())
+    if pitfall and workspace is not None:  # TL_LAB_WORKSPACE with it never gets here: `import tl_lab` refused it
+        from tl_lab.pitfalls import with_workspace
+
+        bad = with_workspace(pitfall, resolve(workspace))
     lift_refusal()  # said aloud below: the reference runs
-    ws = None if bad or off else resolve(workspace)
+    ws = None if bad or off or pitfall else resolve(workspace)
     faults = {}
     try:
         if ws is not None and (named or ws.is_dir()):
@@ -49,6 +56,9 @@ def activate(workspace=None, quiet: bool = False) -> dict[str, dict]:
         print(f"error: {bad}; this notebook runs the reference's modules (fix it, then restart the kernel)")
     if not quiet:
         where = "no workspace: every module is the reference's" if active() is None else f"workspace {active().workspace}"
+        if pitfall and not bad and not off and resolve().is_dir():
+            where = (f"no workspace: TL_LAB_PITFALL={pitfall} is on, and a pitfall edits the reference, so every "
+                     f"module is the reference's (your {resolve()} is not used)")
         print(where)
         for m, o in out.items():
             print(f"  {m:<8} {o['origin']:<9} {o['file']}  ({o['why']})")
@@ -56,6 +66,14 @@ def activate(workspace=None, quiet: bool = False) -> dict[str, dict]:
         print("\n".join(fault.lines()))
     _name_yours_after_a_failed_assert()
     return out
+
+
+def _pitfalls_on() -> tuple[str, ...]:
+    """The pitfalls on in this process (TL_LAB_PITFALL; `import tl_lab` imported tl_lab.pitfalls for it)."""
+    import sys
+
+    pitfalls = sys.modules.get("tl_lab.pitfalls")
+    return pitfalls.active() if pitfalls is not None else ()
 
 
 def _name_yours_after_a_failed_assert() -> None:
