@@ -76,7 +76,7 @@ def test_in_process_cli_start_status_hint_reset_and_check(tmp_path, capsys):
 def test_in_process_cli_refuses_in_one_line(tmp_path, capsys):
     ws = tmp_path / "ws"
     code, out, err = _in_process_cli(capsys, "status", "--workspace", str(ws))
-    assert (code, out) == (2, "") and err == f"error: workspace {ws} does not exist: python -m tl_lab exercise start writes it\n"
+    assert (code, out) == (2, "") and err == f"error: workspace {ws} does not exist: python -m tl_lab exercise start --workspace {ws} writes it\n"
     ws.mkdir()
     code, _, err = _in_process_cli(capsys, "parity", "dice", "--workspace", str(ws))
     assert code == 2 and err == "error: unknown parity suite 'dice': the suites are sampler, rng\n"
@@ -144,7 +144,8 @@ def test_in_process_cli_knows_which_commands_need_the_workspace(tmp_path, capsys
     assert _in_process_cli(capsys, "tests")[0] == 0  # the catalogue, before start
     assert _in_process_cli(capsys, "hint", "kv")[0] == 0
     code, _, err = _in_process_cli(capsys, "status")  # needs the workspace, even the default one
-    assert code == 2 and err == f"error: workspace {missing} does not exist: python -m tl_lab exercise start writes it\n"
+    assert code == 2 and err == (f"error: workspace {missing} does not exist: python -m tl_lab exercise start "
+                                 f"--workspace {missing} writes it\n")
     code, _, err = _in_process_cli(capsys, "tests", "--workspace", str(missing))  # a named one must exist
     assert code == 2 and "does not exist" in err
 

@@ -289,7 +289,8 @@ def test_a_bad_TL_LAB_WORKSPACE_is_raised_where_a_program_imports_the_learners_m
     p = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
                        env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "TL_LAB_WORKSPACE": str(tmp_path / "nope")})
     assert p.stdout == (f"ExerciseError TL_LAB_WORKSPACE={tmp_path / 'nope'}: workspace {tmp_path / 'nope'} does not "
-                        "exist: python -m tl_lab exercise start writes it\n"), (p.stdout, p.stderr)
+                        f"exist: python -m tl_lab exercise start --workspace {tmp_path / 'nope'} writes it\n"), \
+        (p.stdout, p.stderr)
 
 
 def test_an_unreadable_or_unwritable_workspace_is_named(tmp_path, monkeypatch):
@@ -615,7 +616,7 @@ def test_a_notebook_assert_that_fails_on_the_learners_code_names_their_file(tmp_
     ties = next(i for i, c in enumerate(code) if "assert f32_to_f16(1 + 2**-11) == 0x3C00" in c)
     out = _run_cells(ws, "03_numbers", monkeypatch, (0, 1, ties, 0, ties))
     note = (f"this notebook runs your quant.py (workspace {ws}): the assert above checks what your code answers; "
-            "python -m tl_lab exercise check quant names the chapter's test")
+            f"python -m tl_lab exercise check quant --workspace {ws} names the chapter's test")
     assert [e for _, e in out] == [None, None, "AssertionError", None, "AssertionError"], out
     assert [text.count(note) for text, _ in out] == [0, 0, 1, 0, 1], out
 
@@ -648,7 +649,8 @@ def test_an_error_tl_lab_raises_on_the_learners_code_names_their_file_and_a_cell
         ex._after_cell(SimpleNamespace(error_in_exec=error))
     assert capsys.readouterr().out == (
         f"this notebook runs your kv.py (workspace {tmp_path}): the error above was raised while tl_lab ran your "
-        "code, perhaps on a wrong answer of it; python -m tl_lab exercise check kv names the chapter's test\n")
+        f"code, perhaps on a wrong answer of it; python -m tl_lab exercise check kv --workspace {tmp_path} names the "
+        "chapter's test\n")
 
 
 NOT_ACTIVATED = {
@@ -714,8 +716,8 @@ def test_a_learner_file_that_is_not_utf8_costs_a_notebook_that_module_alone(tmp_
 def test_a_bad_workspace_in_a_notebook_is_one_line_and_the_reference_runs(tmp_path, monkeypatch):
     first, imports = _first_cells(tmp_path / "missing", "04_kv_pool", monkeypatch)
     assert first.splitlines()[0] == (f"error: TL_LAB_WORKSPACE={tmp_path / 'missing'}: workspace "
-                                     f"{tmp_path / 'missing'} does not exist: python -m tl_lab exercise start writes "
-                                     "it; this notebook runs the reference's modules (fix it, then restart the kernel)")
+                                     f"{tmp_path / 'missing'} does not exist: python -m tl_lab exercise start "
+                                     f"--workspace {tmp_path / 'missing'} writes it; this notebook runs the reference's modules (fix it, then restart the kernel)")
     assert "Traceback" not in first and imports == ""
 
 

@@ -104,9 +104,11 @@ def _after_cell(result) -> None:
         what = "the error above was raised while tl_lab ran your code, perhaps on a wrong answer of it"
     else:
         return  # the cell's own slip (a name misspelt): nothing of the learner's modules to name
-    files = ", ".join(f"{m}.py" for m in yours)
-    print(f"this notebook runs your {files} (workspace {active().workspace}): {what}; "
-          f"python -m tl_lab exercise check {' '.join(yours)} names the chapter's test")
+    from tl_lab.exercise.cli import command
+
+    files, ws = ", ".join(f"{m}.py" for m in yours), active().workspace
+    print(f"this notebook runs your {files} (workspace {ws}): {what}; "
+          f"{command('check', *yours, workspace=ws)} names the chapter's test")
 
 
 def _raised_in_tl_lab(error: BaseException) -> bool:

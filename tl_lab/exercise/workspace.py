@@ -59,7 +59,9 @@ def usable(ws: Path, write: bool = False) -> Path:
     """`ws` when it is a directory this process can read (and, with `write`, write), else
     ExerciseError in one line naming the folder and what is wrong with it."""
     if not ws.exists():
-        raise ExerciseError(f"workspace {ws} does not exist: python -m tl_lab exercise start writes it")
+        from tl_lab.exercise.cli import command  # cli imports this module
+
+        raise ExerciseError(f"workspace {ws} does not exist: {command('start', workspace=ws)} writes it")
     if not ws.is_dir():
         raise ExerciseError(f"workspace {ws} is a file, not a folder: name a folder (exercise start makes it)")
     if not os.access(ws, os.R_OK | os.X_OK):
