@@ -630,12 +630,13 @@ def test_an_error_tl_lab_raises_on_the_learners_code_names_their_file_and_a_cell
     from types import SimpleNamespace
 
     import tl_lab.exercise as ex
+    import tl_lab.exercise.workspace as wsm
     from tl_lab.errors import KvError
     from tl_lab.kv import KvCfg
 
     kv = str(tmp_path / "kv.py")
-    monkeypatch.setattr(ex, "origins", lambda: {"kv": {"origin": "learner", "file": kv, "loaded": kv},
-                                                "quant": {"origin": "reference", "file": "q", "loaded": "q"}})
+    monkeypatch.setattr(wsm, "origins", lambda: {"kv": {"origin": "learner", "file": kv, "loaded": kv},
+                                                 "quant": {"origin": "reference", "file": "q", "loaded": "q"}})
     monkeypatch.setattr(ex, "active", lambda: SimpleNamespace(workspace=tmp_path))
     try:
         KvCfg(n_blocks=0, block_tokens=4, n_layers=1, n_kv_heads=1, head_dim=2).validate()

@@ -647,16 +647,17 @@ def _classify(exc: Exception) -> tuple[int, str]:
         return EXIT_USAGE, str(exc)
     workspace = sys.modules.get("tl_lab.exercise.workspace")  # imported by `import tl_lab` when one is set
     finder = workspace.active() if workspace is not None else None
-    learners = _learners_part(exc, finder.workspace, workspace.origins()) if finder is not None else None
+    learners = _learners_part(exc, finder.workspace, workspace.learners_loaded()) if finder is not None else None
     return EXIT_BUG, learners or (f"internal error, a bug in tl_lab ({type(exc).__name__}: {exc}); "
                                   "run again with TL_LAB_TRACEBACK=1 to see where")
 
 
-def _learners_part(exc: Exception, workspace: Path, origins: dict) -> str | None:
+def _learners_part(exc: Exception, workspace: Path, ran: list[str]) -> str | None:
     """What would be a bug, said with TL_LAB_WORKSPACE active: the learner's file, line and piece when
     `exc` came from one (`tl_lab.exercise.guard.culprit`); else, when their modules ran, that tl_lab may
     have raised on a wrong answer of theirs (their alloc returning None was a TypeError in tl_lab's
-    runner: "a bug in tl_lab" alone sent them looking in the wrong place); None when none of theirs ran.
+    runner: "a bug in tl_lab" alone sent them looking in the wrong place; `ran`: `workspace.learners_loaded`);
+    None when none of theirs ran.
     Only for what would be exit 4: their ValueError or KvError keeps its meaning (a bad --top-p their
     SamplingParams refused is the user's)."""
     from tl_lab.exercise.cli import command
@@ -666,7 +667,6 @@ def _learners_part(exc: Exception, workspace: Path, origins: dict) -> str | None
     if fault is not None:
         return (f"{fault.sentence()}; it is TL_LAB_WORKSPACE's code, not tl_lab's: "
                 f"{command('check', fault.module, workspace=workspace)} says more, TL_LAB_TRACEBACK=1 shows the traceback")
-    ran = [m for m, o in origins.items() if o["origin"] == "learner" and o["loaded"] == o["file"]]
     if not ran:
         return None
     return (f"internal error ({type(exc).__name__}: {exc}) in tl_lab while it ran your "

@@ -18,7 +18,7 @@ import os
 from tl_lab.exercise.registry import MODULES
 from tl_lab.exercise.stubs import ExerciseError
 from tl_lab.exercise import side  # noqa: F401 (exercise.side.yours in the notebooks)
-from tl_lab.exercise.workspace import active, install, origins, resolve
+from tl_lab.exercise.workspace import active, install, learners_loaded, origins, resolve
 
 __all__ = ["MODULES", "ExerciseError", "activate", "origins", "active"]
 
@@ -95,7 +95,7 @@ def _after_cell(result) -> None:
     error = getattr(result, "error_in_exec", None)
     if not isinstance(error, Exception):  # none, or the learner's own interrupt of a long cell
         return
-    yours = [m for m, o in origins().items() if o["origin"] == "learner" and o["loaded"] == o["file"]]
+    yours = learners_loaded()
     if not yours:
         return
     if isinstance(error, AssertionError):

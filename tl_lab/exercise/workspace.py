@@ -32,7 +32,7 @@ from tl_lab.switch import SourceFinder
 
 __all__ = ["ENV", "ENV_USE", "OFF", "Origin", "WorkspaceFinder", "NotUtf8Error", "read_source", "is_stub",
            "default_workspace", "resolve", "usable", "plan", "install", "install_from_env", "refuse_from_env",
-           "env_error", "lift_refusal", "origins", "active"]
+           "env_error", "lift_refusal", "origins", "learners_loaded", "active"]
 
 ENV = "TL_LAB_WORKSPACE"
 ENV_USE = "TL_LAB_EXERCISE_USE"
@@ -238,3 +238,9 @@ def origins() -> dict[str, dict]:
         mod = sys.modules.get(f"tl_lab.{m}")
         out[m] = {**asdict(o), "loaded": getattr(mod, "__file__", None) if mod else None}
     return out
+
+
+def learners_loaded() -> list[str]:
+    """The modules this process imported from the learner's file (`origins`: planned as the learner's,
+    and loaded from that file), in the chapter's order: what an error after them may be a wrong answer of."""
+    return [m for m, o in origins().items() if o["origin"] == "learner" and o["loaded"] == o["file"]]
