@@ -239,7 +239,11 @@ def test_TL_LAB_PITFALL_with_TL_LAB_WORKSPACE_is_one_line_and_exit_2_and_raised_
         assert (p.returncode, p.stdout, p.stderr) == (2, "", f"error: {line}\n"), argv
     code = "try:\n    from tl_lab import exercise\nexcept Exception as e:\n    print(type(e).__name__, e)"
     p = subprocess.run([PY, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert p.stdout == f"PitfallError {line}\n", (p.stdout, p.stderr)  # a notebook's first cell: the same line
+    assert p.stdout == f"PitfallError {line}\n", (p.stdout, p.stderr)  # a program: the same line
+    cell = ("from IPython.core.interactiveshell import InteractiveShell\n"
+            "InteractiveShell.instance().run_cell('from tl_lab import exercise')")
+    p = subprocess.run([PY, "-c", cell], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert p.stdout == f"PitfallError: {line}\n", (p.stdout, p.stderr)  # a notebook's cell: the line, no traceback
 
 
 _ACTIVATE = """import sys

@@ -59,7 +59,11 @@ class RefusingFinder(importlib.abc.MetaPathFinder):
 
     def find_spec(self, fullname, path=None, target=None):
         if self.refused(fullname):
-            raise type(self.error)(str(self.error))
+            error = type(self.error)(str(self.error))
+            # IPython shows an exception through its _render_traceback_ when it has one: the setting is at
+            # fault, not a line of code, so a notebook's cell shows one line, as the command line does
+            error._render_traceback_ = lambda: [f"{type(error).__name__}: {error}"]
+            raise error
         return None
 
 
