@@ -12,7 +12,7 @@ import pytest
 from conftest import smollm2_path
 from tl_lab.blocks import blocks_for
 from tl_lab.errors import KvError
-from tl_lab.generate import Engine, Request, Result
+from tl_lab.generate import Engine, Request, RequestError, Result
 from tl_lab.kv import BlockState, prefix_hashes
 from tl_lab.paths import DATA_DIR
 from tl_lab.runner import EngineConfig, KvConfig, ModelRunner
@@ -498,6 +498,21 @@ def test_an_engine_on_a_byte_model_needs_no_config_and_no_tokenizer():
     assert r.text == e.tokenizer.decode(r.output_ids) and len(r.output_ids) == 6
     with pytest.raises(ValueError, match="Engine cfg must be an EngineConfig, got int"):
         Engine(runner, cfg=5)
+
+
+def test_encode_refuses_a_prompt_over_the_context_as_a_request_error_before_encoding(monkeypatch):
+    """A byte model's context of 512: 512 bytes are its ids, 513 a RequestError, with the tokenizer's
+    encode never called (the bytes prove it); an engine with no tokenizer says to give ids."""
+    runner = ModelRunner.load(TINY, EngineConfig(kv=KvConfig(n_blocks=16, block_tokens=B)))
+    e = Engine(runner)
+    assert runner.config.max_position_embeddings == 512 and e.encode("a" * 512) == [97] * 512
+    monkeypatch.setattr(type(e.tokenizer), "encode", lambda self, text: pytest.fail("encoded"))
+    with pytest.raises(RequestError, match=r"^a prompt of 513 bytes is at least 513 tokens, longer than the "
+                                           r"context \(max_position_embeddings 512\)$"):
+        e.encode("a" * 513)
+    e.tokenizer = None
+    with pytest.raises(RequestError, match="this engine has no tokenizer"):
+        e.encode("a")
 
 
 def test_without_a_tokenizer_events_carry_no_text():

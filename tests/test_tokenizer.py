@@ -175,6 +175,23 @@ def test_bytes_the_vocabulary_lacks_are_dropped_so_not_counted(tmp_path):
         assert tok.fewest_tokens(text) <= len(tok.encode(text)), text
 
 
+def test_encode_within_refuses_a_prompt_over_the_context_before_encoding_when_the_bytes_prove_it(bpe_dir, monkeypatch):
+    """n longest tokens fit a context of n; one byte more is at least n + 1 tokens, refused with encode
+    never called. A text the bound lets through is encoded and refused by its count."""
+    tok = load_tokenizer(bpe_dir)
+    assert tok.encode_within("<|endoftext|>" * 4, 4) == tok.encode("<|endoftext|>" * 4)
+    text = "hello the world"  # 15 bytes, at least 2 tokens by the bound
+    k = len(tok.encode(text))
+    assert k > 2 and tok.encode_within(text, k) == tok.encode(text)
+    with pytest.raises(KeyError, match=f"where: a {k}-token prompt is longer than the context "
+                                       rf"\(max_position_embeddings {k - 1}\)"):
+        tok.encode_within(text, k - 1, KeyError, "where: ")
+    monkeypatch.setattr(type(tok), "encode", lambda self, text: pytest.fail("encoded"))
+    with pytest.raises(ValueError, match=r"^a prompt of 53 bytes is at least 5 tokens, longer than the context "
+                                         r"\(max_position_embeddings 4\)$"):
+        tok.encode_within("<|endoftext|>" * 4 + "h", 4)
+
+
 def _add_lstrip_token(tok):
     from tokenizers import AddedToken
 

@@ -303,22 +303,13 @@ def _prompt_ids(tok, text: str, config, what: str | None, rendered: bool) -> lis
     it is encoded: a template's 10M characters took encode 6 s and 1.7 GB, only to be refused after.
     `what` (None: nothing) says where the tokens came from: a template can make a long prompt of a
     short --prompt. `rendered`: a template or a transcript made the text, so no ids is its fault."""
-    from tl_lab.tokenizer import utf8
-
-    n = config.max_position_embeddings
     where = f"{what}: " if what else ""
-    least = tok.fewest_tokens(text)
-    if least > n:
-        raise _TooLong(f"{where}a prompt of {len(utf8(text)):,} bytes is at least {least:,} tokens, longer than "
-                       f"the context (max_position_embeddings {n})")
-    ids = tok.encode(text)
+    ids = tok.encode_within(text, config.max_position_embeddings, _TooLong, where)
     if not ids and rendered:
         raise ConfigError("the chat template (config.json tl_chat_template) rendered the conversation as "
                           "empty text: there is no prompt to send")
     if not ids:
         raise UsageError("the prompt is empty: give --prompt some text")
-    if len(ids) > n:
-        raise _TooLong(f"{where}a {len(ids)}-token prompt is longer than the context (max_position_embeddings {n})")
     return ids
 
 

@@ -238,7 +238,12 @@ class Engine:
         return self.runner.pool
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text)
+        """The ids of prompt `text`, or a RequestError when they cannot fit the context: refused before it
+        is encoded when its bytes alone prove it (`Tokenizer.fewest_tokens`; 10 MB of text took seconds and
+        gigabytes to encode, only to be refused by `check`). For any text, `self.tokenizer.encode(text)`."""
+        if self.tokenizer is None:
+            raise RequestError("this engine has no tokenizer (Engine(runner, tokenizer)): give prompt ids")
+        return self.tokenizer.encode_within(text, self.runner.config.max_position_embeddings, RequestError)
 
     def tables(self) -> dict[str, list[int]]:
         """The running requests' block tables ("req i" -> pool block ids), e.g. for the block map

@@ -89,6 +89,18 @@ class Tokenizer:
             return 0
         return -(-len(data.translate(None, self.dropped_bytes)) // most)
 
+    def encode_within(self, text: str, n: int, error: type[Exception] = ValueError, where: str = "") -> list[int]:
+        """The ids of prompt `text` when they fit a context of n tokens (max_position_embeddings), else
+        error(where + why), raised before `text` is encoded when its bytes alone prove it (`fewest_tokens`)."""
+        least = self.fewest_tokens(text)
+        if least > n:
+            raise error(f"{where}a prompt of {len(utf8(text)):,} bytes is at least {least:,} tokens, longer than "
+                        f"the context (max_position_embeddings {n})")
+        ids = self.encode(text)
+        if len(ids) > n:
+            raise error(f"{where}a {len(ids)}-token prompt is longer than the context (max_position_embeddings {n})")
+        return ids
+
     def token_str(self, id: int) -> str:
         """One token for display: its text, with bytes that are not text on their own as \\xNN."""
         raise NotImplementedError
