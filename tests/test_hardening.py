@@ -431,6 +431,38 @@ def test_a_chat_line_that_does_not_fit_alone_leaves_the_conversation_as_it_was(c
     assert len(prompts) == 3 and prompts[2] > prompts[1] > prompts[0], prompts  # "hi" after both turns
 
 
+@pytest.mark.parametrize("limit", [0, 1, 2, 3, 7, 40, 99, 100])
+def test_chat_finds_the_fewest_turns_to_drop_in_a_few_tries(capsys, monkeypatch, limit):
+    """A conversation of 100 turns and a line that fits with at most `limit` turns before it: exactly the
+    oldest 100 - limit are dropped, in at most 2 + log2(100)
+    tries. Was: one try per turn dropped, each rendering and encoding it all (SmolLM2, 150 turns and a
+    7,000-word line: 131 tries, 5 s)."""
+    from types import SimpleNamespace as NS
+
+    import tl_lab.__main__ as cli
+
+    tok = NS(chat_template="t", apply_chat_template=lambda messages: messages)
+    args = NS(system="sys", model="m", max_tokens=4)
+    chat = cli._Chat(tok, NS(eos_token_ids=[0]), args)
+    for i in range(100):
+        chat.messages += [{"role": "user", "content": f"u{i}"}, {"role": "assistant", "content": f"a{i}"}]
+    tries = []
+
+    def fit(messages, params, seed):  # fits with the system message, at most `limit` turns and the line
+        tries.append(len(messages))
+        return ("request", None) if len(messages) <= 2 + 2 * limit else (None, "too long")
+
+    monkeypatch.setattr(chat, "_fit", fit)
+    monkeypatch.setattr(cli, "_run", lambda engine, request: [NS(text="reply")])
+    result = chat.reply("line", None, 0)
+    assert len(tries) <= 2 + 7, tries
+    assert chat.messages[0]["content"] == "sys" and chat.messages[-2:-1] == [{"role": "user", "content": "line"}]
+    assert result is not None and len(chat.messages) == 1 + 2 * limit + 2, len(chat.messages)
+    assert [m["content"] for m in chat.messages[1:-2:2]] == [f"u{i}" for i in range(100 - limit, 100)]
+    err = capsys.readouterr().err
+    assert (f"dropped the oldest {100 - limit} turn(s)" in err) == (limit < 100), err
+
+
 @pytest.mark.parametrize("command, stdin", [("generate", None), ("chat", b"hi\n")])
 @pytest.mark.parametrize("fault", ["prompt", "tokenizer.json", "template"])
 def test_the_weights_are_never_read_for_a_refused_tokenizer_or_prompt(tmp_path, capsys, monkeypatch, command, stdin,
