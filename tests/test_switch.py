@@ -65,6 +65,8 @@ def test_a_refusing_finder_raises_its_error_again_for_the_names_it_refuses():
         with pytest.raises(LookupError, match="^TL_LAB_WORKSPACE: no such folder$") as e:
             importlib.import_module("tl_lab_refused_probe")
         assert e.value is not finder.error  # a new error each time, with the same text
+        # a notebook's cell (IPython) shows it as this one line, not the import machinery's traceback
+        assert e.value._render_traceback_() == ["LookupError: TL_LAB_WORKSPACE: no such folder"]
         assert finder.find_spec("json") is None
         assert refusal(LookupError) is finder and refusal(KeyError) is None
     finally:
