@@ -216,9 +216,16 @@ def test_stop_at_a_request_stop_id():
     k = 4
     t = free.output_ids[k]
     first = free.output_ids.index(t)
-    (r,) = e.generate([req("Hello", GREEDY, max_tokens=20, stop_ids=[t])])
+    events = []
+    (r,) = e.generate([req("Hello", GREEDY, max_tokens=20, stop_ids=[t])], on_token=events.append)
     assert r.finish == "stop" and r.output_ids == free.output_ids[: first + 1]
     assert r.text == e.tokenizer.decode(r.output_ids[:-1])  # the stop token is not in the text
+    assert events[-1].token == t and "".join(ev.text for ev in events) == r.text  # a held byte flushed at the end
+    whole = next(u for u in free.output_ids if not e.tokenizer.decode(free.output_ids[: free.output_ids.index(u)])
+                 .endswith("\ufffd"))  # a stop with nothing held back: its event has no text
+    events.clear()
+    (r,) = e.generate([req("Hello", GREEDY, max_tokens=20, stop_ids=[whole])], on_token=events.append)
+    assert r.finish == "stop" and events[-1].text == "" and "".join(ev.text for ev in events) == r.text
 
 
 def test_stop_at_the_config_eos(tmp_path):
@@ -479,7 +486,7 @@ def test_two_streams_made_before_either_runs_cannot_both_run():
     e = engine()
     a, b = e.stream([req("one", max_tokens=3)]), e.stream([req("two", max_tokens=3)])
     next(a)
-    with pytest.raises(RuntimeError, match="already streaming"):
+    with pytest.raises(RuntimeError, match="^this Engine is already streaming; finish or close that stream first$"):
         next(b)
     list(a)
     assert_pool_idle(e.pool)
@@ -494,6 +501,7 @@ def test_an_engine_on_a_byte_model_needs_no_config_and_no_tokenizer():
     runner = ModelRunner.load(TINY, EngineConfig(kv=KvConfig(n_blocks=16, block_tokens=B)))
     e = Engine(runner)
     assert e.cfg == EngineConfig() and e.tokenizer is not None
+    assert (e.tokenizer.eos_ids, e.tokenizer.bos_id) == (runner.config.eos_token_ids, runner.config.bos_token_id)
     (r,) = e.generate([req("Hello", max_tokens=6)])
     assert r.text == e.tokenizer.decode(r.output_ids) and len(r.output_ids) == 6
     with pytest.raises(ValueError, match="Engine cfg must be an EngineConfig, got int"):

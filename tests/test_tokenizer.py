@@ -117,6 +117,13 @@ def test_bpe_tokenizer_encodes_merges_digits_and_special_tokens(bpe_dir):
     assert tok.encode("") == []
 
 
+def test_a_chat_template_sees_the_bos_and_eos_tokens_by_name(tmp_path):
+    """bos_token and eos_token (the first of eos_token_id), as Hugging Face's templates read them."""
+    tok = BpeTokenizer(make_bpe(tmp_path) / "tokenizer.json", eos_ids=[2, 0], bos_id=1,
+                       chat_template="{{ bos_token }}|{{ eos_token }}|{{ messages[0]['content'] }}")
+    assert tok.apply_chat_template([{"role": "user", "content": "hi"}]) == "<|im_start|>|<|im_end|>|hi"
+
+
 def test_bpe_tokenizer_decode_round_trips(bpe_dir):
     tok = load_tokenizer(bpe_dir)
     for text in ("hello the world", "  x\n\n\ty  ", "naïve 😀 日本", "<|im_start|>a<|im_end|>\n", "1,234.5"):
