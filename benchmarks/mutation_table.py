@@ -25,6 +25,7 @@ BEGIN = "<!-- mutation table: written by `python benchmarks/mutation_table.py --
 END = "<!-- end of the mutation table -->"
 
 S53 = ("s53-review", "s53-review-after", "a new 40 after the review of 2026-12-06")
+S54 = ("s54", "s54-after", "a new 40 after the changes of 2026-12-07")
 """The runs of the modules the change reviewed on 2026-12-06 touched, and the rows' note."""
 
 SHOWN = [
@@ -37,8 +38,10 @@ SHOWN = [
     ("runner", "the runner", "s43-fork-safe", "s43-fork-safe-rerun", ""),
     ("sample", "the sampler", "after-2", "after-2-rerun", ""),
     ("generate", "the engine loop", "s43-fork-safe", "s43-fork-safe-rerun", ""),
+    ("generate", "the engine loop", *S54),
     ("tokenizer", "the tokenizer", "after", "after-rerun", ""),
     ("tokenizer", "the tokenizer", *S53),
+    ("tokenizer", "the tokenizer", *S54),
     ("blocks", "the block manager", "before", "after", ""),
     ("blocks", "the block manager", None, "wide-before", "every mutant"),
     ("fetch", "the download and the converter", "wide-before", "wide-after", ""),
@@ -66,6 +69,7 @@ SHOWN = [
     ("paths", "the file paths", "s46-paths-errors", "s46-paths-errors-rerun", "every mutant"),
     ("errors", "the refusals' clipped messages", "s46-paths-errors", "s46-paths-errors-rerun", "every mutant"),
     ("switch", "the pitfalls' import hook", "s46-switch", "s46-switch-after", "every mutant"),
+    ("switch", "the pitfalls' import hook", *S54),
     ("pitfalls", "the pitfalls and the lab's probes", "s47-pitfalls", "s48-whole2-after",
      "the probes had run only in subprocesses"),
     ("widgets.common", "what the widgets share", "s46-widgets", "s48-after-rerun",
