@@ -256,10 +256,11 @@ def test_run_all_again_keeps_no_more_memory(name):
     assert live[2] - live[1] < GROWTH_MB, f"{name}: live memory after each Run All {live} MiB (bound +{GROWTH_MB})"
 
 
-def failing_cells(name: str) -> list[str]:
+def failing_cells(name: str, first: bool = False) -> list[str]:
     """Run All of notebooks/`name`, going on past a cell that raises, as Run All with "continue on error"
-    would; -> for each cell that raised, in order, the title of the heading above it ("## 9. The f16 bound
-    (`f16_bound`)" -> "9. The f16 bound": its level and a closing test name in backticks left out)."""
+    would (`first`: stopping there); -> for each cell that raised, in order, the title of the heading above
+    it ("## 9. The f16 bound (`f16_bound`)" -> "9. The f16 bound": its level and a closing test name in
+    backticks left out)."""
     import re
 
     from nbclient.exceptions import CellExecutionError
@@ -276,6 +277,8 @@ def failing_cells(name: str) -> list[str]:
                     k.client.execute_cell(cell, index)
                 except CellExecutionError:
                     failed.append(title)
+                    if first:
+                        break
     return failed
 
 
@@ -316,7 +319,7 @@ OTHER_PITFALLS = ["s01", "s02", "s03", "s04", "s05", "s06", "s07", "s08", "s09",
 def test_each_other_pitfall_first_breaks_the_section_the_lab_names(pid, monkeypatch):
     """The pitfalls shown outside 05_forward: with the pitfall on in the kernel, the first cell of its
     notebook that fails is under the heading the lab's "where it shows" begins with (docs/pitfalls.md:
-    other cells may fail after it). About 1 minute for the fourteen."""
+    other cells may fail after it; the run stops at the first). About 25 s for the fourteen."""
     from tl_lab import pitfalls as pf
 
     need("nbformat")
@@ -324,6 +327,6 @@ def test_each_other_pitfall_first_breaks_the_section_the_lab_names(pid, monkeypa
     p = pf.get(pid)
     assert p.notebook != "05_forward" and set(OTHER_PITFALLS) | set(FORWARD_PITFALLS) == set(pf.PITFALLS)
     monkeypatch.setenv("TL_LAB_PITFALL", pid)
-    failed = failing_cells(f"{p.notebook}.ipynb")
+    failed = failing_cells(f"{p.notebook}.ipynb", first=True)
     assert failed and failed[0] and p.cell.startswith(failed[0]), (
         f"{pid} first breaks {p.notebook}'s cell under {failed[:1]}, the lab says {p.cell!r}")
