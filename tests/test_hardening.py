@@ -421,6 +421,15 @@ def test_a_template_or_a_chat_line_over_the_context_is_refused_before_it_is_enco
     assert err.count("[2 tokens, finish=length") == 1
 
 
+def test_a_first_chat_line_over_the_context_by_its_count_is_encoded_once(tmp_path, capsys, monkeypatch, encoded):
+    """With no earlier turn to drop, the line's prompt is refused on its one encoding (was: rendered and
+    encoded a second time as "the line alone", which it already was)."""
+    code, out, err = run_main(capsys, "chat", "--model", str(bpe_model(tmp_path)), "--max-tokens", "2",
+                              stdin=b"hello" * 600 + b"\n", monkeypatch=monkeypatch)
+    assert code == OK and "does not fit even on its own" in err and "617-token" in err, err
+    assert len([n for n in encoded if n >= 3000]) == 1, encoded
+
+
 def test_a_chat_line_that_does_not_fit_alone_leaves_the_conversation_as_it_was(capsys, monkeypatch):
     """Was: the oldest turns were dropped one by one to make room, then the line was refused and the
     dropped turns stayed lost (the next line's prompt was itself alone), against reply's docstring."""

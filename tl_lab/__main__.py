@@ -344,7 +344,8 @@ class _Chat:
         request, overflow = self._fit(self.render(self.messages), params, seed)
         if overflow is not None:
             turns = (len(self.messages) - len(self.start)) // 2  # earlier turns: a user line and its reply
-            request, overflow = self._fit(self.render(self._dropping(turns)), params, seed)
+            if turns:  # the line alone (with none, it was alone already: not rendered and encoded again)
+                request, overflow = self._fit(self.render(self._dropping(turns)), params, seed)
             if overflow is not None:  # only this line is left: refuse it, keep the session
                 self.messages = before
                 _err(f"error: this message does not fit even on its own, so it was not sent ({overflow}); "
