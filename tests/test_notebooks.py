@@ -330,3 +330,17 @@ def test_each_other_pitfall_first_breaks_the_section_the_lab_names(pid, monkeypa
     failed = failing_cells(f"{p.notebook}.ipynb", first=True)
     assert failed and failed[0] and p.cell.startswith(failed[0]), (
         f"{pid} first breaks {p.notebook}'s cell under {failed[:1]}, the lab says {p.cell!r}")
+
+
+def test_the_kernels_a_run_starts_write_their_temporary_folders_inside_the_runs_own():
+    """02 and 13 make temporary folders; nbval kills a kernel, so their clean-up never runs. The root
+    conftest gives every process the run starts a TMPDIR it removes at the end; this one keeps /tmp."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    child = subprocess.run([sys.executable, "-c", "import tempfile; print(tempfile.gettempdir())"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert child == os.environ["TMPDIR"] and os.path.basename(child).startswith("tl_lab-run-"), child
+    assert tempfile.gettempdir() != child
