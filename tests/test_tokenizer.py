@@ -268,6 +268,83 @@ def test_a_tokenizer_json_the_library_panics_on_is_refused_in_one_line(tmp_path)
         BpeTokenizer(path)
 
 
+def write_sentencepiece_tokenizer(path, style: str, byte_fallback: bool = True, fuse_unk: bool = True) -> None:
+    """A SentencePiece-style tokenizer.json at `path`: "▁" for a space, 256 byte-fallback tokens, "<unk>".
+    style "llama2": the normalizer prepends "▁" and replaces " " (Llama 2, Mistral); "metaspace": a
+    Metaspace pre-tokenizer does both (the newer files); "gemma": the normalizer only replaces."""
+    from tokenizers import AddedToken
+    from tokenizers import Tokenizer as HfTokenizer
+    from tokenizers import models, normalizers, pre_tokenizers
+
+    merges = [("▁", "h"), ("e", "l"), ("el", "l"), ("▁h", "ell"), ("▁hell", "o"), ("▁", "▁"), ("▁▁", "▁▁"),
+              ("▁▁▁▁", "▁▁▁▁")]
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), *"▁helotwrdab", *("".join(m) for m in merges)]
+    tok = HfTokenizer(models.BPE(vocab={t: i for i, t in enumerate(dict.fromkeys(tokens))}, merges=merges,
+                                 unk_token="<unk>", byte_fallback=byte_fallback, fuse_unk=fuse_unk))
+    replace = normalizers.Replace(" ", "▁")
+    if style == "metaspace":
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
+    else:
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), replace] if style == "llama2" else [replace])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<unk>", "<s>", "</s>")])
+    tok.save(str(path))
+
+
+SP_TEXTS = BOUND_TEXTS + [" " * 800, "        x" * 30, "<s>hello</s>hello", "▁▁▁ ▁", "日本" * 40, " hello" * 50,
+                          "a" * 300, "<s>" * 20, "\n \t " * 40]
+
+
+@pytest.mark.parametrize("style", ["llama2", "metaspace", "gemma"])
+def test_fewest_tokens_holds_for_a_sentencepiece_style_tokenizer(tmp_path, style):
+    """A space reaches the model as "▁", three bytes: the eight-space token covers 24 of them, so a run
+    of 8k spaces is at least k tokens and is k (one more where a "▁" is put before the text)."""
+    write_sentencepiece_tokenizer(tmp_path / "tokenizer.json", style)
+    tok = BpeTokenizer(tmp_path / "tokenizer.json")
+    assert (tok.max_token_bytes, tok.dropped_bytes, tok.space_bytes) == (len("▁" * 8) * 3, b"", 3)
+    for text in SP_TEXTS:
+        assert tok.fewest_tokens(text) <= len(tok.encode(text)), text
+    for k in (1, 5):
+        assert tok.fewest_tokens(" " * 8 * k) == k and len(tok.encode(" " * 8 * k)) == k + (style == "llama2")
+    with pytest.raises(ValueError, match=r"^a prompt of 8,001 bytes is at least 1,001 tokens"):
+        tok.encode_within(" " * 8001, 1000)
+
+
+def test_fewest_tokens_holds_for_random_texts_on_sentencepiece_style_tokenizers(tmp_path):
+    """Any text of the pieces the bound is about (spaces, a literal "▁", the special tokens, characters
+    the vocabulary has, characters it spells in byte-fallback tokens) gets a bound under its count."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    toks = []
+    for style in ("llama2", "metaspace", "gemma"):
+        write_sentencepiece_tokenizer(tmp_path / f"{style}.json", style)
+        toks.append(BpeTokenizer(tmp_path / f"{style}.json"))
+    pieces = st.sampled_from([" ", "  ", "▁", "<s>", "</s>", "<unk>", "hello", "h", "e", "x", "日", "😀", "\n", "é"])
+
+    @settings(max_examples=150, deadline=None)
+    @given(st.lists(pieces, max_size=60).map("".join))
+    def holds(text):
+        for tok in toks:
+            assert tok.fewest_tokens(text) <= len(tok.encode(text)), (tok, text)
+
+    holds()
+
+
+@pytest.mark.parametrize("byte_fallback, fuse_unk, bound", [(False, False, True), (False, True, False),
+                                                            (True, True, True)])
+def test_a_sentencepiece_style_tokenizer_without_byte_fallback_is_bounded_only_when_unk_covers_one_character(
+        tmp_path, byte_fallback, fuse_unk, bound):
+    """Without byte fallback a character outside the vocabulary is "<unk>", one character (4 bytes at
+    most), unless fuse_unk makes one "<unk>" of a run of them: 200 CJK characters, one token."""
+    write_sentencepiece_tokenizer(tmp_path / "tokenizer.json", "llama2", byte_fallback, fuse_unk)
+    tok = BpeTokenizer(tmp_path / "tokenizer.json")
+    text = "日本" * 100
+    assert len(tok.encode(text)) == (2 if fuse_unk and not byte_fallback else 201 if not byte_fallback else 601)
+    assert (tok.max_token_bytes is not None) == bound
+    for text in SP_TEXTS:
+        assert tok.fewest_tokens(text) <= len(tok.encode(text)), text
+
+
 @pytest.mark.smollm2
 def test_fewest_tokens_on_smollm2_never_exceeds_the_count():
     from conftest import smollm2_path

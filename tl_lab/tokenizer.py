@@ -63,6 +63,8 @@ class Tokenizer:
     # them), for `fewest_tokens`; None: no such bound is known for this tokenizer.
     max_token_bytes: int | None = None
     dropped_bytes: bytes = b""
+    # The bytes a space of the text becomes before the model sees it (SentencePiece's "▁" is 3).
+    space_bytes: int = 1
 
     def __init__(self, eos_ids: Iterable[int] = (), bos_id: int | None = None, chat_template: str | None = None):
         """The special ids (checked against vocab_size, which a subclass sets first) and the template."""
@@ -79,15 +81,16 @@ class Tokenizer:
 
     def fewest_tokens(self, text: str) -> int:
         """A lower bound on len(self.encode(text)) found without encoding: every token covers at most
-        max_token_bytes of the text's UTF-8, so its B bytes (less the dropped ones) need at least
-        ceil(B / max_token_bytes) tokens; 0 when no bound is known. It lets a prompt far over the
-        context be refused at once: encoding 10 MB of text took 6 s and 1.7 GB only to be refused.
-        ValueError, as encode's, for a text that is not UTF-8."""
+        max_token_bytes of the text's UTF-8 as the model sees it (each space space_bytes), so its B bytes
+        (less the dropped ones) need at least ceil(B / max_token_bytes) tokens; 0 when no bound is
+        known. It lets a prompt far over the context be refused at once: encoding 10 MB of text took 6 s
+        and 1.7 GB only to be refused. ValueError, as encode's, for a text that is not UTF-8."""
         most = self.max_token_bytes
         data = utf8(text)
         if not most:
             return 0
-        return -(-len(data.translate(None, self.dropped_bytes)) // most)
+        seen = len(data.translate(None, self.dropped_bytes)) + (self.space_bytes - 1) * data.count(b" ")
+        return -(-seen // most)
 
     def encode_within(self, text: str, n: int, error: type[Exception] = ValueError, where: str = "") -> list[int]:
         """The ids of prompt `text` when they fit a context of n tokens (max_position_embeddings), else
@@ -151,7 +154,8 @@ class ByteTokenizer(Tokenizer):
 
 
 class BpeTokenizer(Tokenizer):
-    """A tokenizer.json (byte-level BPE with special tokens) through the `tokenizers` library."""
+    """A tokenizer.json (a BPE model, byte-level or SentencePiece-style, with special tokens) through the
+    `tokenizers` library."""
 
     def __init__(
         self,
@@ -184,33 +188,58 @@ class BpeTokenizer(Tokenizer):
         self._byte_of = {c: b for b, c in _bytes_to_unicode().items()}
 
     @functools.cached_property
-    def _token_bound(self) -> tuple[int | None, bytes]:
-        """(max_token_bytes, dropped_bytes), worked out on first use (50 ms for SmolLM2's 49152 tokens).
+    def _token_bound(self) -> tuple[int | None, bytes, int]:
+        """(max_token_bytes, dropped_bytes, space_bytes), worked out on first use (50 ms for SmolLM2's
+        49152 tokens).
 
-        The bound holds only where the text reaches the BPE model byte for byte: no normalizer (NFC
-        makes 2 bytes of 3, a Replace or Strip any number of none), pre-tokenizers that split the text
-        and map each byte to one character of the byte alphabet but drop nothing, no truncation, a BPE
-        model that looks a character up as itself (a continuing_subword_prefix or end_of_word_suffix
-        makes it look up "##a" or "a</w>" instead, and drop the character when only "a" is there), and
-        added tokens that cover their own text only (an lstrip or rstrip one takes the spaces around
-        it too). Then a vocabulary token covers as many bytes as it has characters, an added one its
-        text's, and a byte whose character is not in the vocabulary is dropped (SmolLM2 drops 21 bytes, 0x04,
-        0x13 among them). Any other tokenizer.json gets no bound: its prompts are encoded first, as before.
+        The bound holds only where each token covers a known most of the text's bytes: no truncation, a
+        BPE model that looks a character up as itself (a continuing_subword_prefix or end_of_word_suffix
+        makes it look up "##a" or "a</w>" instead, and drop the character when only "a" is there), added
+        tokens that cover their own text only (an lstrip or rstrip one takes the spaces around it too),
+        and either of the two designs real tokenizer.json files use:
+        - byte-level (GPT-2, SmolLM2, Llama 3): `_byte_level_bound`;
+        - SentencePiece-style (Llama 2, Mistral, Gemma): `_metaspace_bound`.
+        Any other tokenizer.json gets no bound: its prompts are encoded first, as before.
         """
         tok = self._tok
         added = list(tok.get_added_tokens_decoder().values())
+        if (tok.truncation is not None or type(tok.model).__name__ != "BPE" or any(t.lstrip or t.rstrip for t in added)
+                or tok.model.continuing_subword_prefix or tok.model.end_of_word_suffix):
+            return None, b"", 1
         normalizer = None if tok.normalizer is None else json.loads(tok.normalizer.__getstate__())
         pre = {} if tok.pre_tokenizer is None else json.loads(tok.pre_tokenizer.__getstate__())
-        if (normalizer not in (None, {"type": "Sequence", "normalizers": []}) or not _keeps_every_byte(pre)
-                or tok.truncation is not None or type(tok.model).__name__ != "BPE" or any(t.lstrip or t.rstrip for t in added)
-                or tok.model.continuing_subword_prefix or tok.model.end_of_word_suffix):
-            return None, b""
-        vocab = tok.get_vocab(with_added_tokens=False)
+        if normalizer in (None, {"type": "Sequence", "normalizers": []}) and _keeps_every_byte(pre):
+            return self._byte_level_bound(added)
+        space = _space_becomes(normalizer, pre)
+        return (None, b"", 1) if space is None else self._metaspace_bound(added, space)
+
+    def _byte_level_bound(self, added) -> tuple[int | None, bytes, int]:
+        """No normalizer (NFC makes 2 bytes of 3, a Replace or Strip any number of none) and pre-tokenizers
+        that split the text and map each byte to one character of the byte alphabet: a vocabulary token
+        covers as many bytes as it has characters, an added one its text's, and a byte whose character
+        is not in the vocabulary is dropped (SmolLM2 drops 21 bytes, 0x04, 0x13 among them)."""
+        vocab = self._tok.get_vocab(with_added_tokens=False)
         alphabet = set(self._byte_of)
         most = max((len(p) if set(p) <= alphabet else len(p.encode("utf-8")) for p in vocab), default=0)
         most = max([most, *(len(t.content.encode("utf-8")) for t in added)])
         dropped = bytes(b for c, b in self._byte_of.items() if c not in vocab)
-        return most or None, dropped
+        return most or None, dropped, 1
+
+    def _metaspace_bound(self, added, space: str) -> tuple[int | None, bytes, int]:
+        """Each space of the text becomes `space` (SentencePiece's "▁") and the model reads characters:
+        a vocabulary token covers its own UTF-8 bytes of that text, a byte-fallback one ("<0xE6>") one
+        byte, an unknown one ("<unk>") one character, at most 4 bytes; an added token its text's, with
+        its spaces as `space`. A "▁" put before the text (Prepend, prepend_scheme) is not counted, so
+        the bound stays below. A character with neither is dropped, and with `fuse_unk` one "<unk>"
+        covers any number of them: no bound then."""
+        model, vocab = self._tok.model, self._tok.get_vocab(with_added_tokens=False)
+        every_byte = model.byte_fallback and all(f"<0x{b:02X}>" in vocab for b in range(256))
+        if not every_byte and (model.unk_token not in vocab or model.fuse_unk):
+            return None, b"", 1
+        most = max([4, *(len(p.encode("utf-8")) for p in vocab),
+                    *(len(t.content.replace(" ", space).encode("utf-8")) for t in added),
+                    *(len(t.content.encode("utf-8")) for t in added)])
+        return most, b"", len(space.encode("utf-8"))
 
     @property
     def max_token_bytes(self) -> int | None:
@@ -219,6 +248,10 @@ class BpeTokenizer(Tokenizer):
     @property
     def dropped_bytes(self) -> bytes:
         return self._token_bound[1]
+
+    @property
+    def space_bytes(self) -> int:
+        return self._token_bound[2]
 
     def encode(self, text: str) -> list[int]:
         # Special-token strings in the text (the chat template writes them) become their ids.
@@ -252,6 +285,27 @@ class BpeTokenizer(Tokenizer):
 # Pre-tokenizers that only split the text, and ByteLevel, which maps each byte to one character: with
 # them, and ByteLevel among them, each byte of the text reaches the BPE model as one character.
 _SPLITTERS = {"ByteLevel", "Digits", "Split", "Punctuation"}
+
+
+def _space_becomes(normalizer: dict | None, pre: dict) -> str | None:
+    """What a space of the text becomes before the BPE model reads it, where that is all a
+    SentencePiece-style tokenizer.json changes: normalizers that only prepend or replace " " with one
+    non-empty string, pre-tokenizers that only split or are Metaspace with that string ("▁"); None
+    for anything else (see BpeTokenizer._metaspace_bound)."""
+    norms = normalizer.get("normalizers", []) if (normalizer or {}).get("type") == "Sequence" else [normalizer]
+    parts = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre] if pre else []
+    spaces = set()
+    for n in filter(None, norms):
+        if n.get("type") == "Replace" and n.get("pattern") == {"String": " "} and n.get("content"):
+            spaces.add(n["content"])
+        elif n.get("type") != "Prepend":
+            return None
+    for p in parts:
+        if p.get("type") == "Metaspace" and p.get("replacement"):
+            spaces.add(p["replacement"])
+        elif p.get("type") not in _SPLITTERS - {"ByteLevel"} or p.get("behavior") == "Removed":
+            return None
+    return (spaces or {" "}).pop() if len(spaces) <= 1 else None
 
 
 def _keeps_every_byte(pre: dict) -> bool:
