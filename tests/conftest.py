@@ -107,6 +107,36 @@ def write_bpe_tokenizer(path, alter=lambda tok: None, drop: str = "") -> int:
     return len(tokens)
 
 
+def write_sentencepiece_tokenizer(path, style: str, byte_fallback: bool = True, fuse_unk: bool = True,
+                                  size: int | None = None) -> int:
+    """A SentencePiece-style tokenizer.json at `path`: "▁" for a space, 256 byte-fallback tokens (or
+    none), "<unk>" -> its number of tokens. style "llama2": the normalizer prepends "▁" and replaces " "
+    (Llama 2, Mistral); "metaspace": a Metaspace pre-tokenizer does both (the newer files); "gemma":
+    the normalizer only replaces. size: words "▁" + one character added until there are that many
+    (for decoding: no merges make them)."""
+    from tokenizers import AddedToken
+    from tokenizers import Tokenizer as HfTokenizer
+    from tokenizers import decoders, models, normalizers, pre_tokenizers
+
+    merges = [("▁", "h"), ("e", "l"), ("el", "l"), ("▁h", "ell"), ("▁hell", "o"), ("▁", "▁"), ("▁▁", "▁▁"),
+              ("▁▁▁▁", "▁▁▁▁")]
+    fallback = [f"<0x{b:02X}>" for b in range(256)] if byte_fallback else []
+    tokens = list(dict.fromkeys(["<unk>", "<s>", "</s>", *fallback, *"▁helotwrdab", *("".join(m) for m in merges)]))
+    tokens += [f"▁{chr(0x100 + i)}" for i in range(max(0, (size or 0) - len(tokens)))]  # decoded, never encoded
+    tok = HfTokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, unk_token="<unk>",
+                                 byte_fallback=byte_fallback, fuse_unk=fuse_unk))
+    replace = normalizers.Replace(" ", "▁")
+    if style == "metaspace":
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
+    else:
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), replace] if style == "llama2" else [replace])
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     *([] if style == "gemma" else [decoders.Strip(" ", 1, 0)])])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<unk>", "<s>", "</s>")])
+    tok.save(str(path))
+    return len(tokens)
+
+
 def smollm2_path():
     """The fetched SmolLM2-135M-Instruct directory, or fail saying how to fetch it (never skip)."""
     from tl_lab.fetch import smollm2_dir

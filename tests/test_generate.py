@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
-from conftest import smollm2_path
+from conftest import smollm2_path, write_sentencepiece_tokenizer
 from tl_lab.blocks import blocks_for
 from tl_lab.errors import KvError
 from tl_lab.generate import Engine, Request, RequestError, Result
@@ -226,6 +226,27 @@ def test_stop_at_a_request_stop_id():
     events.clear()
     (r,) = e.generate([req("Hello", GREEDY, max_tokens=20, stop_ids=[whole])], on_token=events.append)
     assert r.finish == "stop" and events[-1].text == "" and "".join(ev.text for ev in events) == r.text
+
+
+@pytest.mark.parametrize("style", ["llama2", "metaspace"])
+def test_streamed_text_keeps_the_spaces_of_a_sentencepiece_tokenizer(tmp_path, style):
+    """A SentencePiece decoder drops the space before the first word it decodes: token by token, the
+    text had none ("▁hello" alone is "hello"). Each token's text is now decoded after the last ids out
+    (`Tokenizer.decode_after`): the events add up to the text after the prompt, spaces and all."""
+    d = tmp_path / "tiny"
+    shutil.copytree(TINY, d)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "tl_tokenizer": "bpe", "eos_token_id": 2, "bos_token_id": 1}))
+    assert write_sentencepiece_tokenizer(d / "tokenizer.json", style, byte_fallback=False, fuse_unk=False,
+                                         size=cfg["vocab_size"]) == cfg["vocab_size"]
+    e = Engine.load(d, EngineConfig(kv=KvConfig(n_blocks=64, block_tokens=B)))
+    prompt = e.tokenizer.encode("<s>hello world")
+    events = []
+    (r,) = e.generate([Request(prompt, SAMPLED, 3, 40, [])], on_token=events.append)
+    whole = e.tokenizer.decode(prompt + r.output_ids)
+    assert "".join(ev.text for ev in events) == r.text == whole[len(e.tokenizer.decode(prompt)):]
+    spaces = sum(e.tokenizer.token_str(t).startswith("▁") for t in r.output_ids)
+    assert spaces >= 20 and r.text.count(" ") >= spaces, (spaces, r.text)
 
 
 def test_stop_at_the_config_eos(tmp_path):

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import MERGES, SPECIALS, need, write_bpe_tokenizer
+from conftest import MERGES, SPECIALS, need, write_bpe_tokenizer, write_sentencepiece_tokenizer
 from tl_lab.errors import ConfigError
 from tl_lab.tokenizer import BpeTokenizer, ByteTokenizer, Tokenizer, _bytes_to_unicode, load_tokenizer, render_chat_template
 
@@ -268,26 +268,18 @@ def test_a_tokenizer_json_the_library_panics_on_is_refused_in_one_line(tmp_path)
         BpeTokenizer(path)
 
 
-def write_sentencepiece_tokenizer(path, style: str, byte_fallback: bool = True, fuse_unk: bool = True) -> None:
-    """A SentencePiece-style tokenizer.json at `path`: "▁" for a space, 256 byte-fallback tokens, "<unk>".
-    style "llama2": the normalizer prepends "▁" and replaces " " (Llama 2, Mistral); "metaspace": a
-    Metaspace pre-tokenizer does both (the newer files); "gemma": the normalizer only replaces."""
-    from tokenizers import AddedToken
-    from tokenizers import Tokenizer as HfTokenizer
-    from tokenizers import models, normalizers, pre_tokenizers
-
-    merges = [("▁", "h"), ("e", "l"), ("el", "l"), ("▁h", "ell"), ("▁hell", "o"), ("▁", "▁"), ("▁▁", "▁▁"),
-              ("▁▁▁▁", "▁▁▁▁")]
-    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), *"▁helotwrdab", *("".join(m) for m in merges)]
-    tok = HfTokenizer(models.BPE(vocab={t: i for i, t in enumerate(dict.fromkeys(tokens))}, merges=merges,
-                                 unk_token="<unk>", byte_fallback=byte_fallback, fuse_unk=fuse_unk))
-    replace = normalizers.Replace(" ", "▁")
-    if style == "metaspace":
-        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
-    else:
-        tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), replace] if style == "llama2" else [replace])
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<unk>", "<s>", "</s>")])
-    tok.save(str(path))
+def test_decode_after_gives_the_text_new_ids_add_after_the_ones_out(tmp_path):
+    """A SentencePiece decoder drops the space of the first word it decodes: "▁world" after "▁hello" is
+    " world", alone "world". Where the ids out end in half a character, the new ones are decoded alone."""
+    write_sentencepiece_tokenizer(tmp_path / "tokenizer.json", "llama2")
+    tok = BpeTokenizer(tmp_path / "tokenizer.json")
+    ids = tok.encode("hello hello")
+    assert [tok.token_str(i) for i in ids] == ["▁hello", "▁hello"]
+    assert tok.decode(ids[1:]) == "hello" and tok.decode_after(ids[:1], ids[1:]) == " hello"
+    assert tok.decode_after([], ids) == tok.decode(ids) == "hello hello" and tok.decode_after(ids, []) == ""
+    byte = ByteTokenizer()
+    assert byte.decode_after(list(b"ab"), list("日".encode())) == "日"
+    assert byte.decode_after([0xE6], [0x97, 0xA5]) == "\ufffd\ufffd"  # as decoded alone
 
 
 SP_TEXTS = BOUND_TEXTS + [" " * 800, "        x" * 30, "<s>hello</s>hello", "▁▁▁ ▁", "日本" * 40, " hello" * 50,

@@ -112,12 +112,17 @@ class Request:
             self.stop_ids = _token_ids(self.stop_ids, "Request.stop_ids")
 
 
+# The ids already out that a new token's text is decoded after: enough for a SentencePiece word's space
+# and a UTF-8 character's bytes (vLLM's detokenizer keeps a window of the same kind).
+SHOWN_IDS = 6
+
+
 @dataclass(frozen=True)
 class TokenEvent:
     """One generated token of request `request` (its index in the list given to `stream`).
 
-    text: what to print now: the new part of the decoded output (empty while a UTF-8 character is
-    still incomplete, and for the stop token); piece: the token on its own, for display.
+    text: what to print now: the new part of the decoded text after the prompt (empty while a UTF-8
+    character is still incomplete, and for the stop token); piece: the token on its own, for display.
     finish: None, or "stop" (a stop id, which is not part of `text`) or "length" on the last token.
     """
 
@@ -192,6 +197,7 @@ class _Seq:
         self.rng = stream(req.seed, PURPOSE_SAMPLE)
         self.blocks = SeqBlocks()
         self.unprinted: list[int] = []  # ids whose text is not out yet (an incomplete character)
+        self.shown = list(req.prompt_ids[-SHOWN_IDS:])  # the last ids whose text is out (Tokenizer.decode_after)
         self.result = Result(index, list(req.prompt_ids))
 
     @property
@@ -420,11 +426,11 @@ class Engine:
         if r.finish != "stop":
             s.unprinted.append(tok)
         if self.tokenizer is not None:
-            text = self.tokenizer.decode(s.unprinted) if s.unprinted else ""
+            text = self.tokenizer.decode_after(s.shown, s.unprinted)
             if text.endswith("\ufffd") and r.finish is None:
                 text = ""  # most likely half of a UTF-8 character: wait for the rest
             else:
-                s.unprinted = []
+                s.shown, s.unprinted = (s.shown + s.unprinted)[-SHOWN_IDS:], []
         r.text += text
         piece = self.tokenizer.token_str(tok) if self.tokenizer is not None else ""
         return TokenEvent(s.index, tok, text, lp, piece, len(s.tokens) - 1, r.finish)

@@ -79,6 +79,16 @@ class Tokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         raise NotImplementedError
 
+    def decode_after(self, shown: list[int], new: list[int]) -> str:
+        """The text ids `new` add after `shown` (the last few ids already out): decoded after them and
+        cut where their text ends, because a SentencePiece decoder drops the space of the word it
+        decodes first ("▁world" alone is "world", after "▁Hello" it is " world"). Decoded alone where
+        the cut is not clean (`shown` ending in half a UTF-8 character)."""
+        if not new:
+            return ""
+        before, both = self.decode(shown), self.decode(shown + new)
+        return both[len(before):] if both.startswith(before) else self.decode(new)
+
     def fewest_tokens(self, text: str) -> int:
         """A lower bound on len(self.encode(text)) found without encoding: every token covers at most
         max_token_bytes of the text's UTF-8 as the model sees it (each space space_bytes), so its B bytes
