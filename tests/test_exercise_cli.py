@@ -328,3 +328,78 @@ def test_in_process_cli_tests_marks_the_results_of_a_file_changed_since(tmp_path
     code, out, _ = _in_process_cli(capsys, "tests", "--workspace", str(ws))
     assert row(out).split()[3] == "passed*"
     assert out.splitlines()[-1] == "*: of an earlier text of sample.py, changed since its last check"
+
+
+def _grade_workspaces(tmp_path):
+    """Two learners: one who only ran start, one whose kv and sample are the reference's."""
+    from tl_lab.exercise.cli import start
+
+    start(tmp_path / "ann", ["kv"])
+    (tmp_path / "bob").mkdir()
+    for m in ("kv", "sample"):
+        (tmp_path / "bob" / f"{m}.py").write_text(reference_source(m), encoding="utf-8")
+    return tmp_path / "ann", tmp_path / "bob"
+
+
+def test_in_process_cli_grade_checks_each_workspace_and_writes_a_gradebook(tmp_path, capsys):
+    """One line a learner on stdout and one CSV row each: the verdict, the chapter tests passed of 24, each
+    module's state, tests and the sha256 of the file graded; each workspace keeps its own status.json."""
+    import csv
+    import hashlib
+
+    from tl_lab.exercise.gradebook import COLUMNS
+
+    ann, bob = _grade_workspaces(tmp_path)
+    book = tmp_path / "grades.csv"
+    code, out, err = _in_process_cli(capsys, "grade", str(ann), str(bob), "--out", str(book))
+    assert code == 1 and err == "", err
+    lines = out.splitlines()
+    assert lines[0].startswith(f"{ann}  failed  0/24  kv not started 0/4 · quant not started 0/3")
+    assert lines[1].startswith(f"{bob}  failed  11/24  kv passed 4/4 · quant not started 0/3") and "sample passed 7/7" in lines[1]
+    assert lines[2] == f"0 of 2 workspaces pass; gradebook: {book}"
+    with open(book, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == COLUMNS and [r["workspace"] for r in rows] == [str(ann), str(bob)]
+    assert [(r["verdict"], r["passed"], r["total"]) for r in rows] == [("failed", "0", "24"), ("failed", "11", "24")]
+    assert rows[1]["kv_digest"] == hashlib.sha256((bob / "kv.py").read_bytes()).hexdigest() and rows[1]["quant_digest"] == ""
+    assert (bob / ".tl_lab" / "status.json").is_file() and not (tmp_path / "grades.csv.partial").exists()
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["@ann", "@ann/../ann"], "is named twice"),
+    (["@ann", "@nobody"], "does not exist"),
+    (["@ann", "--out", "@grades.txt"], "--out must name a .csv file"),
+    (["@ann", "--out", "@no/such/folder/grades.csv"], "not a file in a folder that can be written"),
+    (["@ann", "--timeout", "0"], "--timeout must be a positive number"),
+])
+def test_in_process_cli_grade_refuses_bad_input_before_grading_anyone(tmp_path, capsys, argv, says):
+    ann, bob = _grade_workspaces(tmp_path)
+    argv = [a.replace("@", f"{tmp_path}/") for a in argv]
+    if "--out" not in argv:
+        argv += ["--out", str(tmp_path / "grades.csv")]
+    code, out, err = _in_process_cli(capsys, "grade", *argv)
+    assert code == 2 and out == "" and err.startswith("error: ") and says in err and err.count("\n") == 1, err
+    assert not (ann / ".tl_lab").exists() and not list(tmp_path.glob("grades*"))
+
+
+def test_grade_interrupted_keeps_the_rows_done_and_the_old_gradebook(tmp_path, monkeypatch):
+    """Stopped after the first learner (Ctrl-C): the row done is in grades.csv.partial, and the gradebook
+    of an earlier run is still whole under its name."""
+    from tl_lab.exercise import gradebook
+
+    ann, bob = _grade_workspaces(tmp_path)
+    book = tmp_path / "grades.csv"
+    book.write_text("an earlier gradebook\n")
+    real = gradebook.check
+
+    def check(ws, *a, **k):
+        if ws == bob:
+            raise KeyboardInterrupt
+        return real(ws, *a, **k)
+
+    monkeypatch.setattr(gradebook, "check", check)
+    with pytest.raises(KeyboardInterrupt):
+        gradebook.grade([ann, bob], book, timeout=60, say=lambda line: None)
+    assert book.read_text() == "an earlier gradebook\n"
+    partial = (tmp_path / "grades.csv.partial").read_text().splitlines()
+    assert len(partial) == 2 and partial[1].startswith(f"{ann},failed,0,24,")

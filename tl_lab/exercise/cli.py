@@ -1,8 +1,9 @@
-"""`python -m tl_lab exercise ...`: start, tests, check, parity, hint, status, reset.
+"""`python -m tl_lab exercise ...`: start, tests, check, parity, hint, status, reset; grade.
 
 Chapter L10.1, "How to work this chapter". Every command takes --workspace DIR (else
-TL_LAB_WORKSPACE, else work/L10.1 in the clone). Exit codes: 0 done (check and parity: everything
-asked for passes), 1 a check or parity that does not pass, 2 bad input (an unknown module, a
+TL_LAB_WORKSPACE, else work/L10.1 in the clone); grade, the instructors' command, takes many
+(`tl_lab.exercise.gradebook`). Exit codes: 0 done (check, parity and grade: everything asked for
+passes), 1 a check, parity or grade that does not pass, 2 bad input (an unknown module, a
 missing or unwritable workspace), each error one line "error: ..." on stderr. Nothing of the
 learner's is ever overwritten or deleted: start skips existing files, reset keeps a backup.
 """
@@ -52,14 +53,22 @@ def add_cli(sub) -> None:
     add("hint", "what to write in MODULE, piece by piece, with what is still missing").add_argument("module")
     add("status", "your progress: each module's file, pieces written, last check")
     add("reset", "a fresh stub of MODULE; your file is kept as a backup beside it").add_argument("module")
+    g = cmds.add_parser("grade", help="for instructors: check each workspace in turn, a CSV row each",
+                        description="for instructors: check each WS in turn (all six modules), one line each here and "
+                        "a row each in --out; exit 0 only when every workspace passes")
+    g.add_argument("workspaces", nargs="+", metavar="WS")
+    g.add_argument("--out", required=True, metavar="FILE.csv", help="the gradebook (written as FILE.csv.partial "
+                   "while the run lasts)")
+    g.add_argument("--ref-deps", action="store_true", help="as in check")
+    g.add_argument("--timeout", type=float, default=None, metavar="S", help="as in check (default 120)")
     p.set_defaults(run=cli)
 
 
 def cli(args) -> int:
     from tl_lab.exercise.workspace import lift_refusal
 
-    if args.workspace is not None:
-        lift_refusal()  # --workspace wins over a bad TL_LAB_WORKSPACE
+    if getattr(args, "workspace", None) is not None or args.exercise_command == "grade":
+        lift_refusal()  # --workspace (or grade's own) wins over a bad TL_LAB_WORKSPACE
     try:
         return COMMANDS[args.exercise_command](args)
     except ExerciseError as exc:
@@ -192,14 +201,21 @@ def _tests(args) -> int:
     return EXIT_OK
 
 
-def _check(args) -> int:
-    from tl_lab.exercise.grading import DEFAULT_TIMEOUT, check, format_table
+def _timeout(args) -> float:
+    from tl_lab.exercise.grading import DEFAULT_TIMEOUT
 
-    ws = _workspace(args, write=True)  # the logs and status.json go inside
-    modules = _modules(args.modules)
     timeout = DEFAULT_TIMEOUT if args.timeout is None else args.timeout
     if not 0 < timeout < float("inf"):  # a negative or NaN limit would fail a correct module, not refuse
         raise ExerciseError(f"--timeout must be a positive number of seconds, got {args.timeout!r}")
+    return timeout
+
+
+def _check(args) -> int:
+    from tl_lab.exercise.grading import check, format_table
+
+    ws = _workspace(args, write=True)  # the logs and status.json go inside
+    modules = _modules(args.modules)
+    timeout = _timeout(args)
 
     def progress(row) -> None:
         print(f"  {row.module:<8} {row.state:<16} {row.seconds:6.1f} s", file=sys.stderr, flush=True)
@@ -209,6 +225,14 @@ def _check(args) -> int:
     print(format_table(rows, ws))
     asked = [r for r in rows if r.module in modules]
     return EXIT_OK if all(r.ok for r in asked) else EXIT_FAILED
+
+
+def _grade(args) -> int:
+    from tl_lab.exercise.gradebook import grade
+
+    rows = grade(args.workspaces, Path(args.out), _timeout(args), args.ref_deps, say=lambda line: print(line, flush=True))
+    print(f"{sum(r['verdict'] == 'passed' for r in rows)} of {len(rows)} workspaces pass; gradebook: {args.out}")
+    return EXIT_OK if all(r["verdict"] == "passed" for r in rows) else EXIT_FAILED
 
 
 def _parity(args) -> int:
@@ -294,4 +318,4 @@ def _reset(args) -> int:
 
 
 COMMANDS = {"start": _start, "tests": _tests, "check": _check, "parity": _parity, "hint": _hint, "status": _status,
-            "reset": _reset}
+            "reset": _reset, "grade": _grade}
