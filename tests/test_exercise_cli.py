@@ -382,7 +382,7 @@ def test_in_process_cli_grade_refuses_bad_input_before_grading_anyone(tmp_path, 
     assert not (ann / ".tl_lab").exists() and not list(tmp_path.glob("grades*"))
 
 
-def test_grade_interrupted_keeps_the_rows_done_and_the_old_gradebook(tmp_path, monkeypatch):
+def test_in_process_grade_interrupted_keeps_the_rows_done_and_the_old_gradebook(tmp_path, monkeypatch):
     """Stopped after the first learner (Ctrl-C): the row done is in grades.csv.partial, and the gradebook
     of an earlier run is still whole under its name."""
     from tl_lab.exercise import gradebook

@@ -112,7 +112,7 @@ MODULES = {
     # the exercise's modules: the exercise tests started from the clone (_EXERCISE_IN_PROCESS); the
     # graded runs and the guard's trials happen in processes of their own
     **{f"exercise.{m}": ["tests/test_exercises.py", *_EXERCISE_FILES, "-m", "not exercise_slow", "-k", _EXERCISE_IN_PROCESS]
-       for m in ("stubs", "registry", "workspace", "cli", "grading", "guard", "parity", "side", "plugin")},
+       for m in ("stubs", "registry", "workspace", "cli", "grading", "gradebook", "guard", "parity", "side", "plugin")},
 }
 
 # (name, file, old text, new text): each a mistake a later refactor of a compiled loop could make.
