@@ -519,7 +519,8 @@ def _source(module: str) -> str:
 
 def _setup_cfg(module: str, selection: list[str]) -> str:
     tests = "\n".join(f"    {a}" for a in selection)
-    return (f"[mutmut]\nsource_paths = tl_lab\nonly_mutate = {_source(module)}\nalso_copy =\n    data\n    docs\n    notebooks\n    README.md\n    .gitignore\n"
+    # conftest.py: the clone's root one, which sets TL_LAB_WORKSPACE=off for every run in the clone
+    return (f"[mutmut]\nsource_paths = tl_lab\nonly_mutate = {_source(module)}\nalso_copy =\n    data\n    docs\n    notebooks\n    README.md\n    .gitignore\n    conftest.py\n"
             f"pytest_add_cli_args_test_selection =\n{tests}\n"
             "pytest_add_cli_args =\n    -p\n    no:cacheprovider\n    -q\n    -x\n")
 
