@@ -459,6 +459,14 @@ def test_requests_with_bad_fields_are_refused_in_words(make, words):
     assert all(w in str(info.value) for w in words), (words, str(info.value))
 
 
+def test_a_request_of_text_or_of_nothing_is_refused_in_these_words():
+    with pytest.raises(RequestError, match=r"^Request.prompt_ids must be token ids, got the text "
+                                           r"'abcdefghijklmnopqrst' \(encode it first\)$"):
+        Request("abcdefghijklmnopqrstuvwxyz")
+    with pytest.raises(RequestError, match="^Request.prompt_ids is empty: a prompt needs at least one token$"):
+        Request([])
+
+
 # ------------------------------------------------------------------ the step record
 
 

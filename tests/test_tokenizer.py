@@ -322,6 +322,41 @@ def test_fewest_tokens_holds_for_random_texts_on_sentencepiece_style_tokenizers(
     holds()
 
 
+@pytest.mark.parametrize("normalizer, pre, space", [
+    (None, {}, " "),  # nothing changes a space
+    ({"type": "Replace", "pattern": {"String": " "}, "content": "▁"}, {}, "▁"),
+    (None, {"type": "Sequence", "pretokenizers": [{"type": "Metaspace", "replacement": "▁"},
+                                                 {"type": "Punctuation", "behavior": "Isolated"}]}, "▁"),
+    (None, {"type": "Metaspace", "replacement": ""}, None),  # a space dropped: no bound
+    (None, {"type": "Split", "replacement": "▁", "behavior": "Isolated"}, " "),  # not a Metaspace: splits only
+    ({"type": "Replace", "pattern": {"String": " "}, "content": "_"}, {"type": "Metaspace", "replacement": "▁"}, None),
+    ({"type": "NFC"}, {}, None),
+    (None, {"type": "Whitespace"}, None),
+    (None, {"type": "Split", "behavior": "Removed"}, None),
+])
+def test_what_a_space_becomes_before_the_model(normalizer, pre, space):
+    """The SentencePiece-style pipelines the bound reads (`_space_becomes`, in tokenizer.json's form)."""
+    from tl_lab.tokenizer import _space_becomes
+
+    assert _space_becomes(normalizer, pre) == space
+
+
+def test_a_byte_level_tokenizer_of_special_tokens_only_is_bounded_by_them(tmp_path):
+    """No vocabulary at all: every byte is dropped, and the longest special token is the most a token covers."""
+    from tokenizers import AddedToken
+    from tokenizers import Tokenizer as HfTokenizer
+    from tokenizers import models, pre_tokenizers
+
+    tok = HfTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.add_special_tokens([AddedToken("<|end|>", special=True, normalized=False)])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    bpe = BpeTokenizer(tmp_path / "tokenizer.json")
+    assert (bpe.max_token_bytes, len(bpe.dropped_bytes)) == (len("<|end|>"), 256)
+    # the special token's own bytes are among the dropped ones, so the bound is 0 here: low, never wrong
+    assert bpe.fewest_tokens("<|end|>" * 3 + "hello") == 0 and len(bpe.encode("<|end|>" * 3 + "hello")) == 3
+
+
 @pytest.mark.parametrize("byte_fallback, fuse_unk, bound", [(False, False, True), (False, True, False),
                                                             (True, True, True)])
 def test_a_sentencepiece_style_tokenizer_without_byte_fallback_is_bounded_only_when_unk_covers_one_character(
