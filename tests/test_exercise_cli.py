@@ -370,16 +370,29 @@ def test_in_process_cli_grade_checks_each_workspace_and_writes_a_gradebook(tmp_p
     (["@ann", "@nobody"], "does not exist"),
     (["@ann", "--out", "@grades.txt"], "--out must name a .csv file"),
     (["@ann", "--out", "@no/such/folder/grades.csv"], "not a file in a folder that can be written"),
+    (["@ann", "--out", "@ann"], "--out must name a .csv file"),
+    (["@ann", "--out", "@folder.csv"], "not a file in a folder that can be written"),
+    (["@ann", "@bob", "--out", "@grades.csv", "--unwritable", "@bob"], "is not writable"),
     (["@ann", "--timeout", "0"], "--timeout must be a positive number"),
 ])
-def test_in_process_cli_grade_refuses_bad_input_before_grading_anyone(tmp_path, capsys, argv, says):
+def test_in_process_cli_grade_refuses_bad_input_before_grading_anyone(tmp_path, capsys, monkeypatch, argv, says):
+    """Each refusal exit 2 in one line with nobody graded and nothing written. Permissions through
+    os.access (these tests may run as root, who writes anything)."""
+    import os
+
     ann, bob = _grade_workspaces(tmp_path)
+    (tmp_path / "folder.csv").mkdir()
     argv = [a.replace("@", f"{tmp_path}/") for a in argv]
+    if "--unwritable" in argv:
+        i = argv.index("--unwritable")
+        locked, real = argv[i + 1], os.access
+        del argv[i:i + 2]
+        monkeypatch.setattr(os, "access", lambda path, mode: not (str(path) == locked and mode & os.W_OK) and real(path, mode))
     if "--out" not in argv:
         argv += ["--out", str(tmp_path / "grades.csv")]
     code, out, err = _in_process_cli(capsys, "grade", *argv)
     assert code == 2 and out == "" and err.startswith("error: ") and says in err and err.count("\n") == 1, err
-    assert not (ann / ".tl_lab").exists() and not list(tmp_path.glob("grades*"))
+    assert not (ann / ".tl_lab").exists() and not (bob / ".tl_lab").exists() and not list(tmp_path.glob("grades*"))
 
 
 def test_in_process_grade_interrupted_keeps_the_rows_done_and_the_old_gradebook(tmp_path, monkeypatch):
@@ -399,7 +412,25 @@ def test_in_process_grade_interrupted_keeps_the_rows_done_and_the_old_gradebook(
 
     monkeypatch.setattr(gradebook, "check", check)
     with pytest.raises(KeyboardInterrupt):
-        gradebook.grade([ann, bob], book, timeout=60, say=lambda line: None)
+        gradebook.grade([ann, bob], book, timeout=60, ref_deps=False, say=lambda line: None)
     assert book.read_text() == "an earlier gradebook\n"
     partial = (tmp_path / "grades.csv.partial").read_text().splitlines()
     assert len(partial) == 2 and partial[1].startswith(f"{ann},failed,0,24,")
+
+
+def test_a_gradebook_row_passes_only_when_all_six_modules_pass(tmp_path):
+    """The verdict and the sums from check's rows (a learner who passes everything takes a minute's check:
+    rows stand in for it here); `when` is the local time as status.json writes it."""
+    import re
+
+    from tl_lab.exercise.grading import Row
+    from tl_lab.exercise.gradebook import chapter_tests, gradebook_row
+    from tl_lab.exercise.registry import MODULES
+
+    rows = [Row(m, "passed", f"{m}.py", passed=chapter_tests(m), digest=m * 2) for m in MODULES]
+    row = gradebook_row(tmp_path, rows, 61.04)
+    assert (row["verdict"], row["passed"], row["total"], row["seconds"]) == ("passed", 24, 24, "61.0")
+    assert (row["sample_state"], row["sample_passed"], row["sample_total"], row["sample_digest"]) == ("passed", 7, 7, "samplesample")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", row["when"]), row["when"]
+    rows[-1] = Row("sample", "failed", "sample.py", passed=6)
+    assert (gradebook_row(tmp_path, rows, 1.0)["verdict"], gradebook_row(tmp_path, rows, 1.0)["passed"]) == ("failed", 23)

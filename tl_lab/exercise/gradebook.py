@@ -69,7 +69,7 @@ def _checked(workspaces, out: Path) -> list[Path]:
     return list(found)
 
 
-def grade(workspaces, out, timeout: float, ref_deps: bool = False, say=print) -> list[dict]:
+def grade(workspaces, out, timeout: float, ref_deps: bool, say=print) -> list[dict]:
     """Check every workspace (all six modules), in the order given -> their gradebook rows, written to
     `out` (CSV) at the end and to `out`.partial as each is done; say(line) reports each learner."""
     out = Path(out)
