@@ -724,6 +724,18 @@ def test_a_value_of_exactly_the_bound_is_rendered(fresh_env):
     assert render_chat_template("{{ 'ab'.ljust(100000)|length }}", []) == "100000"
 
 
+def test_arithmetic_on_large_integers_is_not_mistaken_for_a_power(fresh_env):
+    """Only `**` is sized by its exponent: 1 + 20,000,000 is a small value (mutation testing, s55)."""
+    assert render_chat_template("{{ 1 + 20000000 }}|{{ 3 * 20000000 }}|{{ 2 ** 10 }}", []) == "20000001|60000000|1024"
+
+
+def test_an_integer_in_a_message_is_its_digits_up_to_63_bits():
+    from tl_lab.tokenizer import _short
+
+    assert _short(2**63 - 1) == "9223372036854775807" and _short(-(2**63) + 1) == "-9223372036854775807"
+    assert _short(2**63) == "an integer of about 19 digits"
+
+
 def test_filters_keep_their_defaults_under_the_bounds(fresh_env):
     """The bounds read a filter's arguments; a filter called without them keeps Jinja's defaults
     (mutation testing: `indent` with no width was never rendered)."""

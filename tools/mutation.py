@@ -370,6 +370,13 @@ EQUIVALENT = [
     ("exercise.side", "yours_or_none: `where = \"\"` -> None",
      "read only when no frame of the learner's file is in the traceback and the error is no SyntaxError, "
      "and a module that ran (and so raised) ran its file's code: no input reaches it"),
+    ("tokenizer", "_call_size: expandtabs's non-integer tab size counted as 0 -> 1 a tab",
+     "str.expandtabs takes only an integer: the call the size is for raises TypeError whatever the count"),
+    ("exercise.gradebook", "grade: the gradebook opened with the locale's encoding or without `newline=\"\"`",
+     "the same bytes under a UTF-8 locale on Linux, as every machine here runs: `newline=\"\"` (the csv module's "
+     "advice) matters only where Python writes \\r\\n for \\n"),
+    ("exercise.gradebook", "grade: `check(ws, MODULES, ...)` -> `check(ws, None, ...)` or the modules left out",
+     "check's default is all six, the same list"),
     ("exercise.cli", "_parity: the learner's line looked up without the default None",
      "the same case: the import ran the learner's file, so its frame is in the traceback"),
     ("quant", "_bits16: `h.dtype.kind not in \"iu\"` -> `not in \"XXiuXX\"`",
