@@ -26,6 +26,7 @@ END = "<!-- end of the mutation table -->"
 
 S53 = ("s53-review", "s53-review-after", "a new 40 after the review of 2026-12-06")
 S54 = ("s54", "s54-after", "a new 40 after the changes of 2026-12-07")
+S55 = ("s55", "s55-after", "a new 40 (seed 21) after the changes of 2026-12-07, second session")
 """The runs of the modules the change reviewed on 2026-12-06 touched, and the rows' note."""
 
 SHOWN = [
@@ -39,9 +40,11 @@ SHOWN = [
     ("sample", "the sampler", "after-2", "after-2-rerun", ""),
     ("generate", "the engine loop", "s43-fork-safe", "s43-fork-safe-rerun", ""),
     ("generate", "the engine loop", *S54),
+    ("generate", "the engine loop", *S55),
     ("tokenizer", "the tokenizer", "after", "after-rerun", ""),
     ("tokenizer", "the tokenizer", *S53),
     ("tokenizer", "the tokenizer", *S54),
+    ("tokenizer", "the tokenizer", *S55),
     ("blocks", "the block manager", "before", "after", ""),
     ("blocks", "the block manager", None, "wide-before", "every mutant"),
     ("fetch", "the download and the converter", "wide-before", "wide-after", ""),
@@ -100,6 +103,9 @@ SHOWN = [
     ("exercise.grading", "the exercise's grading", "s48-exercise", "s48-exercise-after2",
      "untried: `_run` and `_env`, which start the graded pytest process"),
     ("exercise.grading", "the exercise's grading", *S53),
+    ("exercise.gradebook", "the instructors' gradebook", "s55", "s55-after",
+     "after: a new 40 (seed 21) of the module as changed (grade's ref_deps no longer defaulted); "
+     "the first run's survivors were killed or are equivalent (the gradebook's encoding and newline, check's default)"),
     ("exercise.guard", "the notebooks' guard", "s48-exercise", "s48-exercise-after2",
      "untried: `_one_trial`, which starts the trial process; the survivors are the trials' inputs (equivalent)"),
     ("exercise.parity", "the exercise's parity", "s48-exercise", "s48-exercise-after2", ""),

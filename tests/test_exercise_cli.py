@@ -418,7 +418,7 @@ def test_in_process_grade_interrupted_keeps_the_rows_done_and_the_old_gradebook(
     assert len(partial) == 2 and partial[1].startswith(f"{ann},failed,0,24,")
 
 
-def test_a_gradebook_row_passes_only_when_all_six_modules_pass(tmp_path):
+def test_in_process_gradebook_row_passes_only_when_all_six_modules_pass(tmp_path):
     """The verdict and the sums from check's rows (a learner who passes everything takes a minute's check:
     rows stand in for it here); `when` is the local time as status.json writes it."""
     import re
@@ -434,3 +434,23 @@ def test_a_gradebook_row_passes_only_when_all_six_modules_pass(tmp_path):
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", row["when"]), row["when"]
     rows[-1] = Row("sample", "failed", "sample.py", passed=6)
     assert (gradebook_row(tmp_path, rows, 1.0)["verdict"], gradebook_row(tmp_path, rows, 1.0)["passed"]) == ("failed", 23)
+
+
+def test_in_process_grade_checks_all_six_with_the_options_given(tmp_path, monkeypatch):
+    """Each workspace is checked as `check --workspace WS --ref-deps --timeout S` would: all six modules,
+    the options passed on, and the hints' commands carrying the workspace (named)."""
+    from tl_lab.exercise import gradebook
+    from tl_lab.exercise.grading import Row
+    from tl_lab.exercise.registry import MODULES
+
+    ann, bob = _grade_workspaces(tmp_path)
+    calls = []
+
+    def check(ws, modules=None, **kw):
+        calls.append((ws, list(modules), kw))
+        return [Row(m, "passed", f"{m}.py") for m in MODULES]
+
+    monkeypatch.setattr(gradebook, "check", check)
+    rows = gradebook.grade([bob, ann], tmp_path / "g.csv", timeout=7.5, ref_deps=True, say=lambda line: None)
+    assert calls == [(w, list(MODULES), {"ref_deps": True, "timeout": 7.5, "named": True}) for w in (bob, ann)]
+    assert [r["verdict"] for r in rows] == ["passed", "passed"]
