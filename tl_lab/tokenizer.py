@@ -215,13 +215,13 @@ class BpeTokenizer(Tokenizer):
         added = list(tok.get_added_tokens_decoder().values())
         if (tok.truncation is not None or type(tok.model).__name__ != "BPE" or any(t.lstrip or t.rstrip for t in added)
                 or tok.model.continuing_subword_prefix or tok.model.end_of_word_suffix):
-            return None, b"", 1
+            return _NO_BOUND
         normalizer = None if tok.normalizer is None else json.loads(tok.normalizer.__getstate__())
         pre = {} if tok.pre_tokenizer is None else json.loads(tok.pre_tokenizer.__getstate__())
-        if normalizer in (None, {"type": "Sequence", "normalizers": []}) and _keeps_every_byte(pre):
+        if not _steps(normalizer, "normalizers") and _keeps_every_byte(pre):
             return self._byte_level_bound(added)
         space = _space_becomes(normalizer, pre)
-        return (None, b"", 1) if space is None else self._metaspace_bound(added, space)
+        return _NO_BOUND if space is None else self._metaspace_bound(added, space)
 
     def _byte_level_bound(self, added) -> tuple[int | None, bytes, int]:
         """No normalizer (NFC makes 2 bytes of 3, a Replace or Strip any number of none) and pre-tokenizers
@@ -245,10 +245,11 @@ class BpeTokenizer(Tokenizer):
         model, vocab = self._tok.model, self._tok.get_vocab(with_added_tokens=False)
         every_byte = model.byte_fallback and all(f"<0x{b:02X}>" in vocab for b in range(256))
         if not every_byte and (model.unk_token not in vocab or model.fuse_unk):
-            return None, b"", 1
+            return _NO_BOUND
+        # an added token's spaces as `space` (never shorter than " "): matched in the text or in what the
+        # normalizer made of it, it covers at most that many of the bytes counted
         most = max([4, *(len(p.encode("utf-8")) for p in vocab),
-                    *(len(t.content.replace(" ", space).encode("utf-8")) for t in added),
-                    *(len(t.content.encode("utf-8")) for t in added)])
+                    *(len(t.content.replace(" ", space).encode("utf-8")) for t in added)])
         return most, b"", len(space.encode("utf-8"))
 
     @property
@@ -295,6 +296,20 @@ class BpeTokenizer(Tokenizer):
 # Pre-tokenizers that only split the text, and ByteLevel, which maps each byte to one character: with
 # them, and ByteLevel among them, each byte of the text reaches the BPE model as one character.
 _SPLITTERS = {"ByteLevel", "Digits", "Split", "Punctuation"}
+_NO_BOUND = (None, b"", 1)  # BpeTokenizer._token_bound where no bound is known
+
+
+def _steps(spec: dict | None, key: str) -> list[dict]:
+    """The steps of a normalizer or pre-tokenizer in its tokenizer.json form: a Sequence's list under
+    `key` ("normalizers", "pretokenizers"), else the one step; none for None or {}."""
+    if not spec:
+        return []
+    return spec.get(key, []) if spec.get("type") == "Sequence" else [spec]
+
+
+def _only_splits(step: dict) -> bool:
+    """A pre-tokenizer step that splits the text and drops none of it (ByteLevel also maps its bytes)."""
+    return step.get("type") in _SPLITTERS and step.get("behavior") != "Removed"
 
 
 def _space_becomes(normalizer: dict | None, pre: dict) -> str | None:
@@ -302,18 +317,16 @@ def _space_becomes(normalizer: dict | None, pre: dict) -> str | None:
     SentencePiece-style tokenizer.json changes: normalizers that only prepend or replace " " with one
     non-empty string, pre-tokenizers that only split or are Metaspace with that string ("▁"); None
     for anything else (see BpeTokenizer._metaspace_bound)."""
-    norms = normalizer.get("normalizers", []) if (normalizer or {}).get("type") == "Sequence" else [normalizer]
-    parts = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre] if pre else []
     spaces = set()
-    for n in filter(None, norms):
+    for n in _steps(normalizer, "normalizers"):
         if n.get("type") == "Replace" and n.get("pattern") == {"String": " "} and n.get("content"):
             spaces.add(n["content"])
         elif n.get("type") != "Prepend":
             return None
-    for p in parts:
+    for p in _steps(pre, "pretokenizers"):
         if p.get("type") == "Metaspace" and p.get("replacement"):
             spaces.add(p["replacement"])
-        elif p.get("type") not in _SPLITTERS - {"ByteLevel"} or p.get("behavior") == "Removed":
+        elif not _only_splits(p) or p.get("type") == "ByteLevel":
             return None
     return (spaces or {" "}).pop() if len(spaces) <= 1 else None
 
@@ -321,9 +334,8 @@ def _space_becomes(normalizer: dict | None, pre: dict) -> str | None:
 def _keeps_every_byte(pre: dict) -> bool:
     """Whether a pre-tokenizer (its tokenizer.json form) hands the BPE model every byte of the text as
     one character of the byte alphabet (see BpeTokenizer._token_bound)."""
-    parts = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
-    return (all(p.get("type") in _SPLITTERS and p.get("behavior") != "Removed" for p in parts)
-            and any(p.get("type") == "ByteLevel" for p in parts))
+    parts = _steps(pre, "pretokenizers")
+    return all(map(_only_splits, parts)) and any(p.get("type") == "ByteLevel" for p in parts)
 
 
 def utf8(text: str) -> bytes:
