@@ -4,6 +4,8 @@ collected. tests/conftest.py holds the tests' helpers; a notebook-only run never
 
 import os
 
+import pytest
+
 # The project's own tests, and the notebooks nbval runs (their kernels inherit this), grade the reference:
 # a learner's work/L10.1 in the clone is used only when TL_LAB_WORKSPACE asks for it (tl_lab.exercise).
 os.environ.setdefault("TL_LAB_WORKSPACE", "off")
@@ -32,3 +34,24 @@ def pytest_unconfigure(config):
             os.environ.pop("TMPDIR", None)
         else:
             os.environ["TMPDIR"] = before
+
+
+WORKER_BYTES = 4 << 30
+"""Memory a worker of the test command may need: its largest process held 3.8 GB (processor E)."""
+MOST_WORKERS = 4
+"""The test command runs each file on one worker (`--dist loadfile`, so a file's module fixtures and a
+notebook's cells stay together). Its longest file, test_exercises.py, takes about a third of the tests'
+time alone (5.4 of 18 minutes on one worker, processor E), so workers past three or four would wait on it."""
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """How many workers `pytest -n auto` starts (tools/quickstart.sh test): one per core this process may
+    use, as many as the machine's memory holds at WORKER_BYTES each, at most MOST_WORKERS. On processor E
+    (2 cores, 24 GB) two workers run the test command in 14 minutes instead of 18: one worker kept 1.25
+    of the 2 cores busy on average (its subprocesses, the browser and the notebooks' kernels wait on
+    one another)."""
+    from tl_lab.machine import cores
+
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return max(1, min(cores(), memory // WORKER_BYTES, MOST_WORKERS))

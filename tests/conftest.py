@@ -150,15 +150,32 @@ def smollm2_path():
 # ------------------------------------------------------------------------------------------------
 # The test command runs `-m "not hf"` (tools/quickstart.sh test): say what it left to the hf step
 # ------------------------------------------------------------------------------------------------
-_hf_deselected: list[str] = []
+_hf_deselected: set[str] = set()
 
 
 def pytest_deselected(items):
-    _hf_deselected.extend(item.nodeid for item in items if item.get_closest_marker("hf"))
+    _hf_deselected.update(item.nodeid for item in items if item.get_closest_marker("hf"))
+
+
+def pytest_sessionfinish(session):
+    """Under `-n` each worker collects and deselects: it hands its hf tests to the controller."""
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["hf_deselected"] = sorted(_hf_deselected)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    _hf_deselected.update(getattr(node, "workeroutput", {}).get("hf_deselected", ()))
 
 
 def pytest_terminal_summary(terminalreporter):
-    """One line naming the hf-marked tests this run deselected, and the command that runs them."""
+    """The lines tests left for the run's end (`record_property("summary", text)`: a worker's output is
+    not shown under `-n`), then one naming the hf-marked tests this run deselected, and the command that
+    runs them."""
+    for rep in terminalreporter.stats.get("passed", []) + terminalreporter.stats.get("failed", []):
+        for name, text in getattr(rep, "user_properties", ()):
+            if name == "summary" and rep.when == "call":
+                terminalreporter.write_line(text)
     if _hf_deselected:
         files = sorted({nodeid.split("::")[0] for nodeid in _hf_deselected})
         terminalreporter.write_line(

@@ -106,4 +106,5 @@ if ! find_browser; then
 fi
 
 step "pytest over tests/ and nbval over notebooks/ (the hf-marked tests: bash tools/quickstart.sh hf)"
-exec python -m pytest --nbval-lax -m "not hf" tests notebooks "${@:2}"
+# -n auto: workers from the machine (the root conftest.py says how many); each file on one worker
+exec python -m pytest --nbval-lax -m "not hf" -n auto --dist loadfile tests notebooks "${@:2}"
