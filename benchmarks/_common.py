@@ -195,14 +195,16 @@ def _sgemm_rates(rounds: int, wrap=None) -> dict:
 
 def roofline(threads: list[int] | None = None, rounds: int = 3) -> dict:
     """The machine's limits measured now, at each thread count (default: 1 and every core): read
-    bandwidth (`tl_lab.machine.read_gbps`, GB/s) and the sgemm rate (`sgemm_gflops`, GFLOP/s, the
-    fastest library's; "best": the larger of its shapes)."""
-    from tl_lab.machine import describe, read_gbps
+    bandwidth (`tl_lab.machine.read_gbps`, GB/s), the sgemm rate (`sgemm_gflops`, GFLOP/s, the
+    fastest library's; "best": the larger of its shapes) and the vector units' peak
+    (`tl_lab.machine.fma_gflops`, GFLOP/s: multiply-adds alone, no product reaches it)."""
+    from tl_lab.machine import describe, fma_gflops, read_gbps
 
     threads = threads or sorted({1, describe()["cores"]})
-    out = {"read_GBps": {}, "sgemm_GFLOPs": {}}
+    out = {"read_GBps": {}, "sgemm_GFLOPs": {}, "fma_GFLOPs": {}}
     for t in threads:
         out["read_GBps"][str(t)] = read_gbps(t, rounds)
+        out["fma_GFLOPs"][str(t)] = fma_gflops(t)
         rates = sgemm_gflops(t, rounds)
         rates["best"] = max(rates[k] for k in SHAPE_KEYS)
         out["sgemm_GFLOPs"][str(t)] = rates
@@ -213,10 +215,11 @@ def best_roofline(runs: list[dict]) -> dict:
     """The best of several `roofline` runs, limit by limit (the least disturbed measurement), and at
     each thread count at least the limit of any smaller count (more threads can always leave some
     idle: on a busy host two threads measured less than one, which is the host, not the limit)."""
-    out = {"read_GBps": {}, "sgemm_GFLOPs": {}}
+    out = {"read_GBps": {}, "sgemm_GFLOPs": {}, "fma_GFLOPs": {}}
     for r in runs:
-        for t, v in r["read_GBps"].items():
-            out["read_GBps"][t] = max(out["read_GBps"].get(t, 0.0), v)
+        for key in ("read_GBps", "fma_GFLOPs"):  # the FMA peak: runs before it have none
+            for t, v in r.get(key, {}).items():
+                out[key][t] = max(out[key].get(t, 0.0), v)
         for t, rates in r["sgemm_GFLOPs"].items():
             have = out["sgemm_GFLOPs"].setdefault(t, {**rates, "by_library": {}})
             if rates["best"] > have["best"]:  # "by" names the library of the best rate kept
@@ -233,6 +236,8 @@ def best_roofline(runs: list[dict]) -> dict:
     counts = sorted(out["read_GBps"], key=int)
     for fewer, t in zip(counts, counts[1:]):
         out["read_GBps"][t] = max(out["read_GBps"][t], out["read_GBps"][fewer])
+        if fewer in out["fma_GFLOPs"] and t in out["fma_GFLOPs"]:
+            out["fma_GFLOPs"][t] = max(out["fma_GFLOPs"][t], out["fma_GFLOPs"][fewer])
         have, less = out["sgemm_GFLOPs"][t], out["sgemm_GFLOPs"][fewer]
         if less["best"] > have["best"]:
             have["by"] = f"{less['by']} on {fewer} thread{'s' * (fewer != '1')}"
@@ -255,7 +260,8 @@ def report(name: str, rows: list[dict], notes: str = "", limits: dict | None = N
     if measure_limits:
         limits = limits or roofline()
         print(f"roofline: read GB/s {_rounded(limits['read_GBps'])}, sgemm GFLOP/s "
-              f"{ {t: round(r['best']) for t, r in limits['sgemm_GFLOPs'].items()} }")
+              f"{ {t: round(r['best']) for t, r in limits['sgemm_GFLOPs'].items()} }, FMA peak GFLOP/s "
+              f"{_rounded(limits.get('fma_GFLOPs', {}))}")
     here = machine()
     name = f"{name}-as-{held_to()}" if held_to() else name  # never in place of the host's own figures
     text = json.dumps({"name": name, "machine": here, "roofline": limits, "rows": rows, "notes": notes,

@@ -466,12 +466,16 @@ def add_fractions(rows: list[dict], limits: dict, costs: dict, cores: int) -> No
         if bw and fl and r.get("decode_b8_tok_s") and r["engine"] == "tl_lab" and "busy" not in r["weights"]:
             r["decode_b8 / b1"] = r["decode_b8_tok_s"] / r["decode_b1_tok_s"]
             r["decode_b8 / b1 ceiling"] = b8_ceiling(r, bw, fl, costs)
+            peak = limits.get("fma_GFLOPs", {}).get(t)
+            if peak:
+                r["decode_b8 / b1 at the FMA peak"] = b8_ceiling(r, bw, peak, costs)
 
 
 def b8_ceiling(r: dict, bw: float, fl: float, costs: dict) -> float:
     """The most a batch of BATCH decodes can gain over the row's own batch 1 on this machine: BATCH
     times its batch-1 step over the shortest batch-8 step the limits allow, the longer of reading the
-    weights once (bandwidth) and BATCH tokens' floating-point operations at the sgemm rate."""
+    weights once (bandwidth) and BATCH tokens' floating-point operations at the rate `fl` (the sgemm
+    rate; or the FMA peak, which no product passes: a bound no kernel could beat)."""
     shortest = max(r["weights_MB"] * 2**20 / (bw * 1e9), BATCH * costs["decode_flop_per_token"] / (fl * 1e9))
     return BATCH / r["decode_b1_tok_s"] / shortest
 
@@ -577,7 +581,8 @@ def main(argv: list[str] | None = None) -> None:
     notes += (" 'decode_b8 / b1 ceiling': batch 8's most over the row's own batch 1 at these limits: 8 x its batch-1 "
               "step over the longer of reading the weights once and 8 tokens' floating-point operations (layers, "
               "head, attention over the 128-token context) at the sgemm rate; where it is under 5, batch 8 cannot "
-              "be 5x batch 1 on this machine at that thread count.")
+              "be 5x batch 1 on this machine at that thread count. 'decode_b8 / b1 at the FMA peak': the same with the "
+              "operations at the vector units' peak ('fma_GFLOPs': multiply-adds alone): under 5, no kernel could.")
     notes += (" Fractions: decode tokens/s x bytes of the weights (read once per step) over the read bandwidth at "
               "the row's thread count; prefill tokens/s x its floating-point operations per token over the sgemm "
               "rate (the larger of its shapes), both limits measured in this run ('roofline', best of the repeats). "

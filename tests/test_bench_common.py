@@ -66,6 +66,17 @@ def test_best_roofline_keeps_each_largest_reading_and_who_gave_it():
     assert (two[SMALL], two[LARGE], two["best"]) == (200, 140, 200) and two["by"] == "numpy on 1 thread"
 
 
+def test_best_roofline_keeps_the_largest_fma_peak_at_least_one_threads_and_none_where_runs_have_none():
+    runs = [{"read_GBps": {"1": 20.0, "2": 18.0}, "fma_GFLOPs": {"1": 110.0, "2": 100.0},
+             "sgemm_GFLOPs": {"1": _rates("torch", 90, 100), "2": _rates("torch", 150, 140)}},
+            {"read_GBps": {"1": 25.0, "2": 30.0}, "fma_GFLOPs": {"1": 116.0, "2": 90.0},
+             "sgemm_GFLOPs": {"1": _rates("numpy", 200, 80), "2": _rates("numpy", 120, 130)}}]
+    assert common.best_roofline(runs)["fma_GFLOPs"] == {"1": 116.0, "2": 116.0}
+    for r in runs:
+        del r["fma_GFLOPs"]  # a run from before the peak was measured
+    assert common.best_roofline(runs)["fma_GFLOPs"] == {}
+
+
 def test_best_roofline_names_the_library_of_the_best_rate_not_of_a_better_shape():
     runs = [{"read_GBps": {"1": 20.0}, "sgemm_GFLOPs": {"1": _rates("torch", 100, 150)}},
             {"read_GBps": {"1": 20.0}, "sgemm_GFLOPs": {"1": _rates("numpy", 120, 90)}}]

@@ -4,9 +4,11 @@ import os
 from pathlib import Path
 
 import numba
+import numpy as np
 import pytest
 
 from tl_lab import machine
+from tl_lab.lanes import LANES
 
 
 def test_describe_names_the_processor_its_llvm_name_its_features_cores_and_caches():
@@ -51,6 +53,16 @@ def test_read_bandwidth_is_measured_and_the_thread_count_restored(monkeypatch):
     monkeypatch.setattr(machine, "read_megabytes", lambda last: pytest.fail("a size given was replaced"))
     gbps = machine.read_gbps(1, rounds=1, megabytes=16)
     assert 0.1 < gbps < 10_000 and numba.get_num_threads() == before
+
+
+def test_the_fma_peak_is_measured_on_each_thread_and_the_thread_count_restored():
+    before = numba.get_num_threads()
+    gflops = machine.fma_gflops(numba.config.NUMBA_NUM_THREADS, rounds=1, steps=1000)
+    assert 0.1 < gflops < 100_000 and numba.get_num_threads() == before
+    x = np.full((2, LANES), 0.5, dtype=np.float32)
+    out = np.zeros(3, dtype=np.float32)
+    assert machine._FMA[0](x, 1000, out) == 3 * 12 * LANES * 2 * 1000  # the operations it says it did
+    assert out.tolist() == [12 * LANES * 1000 * 0.25] * 3  # done, on every thread's share (exact: small integers)
 
 
 CPUINFO = """processor\t: 0

@@ -14,7 +14,10 @@ kernels size what depends on the cache from `cache_bytes` (`kernels.X_IN_L1`).
   (`pool_settings`: what a process started from this one runs with, default or set);
 - ``cache_bytes(level, kind)`` -> one cache's size in bytes (None when the system does not say);
 - ``read_gbps(threads)`` -> GB/s of a compiled kernel reading a buffer larger than the last cache
-  level, split over `threads` threads as the kernels split a weight.
+  level, split over `threads` threads as the kernels split a weight;
+- ``fma_gflops(threads)`` -> GFLOP/s of fused multiply-adds alone on `threads` threads: what the
+  cores' vector units can do at most, above any product's rate (the sgemm rate is what a library
+  reaches).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["describe", "cores", "AVX2_ONLY", "cache_bytes", "read_gbps", "FEATURES", "POOL_DEFAULTS", "pool_settings"]
+__all__ = ["describe", "cores", "AVX2_ONLY", "cache_bytes", "read_gbps", "fma_gflops", "FEATURES", "POOL_DEFAULTS", "pool_settings"]
 
 POOL_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "3000"}
 """How the kernels' OpenMP threads wait between parallel loops, unless the user's environment says
@@ -183,3 +186,57 @@ def read_gbps(threads: int, rounds: int = 3, megabytes: int | None = None) -> fl
     finally:
         numba.set_num_threads(before)
     return buf.nbytes / best / 1e9
+
+
+def _fma_kernel():
+    """The compiled peak: per thread, twelve independent chains of LANES-float fused multiply-adds
+    on registers (no loads, no stores). Twelve, so neither the adds' latency (4 cycles) nor two
+    multiply-add units a core leave a unit idle. Built on first use."""
+    from numba import njit, prange
+
+    from tl_lab.lanes import LANES, vfma, vload, vsum, vzero
+
+    @njit(parallel=True, cache=True)
+    def fma_chains(x, steps, out):  # pragma: no cover (compiled)
+        for t in prange(out.shape[0]):
+            u, v = vload(x, 0, 0), vload(x, 1, 0)
+            a0, a1, a2, a3, a4, a5 = vzero(), vzero(), vzero(), vzero(), vzero(), vzero()
+            a6, a7, a8, a9, a10, a11 = vzero(), vzero(), vzero(), vzero(), vzero(), vzero()
+            for _ in range(steps):
+                a0, a1, a2, a3 = vfma(u, v, a0), vfma(u, v, a1), vfma(u, v, a2), vfma(u, v, a3)
+                a4, a5, a6, a7 = vfma(u, v, a4), vfma(u, v, a5), vfma(u, v, a6), vfma(u, v, a7)
+                a8, a9, a10, a11 = vfma(u, v, a8), vfma(u, v, a9), vfma(u, v, a10), vfma(u, v, a11)
+            out[t] = (vsum(a0) + vsum(a1) + vsum(a2) + vsum(a3) + vsum(a4) + vsum(a5)
+                      + vsum(a6) + vsum(a7) + vsum(a8) + vsum(a9) + vsum(a10) + vsum(a11))
+        return LANES * 12 * 2 * steps * out.shape[0]  # floating-point operations done
+
+    return fma_chains
+
+
+_FMA = []
+
+
+def fma_gflops(threads: int, rounds: int = 5, steps: int = 8_000_000) -> float:
+    """GFLOP/s (10^9) of the best of `rounds` runs of `steps` steps of `_fma_kernel`'s chains on each
+    of `threads` threads. The count in force is restored after."""
+    import numba
+
+    from tl_lab.lanes import LANES
+
+    if not _FMA:
+        _FMA.append(_fma_kernel())
+    threads = max(1, min(threads, numba.config.NUMBA_NUM_THREADS))
+    x = np.full((2, LANES), 1e-9, dtype=np.float32)  # tiny: the sums stay finite and normal
+    out = np.empty(threads, dtype=np.float32)
+    before = numba.get_num_threads()
+    numba.set_num_threads(threads)
+    try:
+        _FMA[0](x, 1, out)
+        best = np.inf
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            flop = _FMA[0](x, steps, out)
+            best = min(best, time.perf_counter() - t0)
+    finally:
+        numba.set_num_threads(before)
+    return flop / best / 1e9
