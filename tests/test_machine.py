@@ -61,8 +61,8 @@ def test_the_fma_peak_is_measured_on_each_thread_and_the_thread_count_restored()
     assert 0.1 < gflops < 100_000 and numba.get_num_threads() == before
     x = np.full((2, LANES), 0.5, dtype=np.float32)
     out = np.zeros(3, dtype=np.float32)
-    assert machine._FMA[0](x, 1000, out) == 3 * 12 * LANES * 2 * 1000  # the operations it says it did
-    assert out.tolist() == [12 * LANES * 1000 * 0.25] * 3  # done, on every thread's share (exact: small integers)
+    machine._FMA[0](x, 1000, out)
+    assert out.tolist() == [machine.CHAINS * LANES * 1000 * 0.25] * 3  # every multiply-add counted was done, on each share
 
 
 CPUINFO = """processor\t: 0

@@ -165,33 +165,38 @@ def read_gbps(threads: int, rounds: int = 3, megabytes: int | None = None) -> fl
     """GB/s (10^9 bytes) of the best of `rounds` passes reading a float32 buffer on `threads` threads.
 
     The buffer is twice the last cache level and at least 256 MB (at most 1 GB), so it comes from
-    memory (a machine whose last level is shared reports the whole level; it still fits). The
-    count in force is restored after."""
-    import numba
-
+    memory (a machine whose last level is shared reports the whole level; it still fits)."""
     if not _READ:
         _READ.append(_read_kernel())
     mb = megabytes or read_megabytes(max((c["bytes"] for c in caches()), default=0))
     buf = np.ones((mb * 2**20 // 4096, 1024), dtype=np.float32)
     out = np.empty(buf.shape[0], dtype=np.float32)
+    return buf.nbytes / _best_seconds(threads, rounds, lambda: _READ[0](buf, out)) / 1e9
+
+
+def _best_seconds(threads: int, rounds: int, call) -> float:
+    """The shortest of `rounds` timed calls of `call` on `threads` threads, after one untimed call
+    (compiling or loading the kernel). The thread count in force is restored after."""
+    import numba
+
     before = numba.get_num_threads()
     numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
     try:
-        _READ[0](buf, out)
+        call()
         best = np.inf
         for _ in range(rounds):
             t0 = time.perf_counter()
-            _READ[0](buf, out)
+            call()
             best = min(best, time.perf_counter() - t0)
     finally:
         numba.set_num_threads(before)
-    return buf.nbytes / best / 1e9
+    return best
 
 
 def _fma_kernel():
-    """The compiled peak: per thread, twelve independent chains of LANES-float fused multiply-adds
-    on registers (no loads, no stores). Twelve, so neither the adds' latency (4 cycles) nor two
-    multiply-add units a core leave a unit idle. Built on first use."""
+    """The compiled peak: per thread, CHAINS (twelve) independent chains of LANES-float fused
+    multiply-adds on registers (no loads, no stores). Twelve, so neither the adds' latency (4
+    cycles) nor two multiply-add units a core leave a unit idle. Built on first use."""
     from numba import njit, prange
 
     from tl_lab.lanes import LANES, vfma, vload, vsum, vzero
@@ -208,17 +213,18 @@ def _fma_kernel():
                 a8, a9, a10, a11 = vfma(u, v, a8), vfma(u, v, a9), vfma(u, v, a10), vfma(u, v, a11)
             out[t] = (vsum(a0) + vsum(a1) + vsum(a2) + vsum(a3) + vsum(a4) + vsum(a5)
                       + vsum(a6) + vsum(a7) + vsum(a8) + vsum(a9) + vsum(a10) + vsum(a11))
-        return LANES * 12 * 2 * steps * out.shape[0]  # floating-point operations done
 
     return fma_chains
 
 
 _FMA = []
+CHAINS = 12
+"""The independent multiply-add chains `_fma_kernel` runs on each thread."""
 
 
 def fma_gflops(threads: int, rounds: int = 5, steps: int = 8_000_000) -> float:
     """GFLOP/s (10^9) of the best of `rounds` runs of `steps` steps of `_fma_kernel`'s chains on each
-    of `threads` threads. The count in force is restored after."""
+    of `threads` threads (each step: CHAINS multiply-adds of LANES floats, 2 operations a float)."""
     import numba
 
     from tl_lab.lanes import LANES
@@ -228,15 +234,5 @@ def fma_gflops(threads: int, rounds: int = 5, steps: int = 8_000_000) -> float:
     threads = max(1, min(threads, numba.config.NUMBA_NUM_THREADS))
     x = np.full((2, LANES), 1e-9, dtype=np.float32)  # tiny: the sums stay finite and normal
     out = np.empty(threads, dtype=np.float32)
-    before = numba.get_num_threads()
-    numba.set_num_threads(threads)
-    try:
-        _FMA[0](x, 1, out)
-        best = np.inf
-        for _ in range(rounds):
-            t0 = time.perf_counter()
-            flop = _FMA[0](x, steps, out)
-            best = min(best, time.perf_counter() - t0)
-    finally:
-        numba.set_num_threads(before)
-    return flop / best / 1e9
+    seconds = _best_seconds(threads, rounds, lambda: _FMA[0](x, steps, out))
+    return CHAINS * LANES * 2 * steps * threads / seconds / 1e9
