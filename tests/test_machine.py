@@ -65,6 +65,28 @@ def test_the_fma_peak_is_measured_on_each_thread_and_the_thread_count_restored()
     assert out.tolist() == [machine.CHAINS * LANES * 1000 * 0.25] * 3  # every multiply-add counted was done, on each share
 
 
+def test_the_rates_are_the_work_done_over_the_best_seconds(monkeypatch):
+    monkeypatch.setattr(machine, "_best_seconds", lambda threads, rounds, call: (call(), 0.5)[1])
+    assert machine.read_gbps(1, megabytes=8) == 8 * 2**20 / 0.5 / 1e9
+    n = numba.config.NUMBA_NUM_THREADS
+    assert machine.fma_gflops(n, steps=10) == machine.CHAINS * LANES * 2 * 10 * n / 0.5 / 1e9
+
+
+def test_best_seconds_is_the_shortest_timed_call_after_an_untimed_one_on_the_threads_asked(monkeypatch):
+    before = numba.get_num_threads()
+    ticks = iter([0.0, 3.0, 10.0, 11.0, 20.0, 22.0])  # three timed calls: 3, 1 and 2 s
+    monkeypatch.setattr(machine.time, "perf_counter", lambda: next(ticks))
+    seen = []
+    assert machine._best_seconds(1, 3, lambda: seen.append(numba.get_num_threads())) == 1.0
+    assert seen == [1, 1, 1, 1] and numba.get_num_threads() == before
+
+
+def test_describe_says_what_the_system_leaves_out(monkeypatch):
+    monkeypatch.setattr(machine, "_cpuinfo", lambda: {})
+    d = machine.describe()
+    assert d["cpu_family_model"] == "?/?" and d["isa"] == []
+
+
 CPUINFO = """processor\t: 0
 vendor_id\t: Test:Vendor
 model name\t: Test CPU

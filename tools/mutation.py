@@ -316,6 +316,10 @@ EQUIVALENT = [
     ("machine", "read_gbps: `_READ.append(_read_kernel())` -> None",
      "the compiled read is built once a process, and mutmut's forked runs inherit the one built before "
      "the mutant is switched on (a fresh process would call None and fail)"),
+    ("machine", "describe: the default of cpuinfo's flags when it has neither flags nor Features \"\" -> \"XXXX\"",
+     "no feature is named XXXX: the isa list is empty either way (tested)"),
+    ("machine", "fma_gflops: the default rounds 5 -> 6",
+     "one more timed round of the same kernel: the best of six instead of five, a speed figure only"),
     ("tuning", "_blas_fn: `... if lib is not None else None` -> `... if (lib is not None) or True else None`",
      "getattr(None, name, None) is None too: the same answer"),
     ("tuning", "set_blas_threads: `fn.argtypes = [ctypes.c_int]` -> `None`",
