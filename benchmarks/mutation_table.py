@@ -54,6 +54,8 @@ SHOWN = [
     ("machine", "the machine's description", "s43-new-modules", "s43-new-modules-after-rerun", ""),
     ("machine", "the machine's description", "s46-cores", "s46-cores-rerun",
      "a second sample, after the count of cores moved there"),
+    ("machine", "the machine's description", "s56", "s56-after",
+     "a new 30 (seed 22) after the FMA peak (`fma_gflops`) and `_best_seconds` came in"),
     ("tuning", "the process tuning", "s43-new-modules", "s43-new-modules-after-rerun",
      "the first run's 9 tried of 40: under GNU OpenMP a forked run hung at its first parallel kernel; "
      "the runs since are on numba's fork-safe workqueue layer"),
