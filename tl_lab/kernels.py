@@ -136,7 +136,7 @@ from typing import NamedTuple
 # takes is the processor's (a pause instruction); read once, when numba first starts the pool (GNU
 # OpenMP only; other threading layers ignore it); a value set by the user wins. The two values live in
 # `machine.POOL_DEFAULTS`, so a results file can record them without importing this module.
-from tl_lab.machine import POOL_DEFAULTS, cache_bytes  # noqa: E402 (numpy only: numba's pool has not started)
+from tl_lab.machine import POOL_DEFAULTS, cache_bytes, threads_in_pool  # noqa: E402 (numpy only: numba's pool has not started)
 
 for _name, _value in POOL_DEFAULTS.items():
     os.environ.setdefault(_name, _value)
@@ -1904,7 +1904,7 @@ def set_threads(n: int) -> int:
     The bits of every kernel are the same at any count."""
     import numba
 
-    numba.set_num_threads(max(1, min(int(n), numba.config.NUMBA_NUM_THREADS)))
+    numba.set_num_threads(threads_in_pool(n))
     return numba.get_num_threads()
 
 

@@ -29,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["describe", "cores", "AVX2_ONLY", "cache_bytes", "read_gbps", "fma_gflops", "FEATURES", "POOL_DEFAULTS", "pool_settings"]
+__all__ = ["describe", "cores", "AVX2_ONLY", "cache_bytes", "read_gbps", "fma_gflops", "threads_in_pool", "FEATURES",
+           "POOL_DEFAULTS", "pool_settings"]
 
 POOL_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "3000"}
 """How the kernels' OpenMP threads wait between parallel loops, unless the user's environment says
@@ -174,13 +175,20 @@ def read_gbps(threads: int, rounds: int = 3, megabytes: int | None = None) -> fl
     return buf.nbytes / _best_seconds(threads, rounds, lambda: _READ[0](buf, out)) / 1e9
 
 
+def threads_in_pool(threads: int) -> int:
+    """`threads` as numba's pool can run them: at least 1, at most the pool's size."""
+    import numba
+
+    return max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS))
+
+
 def _best_seconds(threads: int, rounds: int, call) -> float:
     """The shortest of `rounds` timed calls of `call` on `threads` threads, after one untimed call
     (compiling or loading the kernel). The thread count in force is restored after."""
     import numba
 
     before = numba.get_num_threads()
-    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+    numba.set_num_threads(threads_in_pool(threads))
     try:
         call()
         best = np.inf
@@ -225,13 +233,11 @@ CHAINS = 12
 def fma_gflops(threads: int, rounds: int = 5, steps: int = 8_000_000) -> float:
     """GFLOP/s (10^9) of the best of `rounds` runs of `steps` steps of `_fma_kernel`'s chains on each
     of `threads` threads (each step: CHAINS multiply-adds of LANES floats, 2 operations a float)."""
-    import numba
-
     from tl_lab.lanes import LANES
 
     if not _FMA:
         _FMA.append(_fma_kernel())
-    threads = max(1, min(threads, numba.config.NUMBA_NUM_THREADS))
+    threads = threads_in_pool(threads)
     x = np.full((2, LANES), 1e-9, dtype=np.float32)  # tiny: the sums stay finite and normal
     out = np.empty(threads, dtype=np.float32)
     seconds = _best_seconds(threads, rounds, lambda: _FMA[0](x, steps, out))
