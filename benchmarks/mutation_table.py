@@ -27,7 +27,8 @@ END = "<!-- end of the mutation table -->"
 S53 = ("s53-review", "s53-review-after", "a new 40 after the review of 2026-12-06")
 S54 = ("s54", "s54-after", "a new 40 after the changes of 2026-12-07")
 S55 = ("s55", "s55-after", "a new 40 (seed 21) after the changes of 2026-12-07, second session")
-"""The runs of the modules the change reviewed on 2026-12-06 touched, and the rows' note."""
+"""The runs of the modules a change touched (S53: the review of 2026-12-06; S54, S55: the changes of
+2026-12-07), and the rows' note."""
 
 SHOWN = [
     # (module, what it is, the first run's label or None for a single run, the last run's label, a note)
