@@ -28,16 +28,20 @@ def need(module: str):
 
 
 def tool(name: str):
-    """Import tools/<name>.py as a module (tools/ is a folder of scripts, not a package).
+    """Import tools/<name>.py as a module (tools/ is a folder of scripts, not a package)."""
+    from tl_lab.paths import REPO_ROOT
 
-    Registered in sys.modules under its own name so dataclasses and pickling inside it work.
-    """
+    return module_from_file(REPO_ROOT / "tools" / f"{name}.py", name)
+
+
+def module_from_file(path, name: str):
+    """Import the Python file `path` as the module `name`: a script of tools/ or benchmarks/, a conftest.py.
+
+    Registered in sys.modules under that name so dataclasses and pickling inside it work."""
     import importlib.util
     import sys
 
-    from tl_lab.paths import REPO_ROOT
-
-    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "tools" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)

@@ -1,7 +1,6 @@
 """The test command's run-level hooks: the root conftest.py's worker count for `-n auto`, and tests/conftest.py's
 summary at the run's end (the lines tests leave there, the hf tests left to the hf step), one worker or two."""
 
-import importlib.util
 import subprocess
 import sys
 import textwrap
@@ -9,18 +8,12 @@ import types
 
 import pytest
 
+from conftest import module_from_file
 from tl_lab.paths import REPO_ROOT
 
 
-def _load(path, name):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_auto_workers_come_from_the_cores_and_the_memory(monkeypatch):
-    root = _load(REPO_ROOT / "conftest.py", "tl_lab_root_conftest")
+    root = module_from_file(REPO_ROOT / "conftest.py", "tl_lab_root_conftest")
     import tl_lab.machine
 
     def machine(cores, gib):
