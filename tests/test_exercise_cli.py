@@ -433,7 +433,8 @@ def test_in_process_gradebook_row_passes_only_when_all_six_modules_pass(tmp_path
     assert (row["sample_state"], row["sample_passed"], row["sample_total"], row["sample_digest"]) == ("passed", 7, 7, "samplesample")
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", row["when"]), row["when"]
     rows[-1] = Row("sample", "failed", "sample.py", passed=6)
-    assert (gradebook_row(tmp_path, rows, 1.0)["verdict"], gradebook_row(tmp_path, rows, 1.0)["passed"]) == ("failed", 23)
+    failed = gradebook_row(tmp_path, rows, 1.0)
+    assert (failed["verdict"], failed["passed"]) == ("failed", 23)
 
 
 def test_in_process_grade_checks_all_six_with_the_options_given(tmp_path, monkeypatch):
