@@ -164,17 +164,19 @@ PIECES: dict[str, tuple[Piece, ...]] = {
         ("Pcg32.next_u32", "2.6", "the LCG step and the XSH RR output of the OLD state"),
         ("Pcg32.uniform_f64", "2.6", "two draws a, b: ((a >> 5) * 2^26 + (b >> 6)) / 2^53 (the shifts swapped is s01)"),
         ("mix64", "2.6", "splitmix64's finaliser"),
-        ("child_seed", "2.6", "mix64(seed + GOLDEN_GAMMA * (purpose + 1)) mod 2^64"),
+        ("child_seed", "2.6", "mix64((seed + purpose * GOLDEN_GAMMA) mod 2^64)"),
         ("stream", "2.6", "Pcg32(child_seed(seed, purpose), purpose): the sequence IS the purpose id (54 is s02)"),
-        ("sample", "2.6", "penalties, the logprob BEFORE temperature (s03), then T, top-k, top-p, min-p and one draw"),
+        ("sample", "2.6", "sample_trace's token and logprob: one code path for both"),
+        ("sample_trace", "2.6", "steps 1 to 9 of docs/spec/sampling.md in order; the logprob from the PENALISED logits, BEFORE temperature (s03)"),
         ("_penalise", "2.6", "repetition over prompt AND output divides positives, MULTIPLIES negatives (s07); presence and frequency over the OUTPUT only (s06)"),
-        ("_top_ids", "2.6", "the k largest of q, ties to the lower id"),
+        ("_scale", "2.6", "q = l / T, refusing a q past LOGIT_LIMIT by its id"),
         ("_by_q_desc", "2.6", "ids in (q descending, id ascending) order"),
-        ("_top_k", "2.6", "the k largest, returned in ascending id order"),
-        ("_nucleus", "2.6", "walk q descending until the running sum reaches p: >= keeps the crossing id (> is s04)"),
-        ("_weights", "2.6", "w = exp(q - max q) over the kept ids"),
-        ("_softmax_over", "2.6", "probabilities over a kept set, a left-to-right sum"),
-        ("_run", "2.6", "every step of docs/spec/sampling.md in f64; the CDF walked in ASCENDING ID order (probability order is s05)"),
+        ("_top_k", "2.6", "the first k ids in (q desc, id asc) order, returned in ascending id order; k = 0 or k >= V keeps all"),
+        ("_top_p", "2.6", "walk q descending adding w / Z_k until the running sum reaches p: >= keeps the crossing id (> is s04)"),
+        ("_min_p", "2.6", "keep the ids whose weight w_i is at least m"),
+        ("_softmax", "2.6", "w_i / Z over the ids, Z a left-to-right sum"),
+        ("_draw", "2.6", "the first id whose running sum exceeds u, walked in ASCENDING ID order (probability order is s05)"),
+        ("_lsum", "2.6", "((x0 + x1) + x2) + ...: the left-to-right sum the spec asks for"),
     ]),
 }
 
@@ -200,7 +202,7 @@ def _g(name, kind, checks, why, module, file, exclude=(), also=()) -> Graded:
     return Graded(name, kind, checks, why, module, f"tests/test_{file}.py", tuple(exclude), tuple(also))
 
 
-_REF = ("[reference]",)  # the sampler tests' second parameter runs the given twin, not the learner's sample
+_REF = ("[fast]",)  # the sampler tests' second parameter runs the engine's vectorized twin (ops.fast_sample), not the learner's sample
 CATALOGUE: tuple[Graded, ...] = (
     _g("hand_example_sampling", "unit", "section 3: top-k 3 and top-p 0.8 keep ids 1 and 3, u = 0.80209, token 3 with logprob -0.92487", "the spec's worked example, end to end", "sample", "sample", _REF),
     _g("pcg32_reference_vectors", "golden", "pcg32(42) demo line, uniform_f64, child_seed, stream outputs from pcg32.vectors.json", "one generator in every language (D10)", "sample", "sample"),
