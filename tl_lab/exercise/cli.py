@@ -189,15 +189,17 @@ def _tests(args) -> int:
     print(f"{'chapter test':<46} {'kind':<20} {'module':<8} {'last':<8} our test")
     for g in CATALOGUE:
         last = status.get(g.module, {}).get("results", {}).get(g.name, "-")
-        last += "*" if g.module in changed and last != "-" else ""
-        print(f"{g.name:<46} {g.kind:<20} {g.module:<8} {last:<8} {g.file}::test_{g.name}*")
+        last += " (old)" if g.module in changed and last != "-" else ""
+        print(f"{g.name:<46} {g.kind:<20} {g.module:<8} {last:<8} {g.file}::test_{g.name}")
         print(f"{'':<46} checks: {g.checks}")
         print(f"{'':<46} why: {g.why}")
         if g.also:
             print(f"{'':<46} with: {', '.join(g.also)}")
-    print(f"{len(CATALOGUE)} tests; you write no graded tests here (rung R0)")
+    print(f"{len(CATALOGUE)} tests; you write no graded tests here (rung R0). Our test of each is the pytest function "
+          f"named, with its variants test_<name>_<case> when it has some")
     if changed:
-        print(f"*: of an earlier text of {', '.join(f'{m}.py' for m in MODULES if m in changed)}, changed since its last check")
+        print(f"(old): a result of an earlier text of {', '.join(f'{m}.py' for m in MODULES if m in changed)}, "
+              f"changed since its last check")
     return EXIT_OK
 
 
@@ -262,7 +264,7 @@ def _parity(args) -> int:
     if ts.__file__ != str(f):  # never the reference held to the golden files in the learner's place
         raise ExerciseError(f"tl_lab.sample was loaded from {ts.__file__}, not your {f}: run parity in a fresh process")
     verdicts = run(ts, list(dict.fromkeys(args.suites)))
-    print(f"your {ts.__file__} against {', '.join('data/golden/' + n for n in ('sampler.json', 'pcg32.vectors.json'))}")
+    print(f"your {ts.__file__}")
     for v in verdicts:
         print(v.line())
     return EXIT_OK if all(v.ok for v in verdicts) else EXIT_FAILED
