@@ -51,6 +51,8 @@ def add_cli(sub) -> None:
     add("parity", "your sample.py against the golden files (suites: sampler, rng)").add_argument(
         "suites", nargs="*", metavar="SUITE", default=["sampler", "rng"])
     add("hint", "what to write in MODULE, piece by piece, with what is still missing").add_argument("module")
+    add("try", "run one PIECE of your module (e.g. quant.f32_to_f16) on its cases against the reference").add_argument(
+        "piece", metavar="PIECE")
     add("status", "your progress: each module's file, pieces written, last check")
     add("reset", "a fresh stub of MODULE; your file is kept as a backup beside it").add_argument("module")
     g = cmds.add_parser("grade", help="for instructors: check each workspace in turn, a CSV row each",
@@ -319,5 +321,13 @@ def _reset(args) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"start": _start, "tests": _tests, "check": _check, "parity": _parity, "hint": _hint, "status": _status,
+def _try(args) -> int:
+    from tl_lab.exercise.tries import try_piece
+
+    result = try_piece(args.piece, args.workspace)
+    print(result)
+    return EXIT_OK if result.passed else EXIT_FAILED
+
+
+COMMANDS = {"try": _try, "start": _start, "tests": _tests, "check": _check, "parity": _parity, "hint": _hint, "status": _status,
             "reset": _reset, "grade": _grade}
