@@ -40,7 +40,10 @@ class Difference:
 
 
 def _section(module: str, section: str | None = None) -> str:
-    return f"reread section {section} of the chapter ({SECTIONS[module]})" if section else f"reread {SECTIONS[module]}"
+    if not section:
+        return f"reread {SECTIONS[module]}"
+    spec = "; ".join(part for part in SECTIONS[module].split("; ")[1:])
+    return f"reread section {section} of the chapter and section 4 ({module}.py)" + (f"; {spec}" if spec else "")
 
 
 def pitfall_line(pid: str) -> str:
@@ -216,7 +219,7 @@ def for_module(module: str, workspace, seconds: float = 60.0) -> list[str]:
             return [f"your {module}.py does not import: {e[3]}:{e[4]}: {e[1]}: {e[2]}"]
         cases = cases_for(module, q)
         res = TryResult(f"{module}.{q}", str(ws / f"{module}.py"),
-                        [CaseResult(c.label, y, r, c.close) for c, y, r in zip(cases, mine["cases"], ref["cases"])])
+                        [CaseResult(c.label, y, r, c.close, c.given) for c, y, r in zip(cases, mine["cases"], ref["cases"])])
         if not res.passed and not res.not_written:
             piece = next(p for p in PIECES[module] if p.qualname == q)
             from tl_lab.exercise.cli import command

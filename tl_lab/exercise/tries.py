@@ -296,6 +296,7 @@ class Case:
     label: str
     run: object
     close: float = 0.0
+    given: object = None  # the input array of an elementwise case: the difference names the element that shows it
 
 
 def _f32(*v):
@@ -310,6 +311,11 @@ BF16_EDGES = _f32(0.0, -0.0, 1.0, 1.00390625, 1.01171875, 0.1, 3.3895314e38, 3.4
 
 def _call(fn, *args, **kw):
     return lambda m: getattr_path(m, fn)(*args, **kw)
+
+
+def _each(label, fn, x, close=0.0):
+    """An elementwise case: fn(x), with x kept to name the input of the first difference."""
+    return Case(label, lambda m: getattr_path(m, fn)(x), close, given=x)
 
 
 def getattr_path(m, dotted: str):
@@ -351,7 +357,7 @@ def _quant_cases() -> dict[str, list[Case]]:
     for name in ("f16_to_f32", "bf16_to_f32"):
         out[name] = [
             Case(f"{name}(0x3C00), a Python int", _call(name, 0x3C00)),
-            Case(f"{name}(every pattern 0x0000 .. 0xFFFF), uint16 (65536,)", _call(name, every)),
+            _each(f"{name}(every pattern 0x0000 .. 0xFFFF), uint16 (65536,)", name, every),
             Case(f"{name}(a 0-d uint16 array 0x7E00)", _call(name, np.array(0x7E00, np.uint16))),
             Case(f"{name}(an empty uint16 array (0, 3))", _call(name, np.zeros((0, 3), np.uint16))),
             Case(f"{name}(uint16 (2, 3), out=a float32 (2, 3))", into(name)),
@@ -364,18 +370,17 @@ def _quant_cases() -> dict[str, list[Case]]:
                                     ("f32_to_bf16", BF16_EDGES, "bf16_to_f32", roundtrip[(roundtrip & 0x7F80) != 0x7F80])):
         out[name] = [
             Case(f"{name}(1.0), a Python float", _call(name, 1.0)),
-            Case(f"{name}(the edges: ties, overflow, subnormals, inf, NaN), float32 {edges.shape}", _call(name, edges)),
+            _each(f"{name}(the edges: ties, overflow, subnormals, inf, NaN), float32 {edges.shape}", name, edges),
             Case(f"{name}(a 0-d float32 NaN array)", _call(name, np.array(np.nan, np.float32))),
             Case(f"{name}(a 0-d float32 array 1.0)", _call(name, np.array(1.0, np.float32))),
             Case(f"{name}(an empty float32 array (0,))", _call(name, np.zeros(0, np.float32))),
             Case(f"{name}({back}(every finite pattern)): every pattern round-trips",
                  lambda m, name=name, back=back, pats=pats: getattr(m, name)(getattr(m, back)(pats))),
-            Case(f"{name}(20,000 values in [-8, 8), float32, seed 0)",
-                 lambda m, name=name: getattr(m, name)(np.random.default_rng(0).uniform(-8, 8, 20000).astype(np.float32))),
-            Case(f"{name}(the f32 values around the target's subnormals, every 0x1234F-th pattern)",
-                 lambda m, name=name, lo=(0x33000000 if name == "f32_to_f16" else 0x00000001),
-                 hi=(0x38800000 if name == "f32_to_f16" else 0x00900000):
-                 getattr(m, name)(np.arange(lo, hi, 0x1234F, dtype=np.uint32).view(np.float32))),
+            _each(f"{name}(20,000 values in [-8, 8), float32, seed 0)", name,
+                  np.random.default_rng(0).uniform(-8, 8, 20000).astype(np.float32)),
+            _each(f"{name}(the f32 values around the target's subnormals, every 0x1234F-th pattern)", name,
+                  np.arange(0x33000000 if name == "f32_to_f16" else 1, 0x38800000 if name == "f32_to_f16" else 0x00900000,
+                            0x1234F, dtype=np.uint32).view(np.float32)),
         ]
     out["pack_int4"] = [
         Case("pack_int4([-8, 7, 1, -1], rows=1, cols=4): section 3's 0x78 0xF1", _call("pack_int4", [-8, 7, 1, -1], 1, 4)),
@@ -408,6 +413,7 @@ def _quant_cases() -> dict[str, list[Case]]:
         Case("QLinear.quantize(section 3's [0.7, -1.4, 0.0, 0.29995], group 4): qweight, scales", q(hand, 4)),
         Case("QLinear.quantize(float32 (4, 64) N(0, 1) seed 1, group 32)", q(rnd, 32)),
         Case("QLinear.quantize(an all-zero group beside a random one, group 32)", q(zero, 32)),
+        Case("QLinear.quantize([[7, 2.5, -2.5, 0.5, 1.5, -0.5, 3.5, 6]], 8): s = 1, ties to even", q(_f32(7, 2.5, -2.5, 0.5, 1.5, -0.5, 3.5, 6).reshape(1, 8), 8)),
         Case("QLinear.quantize(weights of 1e6: past f16's scale range)", q(np.full((1, 4), 1e6, np.float32), 4)),
         Case("QLinear.quantize(tiny weights 1e-6: subnormal scales)", q(np.full((1, 4), 1e-6, np.float32) * _f32(1, -2, 3, -4), 4)),
     ]
@@ -488,6 +494,10 @@ def _sample_cases() -> dict[str, list[Case]]:
         return m.sample_trace(np.array(hand, np.float32), m.SamplingParams(temperature=0.0), [], [], None)
 
     sampler.append(Case("sample_trace(section 3's hand example): every stage", trace))
+    sampler.append(Case("sample_trace(300 logits seed 5, T 1.3): every stage",
+                        lambda m: m.sample_trace(big, m.SamplingParams(temperature=1.3), [], [], m.stream(6, 4))))
+    sampler.append(Case("sample_trace(300 logits seed 5, T 0.9, top-k 40, top-p 0.95): every stage",
+                        lambda m: m.sample_trace(big, m.SamplingParams(temperature=0.9, top_k=40, top_p=0.95), [], [], m.stream(4, 4))))
     sampler.append(Case("sample_trace(greedy, rng None): the stages a greedy call skips", greedy_trace))
     sampler.append(Case("sample(logits with a NaN)", lambda m: m.sample(_f32(1.0, np.nan), m.SamplingParams(), [], [], m.stream(0, 4))))
     sampler.append(Case("sample(a token id 9 in output, V = 4)", lambda m: m.sample(_f32(1, 2, 3, 4), m.SamplingParams(), [], [9], m.stream(0, 4))))
@@ -1069,6 +1079,7 @@ class CaseResult:
     yours: list | None
     reference: list
     close: float = 0.0
+    given: object = None
 
     @property
     def ok(self) -> bool:
@@ -1082,7 +1093,15 @@ class CaseResult:
     def difference(self) -> str:
         if self.yours is None:
             return "not run"
-        return first_difference(self.yours, self.reference, close=self.close)
+        text = first_difference(self.yours, self.reference, close=self.close)
+        x = self.given
+        if isinstance(x, np.ndarray) and self.yours[0] == self.reference[0] == "array" and "first difference at index" in text:
+            a, b = _num(self.yours), _num(self.reference)
+            if a.shape == b.shape == x.shape:
+                diff = (a != b) & ~((a != a) & (b != b)) if a.dtype.kind == "f" else a != b
+                i = int(np.flatnonzero(diff.reshape(-1))[0])
+                text += f"; the input there: {_scalar(x.reshape(-1)[i], x.dtype)}"
+        return text
 
 
 @dataclass
@@ -1167,7 +1186,7 @@ def try_piece(name: str, workspace=None, seconds: float = CHILD_SECONDS, diagnos
 
     piece = piece_of(name)
     full = f"{piece.module}.{piece.qualname}"
-    section = f"section {piece.section} of the chapter ({SECTIONS[piece.module]})"
+    section = f"section {piece.section} of the chapter, and section 4 ({piece.module}.py)"
     ws = resolve(workspace)
     f = ws / f"{piece.module}.py"
     if not f.is_file():
@@ -1188,7 +1207,7 @@ def try_piece(name: str, workspace=None, seconds: float = CHILD_SECONDS, diagnos
         e = mine["import_error"]
         res.note = f"your {f.name} does not import: {e[3]}:{e[4]}: {e[1]}: {e[2]}"
         return res
-    res.cases = [CaseResult(c.label, y, r, c.close) for c, y, r in zip(cases, mine["cases"], ref["cases"])]
+    res.cases = [CaseResult(c.label, y, r, c.close, c.given) for c, y, r in zip(cases, mine["cases"], ref["cases"])]
     if diagnose and not res.passed and not res.not_written:
         from tl_lab.exercise.diagnose import diagnose_try
 
