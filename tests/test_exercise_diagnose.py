@@ -11,9 +11,9 @@ import re
 
 import pytest
 
-from tl_lab.exercise.diagnose import Difference, explain
-from tl_lab.exercise.stubs import reference_source
-from tl_lab.exercise.tries import try_piece
+from tl_lab.lab.exercise.diagnose import Difference, explain
+from tl_lab.lab.exercise.stubs import reference_source
+from tl_lab.lab.exercise.tries import try_piece
 
 # (name, module, piece tried, the correct text, the learner's text, the pitfall it is or None)
 MISTAKES = [
@@ -80,7 +80,7 @@ def test_an_error_in_the_learners_code_is_its_file_line_and_error(tmp_path):
 
 
 def test_a_piece_not_written_says_so_and_no_workspace_says_how_to_start(tmp_path):
-    from tl_lab.exercise.cli import start
+    from tl_lab.lab.exercise.cli import start
 
     start(tmp_path / "ws", ["quant"])
     res = try_piece("quant.f32_to_f16", tmp_path / "ws")

@@ -13,8 +13,8 @@ import re
 import numpy as np
 import pytest
 
-from tl_lab.exercise.registry import MODULES, PIECES, SECTIONS
-from tl_lab.exercise.stubs import reference_source
+from tl_lab.lab.exercise.registry import MODULES, PIECES, SECTIONS
+from tl_lab.lab.exercise.stubs import reference_source
 
 ALL = [p for m in MODULES for p in PIECES[m]]
 WITH_FORMULA = [p for p in ALL if p.formula]
@@ -103,7 +103,7 @@ def test_the_child_seed_hint_is_the_specs():
     """Issue 60: the hint said mix64(seed + GOLDEN_GAMMA * (purpose + 1)); the spec says seed + purpose * GOLDEN_GAMMA."""
     p = next(p for p in PIECES["sample"] if p.qualname == "child_seed")
     assert "purpose + 1" not in p.hint and "seed + purpose * GOLDEN_GAMMA" in p.hint
-    from tl_lab.paths import REPO_ROOT
+    from tl_lab.ops.paths import REPO_ROOT
 
     assert "mix64(seed + purpose * 0x9E3779B97F4A7C15)" in (REPO_ROOT / "docs/spec/pcg32.md").read_text()
 

@@ -30,7 +30,7 @@ import pytest
 import platform
 
 from conftest import need
-from tl_lab.machine import cores
+from tl_lab.ops.machine import cores
 from notebook_kernel import NOTEBOOKS, NotebookKernel, error_line, first_line
 
 RUN_ONCE = "# run once"  # a cell's first line starting so is not re-run (none today)
@@ -54,7 +54,7 @@ assert "not run yet" in verdict.value and "PASSED" not in verdict.value, verdict
 }
 
 # Run in the kernel before the notebook: count the matplotlib Figures each cell creates, by execution
-# count (a Figure made with pyplot or directly, as tl_lab.widgets.pitfalls.draw_probe does).
+# count (a Figure made with pyplot or directly, as tl_lab.lab.widgets.pitfalls.draw_probe does).
 PROBE = """
 def _tl_probe():
     import matplotlib.figure
@@ -77,12 +77,12 @@ del _tl_probe
 """
 REPORT = "import json; print(json.dumps(_tl_made['per_cell']))"
 # After the re-runs: the tl_lab widgets still alive that no cell's latest run made (each Run All once
-# left 01's block map, with its copy of the pool, alive: tl_lab.widgets.common.CellWidget)
+# left 01's block map, with its copy of the pool, alive: tl_lab.lab.widgets.common.CellWidget)
 LEFT_ALIVE = """
 def _tl_left_alive():
     import gc
     from ipywidgets import Widget
-    from tl_lab.widgets import common
+    from tl_lab.lab.widgets import common
     gc.collect()
     latest = {id(w) for _, made in common._MADE.values() for w in made}
     # IPython's output history keeps every cell's result (a cell ending in `lab` keeps that lab, and
@@ -300,7 +300,7 @@ def test_each_pitfall_breaks_the_sections_of_05_the_lab_names(pid, monkeypatch):
     kernels afresh (a numba cache of its own): about 45 s the first time."""
     import re
 
-    from tl_lab import pitfalls as pf
+    from tl_lab.lab import pitfalls as pf
 
     need("nbformat")
     need("nbclient")
@@ -320,7 +320,7 @@ def test_each_other_pitfall_first_breaks_the_section_the_lab_names(pid, monkeypa
     """The pitfalls shown outside 05_forward: with the pitfall on in the kernel, the first cell of its
     notebook that fails is under the heading the lab's "where it shows" begins with (docs/pitfalls.md:
     other cells may fail after it; the run stops at the first). About 25 s for the fourteen."""
-    from tl_lab import pitfalls as pf
+    from tl_lab.lab import pitfalls as pf
 
     need("nbformat")
     need("nbclient")
