@@ -315,8 +315,13 @@ def _lsum(x: np.ndarray) -> float:
 @dataclass(frozen=True)
 class SampleTrace:
     """Every stage of one `sample` call (docs/spec/sampling.md). Kept sets are int64 id arrays in
-    ascending id order; each `*_probs` is the softmax over that set (aligned with it). Stages that a
-    greedy call never reaches are None."""
+    ascending id order; each `*_probs` is the softmax over that set (aligned with it).
+
+    A greedy call (temperature 0) fills logits, penalised, logprobs, greedy=True, kept = [token],
+    probs = [1.0], cdf = [1.0], token and logprob; scaled, weights and every top-k, top-p and min-p
+    field are None, and u is None (no draw). In a sampled call a filter that is off (top_k 0, top_p 1,
+    min_p 0) passes every id on, and its field holds that set; nucleus_order and nucleus_cum are None
+    when top_p is 1 (no walk)."""
 
     logits: np.ndarray  # (V,) f64, the widened input
     penalised: np.ndarray  # (V,) f64, after step 2
@@ -351,7 +356,11 @@ def sample_trace(logits, params: SamplingParams, prompt, output, rng: Pcg32 | No
 
 
 def _penalise(x: np.ndarray, params: SamplingParams, prompt: np.ndarray, output: np.ndarray) -> np.ndarray:
-    """Step 2, vectorized: the same one operation per touched id as `_ref_penalise`."""
+    """Step 2 of docs/spec/sampling.md: x (V,) f64 -> the penalised logits (V,) f64 (a new array).
+
+    prompt, output: int64 id arrays. Repetition over the ids of prompt AND output: a positive logit
+    divided by the penalty, a negative one multiplied; then presence (once per id) and frequency
+    (times its count) subtracted over the OUTPUT ids only. One operation per touched id."""
     l = x
     r = params.repetition_penalty
     seen = np.unique(np.concatenate([prompt, output]))
@@ -414,7 +423,10 @@ def _nucleus(q, w, kept, p):
 
 
 def _weights(q: np.ndarray, q_max: float, ids: np.ndarray | None, reuse: np.ndarray | None) -> np.ndarray:
-    """(V,) array holding w_i = exp(q_i - q_max) at `ids` (all when None). Unneeded slots hold 0."""
+    """(V,) array holding w_i = exp(q_i - q_max) at `ids` (all when None). Unneeded slots hold 0.
+
+    `reuse`: the weights an earlier stage of the same call already computed over all ids (or None);
+    when given it is returned as it is, so exp is computed once per call."""
     if reuse is not None:
         return reuse
     if ids is None:
@@ -425,6 +437,8 @@ def _weights(q: np.ndarray, q_max: float, ids: np.ndarray | None, reuse: np.ndar
 
 
 def _softmax_over(w: np.ndarray, ids: np.ndarray | None) -> np.ndarray:
+    """The probabilities w[ids] / Z over a kept set (all ids when None), Z the sum of w[ids] LEFT TO
+    RIGHT in id order (`_lsum`; np.sum adds pairwise, in another order, and other bits)."""
     wk = w if ids is None else w[ids]
     return wk / _lsum(wk)
 
