@@ -69,6 +69,9 @@ def _pieces(module: str, rows) -> tuple[Piece, ...]:
 
 PIECES: dict[str, tuple[Piece, ...]] = {
     "kv": _pieces("kv", [
+        ("prefix_hash", "2.2", "blake2b, 8-byte digest: b'\\x00' (no parent) or b'\\x01' + parent as u64 LE, then the count as u32 LE and each id as u32 LE; the digest read as a u64 LE"),
+        ("prefix_hashes", "2.2", "the chained hash of every FULL block: each block's parent is the block before it"),
+        ("key_location", "3", "position j -> (j // B, table[j // B], j % B): table [7, 2, 9], B = 16, position 37 -> (2, 9, 5)"),
         ("KvCfg.validate", "2.2", "every size a positive int, dtype f16 and format 1; zero blocks is refused here, not at the first alloc (s19)"),
         ("KvPool.__init__", "2.2", "one buffer (n_blocks, n_layers, 2, H_kv, B, D) uint16 and the bookkeeping: refs, fills, hashes, the free list, the LRU, the hash index"),
         ("KvPool.slab", "2.2", "a view of data[id, layer, is_v], never a copy; refuse an id, layer or is_v out of range"),
@@ -105,6 +108,7 @@ PIECES: dict[str, tuple[Piece, ...]] = {
         ("f32_to_f16", "3", "round to nearest even (numpy's float16 cast does), NaN quiet like the scalar path"),
         ("f32_to_bf16", "3", "of the f32 bits u: {formula} (0x7FFF plus the lowest kept bit, keep the top half); NaN quiet; a 0-d array in, a 0-d array out", "(u + 0x7FFF + ((u >> 16) & 1)) >> 16"),
         ("pack_int4", "2.5", "column 2b in the LOW nibble, 2b + 1 in the high one, 4-bit two's complement (the odd column low is s09)"),
+        ("_int4_pair_table", "2.5", "byte -> (its low nibble's value, its high nibble's value), each 4-bit two's complement: (n ^ 8) - 8 (s09 swaps them)"),
         ("unpack_int4", "2.5", "the inverse of pack_int4: low nibble the even column; a nibble v sign-extends as {formula}; packed may be bytes (a graded test passes them) or a uint8 array", "(v ^ 8) - 8"),
         ("_group_scales", "2.5", "per group s = {formula}, the division in float32; a scale past f16's range is refused",
          "f32_to_f16(np.abs(Wg).max(axis=2) / np.float32(7))"),

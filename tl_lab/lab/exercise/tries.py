@@ -431,6 +431,10 @@ def _quant_cases() -> dict[str, list[Case]]:
         Case("forward(x (3, 63)): the wrong width is refused", lambda m: m.QLinear.quantize(rnd, 32).forward(_rng_matrix((3, 63), 3))),
         Case("forward(x (0, 64)): no rows", lambda m: m.QLinear.quantize(rnd, 32).forward(np.zeros((0, 64), np.float32))),
     ]
+    out["_int4_pair_table"] = [
+        Case("_int4_pair_table(np.int8): every byte's (low nibble, high nibble) values", _call("_int4_pair_table", np.int8)),
+        Case("_int4_pair_table(np.float32): the same values as float32", _call("_int4_pair_table", np.float32)),
+    ]
     return out
 
 
@@ -643,6 +647,25 @@ def _kv_cases() -> dict[str, list[Case]]:
     out["KvPool.slab"] = [Case("slab(b, 1, True): a view of the pool's data", slab), cases[2]]
     for q in ("KvPool.export", "KvPool.import_", "KvPool._parse"):
         out[q] = envelope
+    out["prefix_hash"] = [
+        Case("prefix_hash(None, [1, 2, 3, 4])", _call("prefix_hash", None, [1, 2, 3, 4])),
+        Case("prefix_hash(0xABC, [1, 2, 3, 4]): the parent chained in", _call("prefix_hash", 0xABC, [1, 2, 3, 4])),
+        Case("prefix_hash(None, []): no tokens", _call("prefix_hash", None, [])),
+        Case("prefix_hash(None, int64 array [5, 6])", _call("prefix_hash", None, np.array([5, 6], np.int64))),
+        Case("prefix_hash(2**64 - 1, [2**32 - 1]): the largest parent and id", _call("prefix_hash", 2**64 - 1, [2**32 - 1])),
+        Case("prefix_hash(None, [2**32]): an id past u32, refused", _call("prefix_hash", None, [2**32])),
+        Case("prefix_hash(-1, [1]): a parent that is no u64, refused", _call("prefix_hash", -1, [1])),
+    ]
+    out["prefix_hashes"] = [Case(f"prefix_hashes(list(range({n})), 4)", _call("prefix_hashes", list(range(n)), 4)) for n in (0, 3, 4, 9)]
+    out["prefix_hashes"].append(Case("prefix_hashes([1, 2], 0): no block size, refused", _call("prefix_hashes", [1, 2], 0)))
+    out["key_location"] = [
+        Case("key_location([7, 2, 9], 37, 16): section 3's example", _call("key_location", [7, 2, 9], 37, 16)),
+        Case("key_location([7, 2, 9], 0, 16)", _call("key_location", [7, 2, 9], 0, 16)),
+        Case("key_location([7, 2, 9], 47, 16): the last position", _call("key_location", [7, 2, 9], 47, 16)),
+        Case("key_location([7, 2, 9], 48, 16): one past the table, refused", _call("key_location", [7, 2, 9], 48, 16)),
+        Case("key_location([7, 2, 9], array [0, 16, 37], 16)", _call("key_location", [7, 2, 9], np.array([0, 16, 37]), 16)),
+        Case("key_location([7, 2, 9], -1, 16): refused", _call("key_location", [7, 2, 9], -1, 16)),
+    ]
     return out
 
 
