@@ -186,15 +186,15 @@ def test_kernel_forward_equals_the_numpy_reference_forward(monkeypatch):
 
 
 def test_trace_records_the_internals_and_costs_nothing_when_absent(monkeypatch):
-    import tl_lab.forward as fw
+    from tl_lab.ops import attention
 
     runner = _tiny_runner()
     c = runner.config
     table = runner.pool.alloc(2)
     step = Step.of([(list(b"trace me"), 0, table)])
     calls = []
-    real = fw.attend_reference
-    monkeypatch.setattr(fw, "attend_reference", lambda *a: calls.append(1) or real(*a))
+    real = attention.attend_reference
+    monkeypatch.setattr(attention, "attend_reference", lambda *a: calls.append(1) or real(*a))
     z = llama_forward(runner.weights, step, runner.pool.data)
     assert calls == []  # no recorder: no reference attention, no copies
     trace = {}
@@ -216,14 +216,17 @@ def test_the_pool_view_of_a_step_names_each_rows_sequence_block_and_tile():
     B = runner.pool.data.shape[4]
     tables = [runner.pool.alloc(3), runner.pool.alloc(1), runner.pool.alloc(3)]
     step = Step.of([(list(b"abcd"), 5, tables[0]), (list(b"e"), 0, tables[1]), (list(range(20)), 3, tables[2])])
+    from tl_lab.ops.kernels import QUERY_TILE
+
     view = fw.PoolKv(runner.pool.data, step)
-    assert view.seq_of.tolist() == [0] * 4 + [1] + [2] * 20
-    assert view.firsts.tolist() == [0, 4, 5]
-    assert view.tiles.tolist() == [0, 4, 5, 5 + fw.QUERY_TILE, 25]
+    paged = view.paged  # the given side: tl_lab.ops.attention.PagedAttention
+    assert paged.seq_of.tolist() == [0] * 4 + [1] + [2] * 20
+    assert paged.firsts.tolist() == [0, 4, 5]
+    assert paged.tiles.tolist() == [0, 4, 5, 5 + QUERY_TILE, 25]
     pos = step.pos
-    assert view.blk.tolist() == [int(tables[s][p // B]) for s, p in zip(view.seq_of, pos)]
+    assert view.blk.tolist() == [int(tables[s][p // B]) for s, p in zip(paged.seq_of, pos)]
     assert view.slot.tolist() == [int(p % B) for p in pos]
-    assert view.tables.shape == (3, 3) and view.tables[1, 0] == tables[1][0]
+    assert paged.tables.shape == (3, 3) and paged.tables[1, 0] == tables[1][0]
 
 
 # ------------------------------------------------------------------ stacked q/k/v and gate/up
