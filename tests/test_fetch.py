@@ -94,7 +94,9 @@ def qtype_for(hf: str):
     return gguf.GGMLQuantizationType.Q4_1
 
 
-def write_tiny_gguf(path: Path, weights: dict[str, np.ndarray], *, pre: str = "smollm", extra_tensor: bool = False):
+def write_tiny_gguf(path: Path, weights: dict[str, np.ndarray], *, pre: str = "smollm", extra_tensor: bool = False,
+                    drop: tuple[str, ...] = ()):
+    """drop: metadata keys left out of the file (a GGUF lacking them)."""
     import gguf
 
     tokens = tiny_tokens()
@@ -131,6 +133,8 @@ def write_tiny_gguf(path: Path, weights: dict[str, np.ndarray], *, pre: str = "s
             w.add_tensor(gguf_name(name), gguf.quants.quantize(x, qt), raw_dtype=qt)
     if extra_tensor:
         w.add_tensor("rope_freqs.weight", np.ones(D // 2, dtype=np.float32))
+    for key in drop:
+        del w.kv_data[0][key]
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
