@@ -99,21 +99,26 @@ def running_sums(x) -> list[float]:
     return out
 
 
-@pytest.mark.parametrize("V", [65, 66])
-@pytest.mark.parametrize("n", [63, 64, 65, 66])
-@pytest.mark.parametrize("over", [False, True])
-def test_top_p_past_the_first_64_candidates(V, n, over):
+def nucleus_rows():
+    """(V, n, over, p): p the running sum of the first n of V distinct ids (one ulp over when `over`),
+    for every n around the first look's 64 whose p is a valid top_p (a full sum may round above 1)."""
+    rows = []
+    for V in (65, 66):
+        sums = running_sums(np.linspace(0.0, -0.5, V).astype(np.float32))
+        for n in range(63, V + 1):
+            for over in (False, True):
+                p = math.nextafter(sums[n - 1], 2.0) if over else sums[n - 1]
+                if p <= 1.0:
+                    rows.append((V, n, over, p))
+    return rows
+
+
+@pytest.mark.parametrize("V, n, over, p", nucleus_rows())
+def test_top_p_past_the_first_64_candidates(V, n, over, p):
     """V distinct ids (each needed for p near 1). p set exactly to the running sum of the first n ids
     keeps n of them; one ulp over keeps n + 1. The walk looks at 64 candidates first, then 8 times
     more: n = 64 is its edge, and V = 65 leaves exactly one id outside the first look."""
-    if n > V:
-        return  # (V = 65 has no 66th id)
     x = np.linspace(0.0, -0.5, V).astype(np.float32)
-    sums = running_sums(x)
-    p = sums[n - 1]
-    if over:
-        p = math.nextafter(p, 2.0)
-    assert 0.0 < p <= 1.0
     want = min(n + over, V)  # past the last id's sum: the whole set
     assert kept(x, top_p=p) == list(range(want))
     a = sample(x, SamplingParams(top_p=p), [], [], stream(3, 4))
