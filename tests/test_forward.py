@@ -185,6 +185,24 @@ def test_kernel_forward_equals_the_numpy_reference_forward(monkeypatch):
     np.testing.assert_allclose(z_kernel, z_ref, rtol=0, atol=1e-4 * float(np.abs(z_ref).max()))
 
 
+@pytest.mark.parametrize("model, golden", [("tiny-llama", "tiny_llama_hf.json"),
+                                            ("tiny-llama-untied", "tiny_llama_untied_hf.json")])
+def test_the_f32_forward_matches_hf_tied_and_untied(model, golden):
+    """llama_forward with float32 keys (kv='f32', no pool) against HF's float32 forward to 1e-4, for
+    the tied model and the untied one (its own lm_head.weight, issue 62): the head the graph uses is
+    the one the checkpoint names."""
+    from tl_lab.compare import hf_golden_cases
+    from tl_lab.model import load_weights
+    from tl_lab.paths import DATA_DIR, GOLDEN_DIR
+
+    w = load_weights(DATA_DIR / model)
+    assert (w.lm_head is None) == w.config.tie_word_embeddings
+    for case in hf_golden_cases(GOLDEN_DIR / golden):
+        z = llama_forward(w, Step.of([(case["tokens"], 0, [])]), None, kv="f32")[0]
+        err = float(np.abs(z - case["z"]).max())
+        assert err <= 1e-4, f"{model}, {len(case['tokens'])}-token prompt: max |z - z_hf| = {err:.3g}"
+
+
 def test_trace_records_the_internals_and_costs_nothing_when_absent(monkeypatch):
     from tl_lab.ops import attention
 

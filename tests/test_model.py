@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import load as lib_load
 from safetensors.numpy import save as lib_save
@@ -423,6 +423,11 @@ def fuzz_dir():
     changes=st.lists(st.tuples(st.integers(0, len(FUZZ_SEED_FILE) - 1), st.integers(0, 255)), max_size=6),
     cut=st.one_of(st.none(), st.integers(0, len(FUZZ_SEED_FILE))),
 )
+@example(changes=[], cut=0)  # the hard cases, every run (issue 62): an empty file,
+@example(changes=[], cut=8)  # the length word alone,
+@example(changes=[], cut=9)  # one byte of the header,
+@example(changes=[(7, 255)], cut=None)  # a header length near 2^64,
+@example(changes=[(0, 0), (1, 0)], cut=None)  # a zero header length
 def test_safetensors_reader_survives_random_bytes(fuzz_dir, changes, cut):
     buf = bytearray(FUZZ_SEED_FILE)
     for pos, value in changes:
@@ -445,6 +450,12 @@ JSONISH = st.one_of(
     offsets=st.one_of(st.lists(st.one_of(st.integers(-1, 40), JSONISH), max_size=3), JSONISH),
     data_len=st.integers(0, 40),
 )
+@example(dtype="F32", shape=[0], offsets=[0, 0], data_len=0)  # zero-size tensor (issue 62's hard cases)
+@example(dtype="F32", shape=[], offsets=[0, 4], data_len=4)  # a scalar
+@example(dtype="F32", shape=[1], offsets=[0, 3], data_len=3)  # one byte short
+@example(dtype="F32", shape=[-1], offsets=[0, 4], data_len=4)  # a negative dimension
+@example(dtype="F32", shape=[1], offsets=[4, 0], data_len=4)  # offsets reversed
+@example(dtype="U8", shape=[2**62, 4], offsets=[0, 0], data_len=0)  # a numel that overflows
 def test_safetensors_reader_survives_random_headers(fuzz_dir, dtype, shape, offsets, data_len):
     header = {"t": {"dtype": dtype, "shape": shape, "data_offsets": offsets}}
     try:

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -420,8 +420,28 @@ def weight_matrices(draw):
     return (w * np.float32(scale)).astype(np.float32), group
 
 
+# The hard cases, run every time (issue 62: the range clamped to [-7, 7] was caught only when
+# hypothesis drew a subnormal-scale group holding a -8, about 4 runs in 5):
+SUB = 2.0**-24  # the smallest f16 subnormal
+INT4_HARD_CASES = [
+    # a subnormal scale: max|w| / 7 = 1.14 * 2^-24 rounds to s = 2^-24, so -8 s is -8 exactly
+    (np.array([[-8 * SUB, 0.0]], np.float32), 2),
+    (np.array([[-8 * SUB, 3 * SUB, -8 * SUB, 8 * SUB]], np.float32), 2),  # -8 and +8 (clamped to 7)
+    (np.array([[7.0, 2.5, -3.5, 0.5]], np.float32), 4),  # s = 1: ties at 2.5, -3.5, 0.5 round to even
+    (np.zeros((2, 4), np.float32), 2),  # all-zero groups: s = 0, q = 0
+    (np.array([[1e-9, -1e-9, 0.0, 0.0]], np.float32), 2),  # too small for any f16 scale: s = 0
+    (np.array([[7 * 2.0**-14, -7.49 * 2.0**-14]], np.float32), 2),  # the smallest normal scale
+]
+
+
 @settings(max_examples=60, deadline=None)
 @given(weight_matrices())
+@example(INT4_HARD_CASES[0])
+@example(INT4_HARD_CASES[1])
+@example(INT4_HARD_CASES[2])
+@example(INT4_HARD_CASES[3])
+@example(INT4_HARD_CASES[4])
+@example(INT4_HARD_CASES[5])
 def test_int4_error_is_at_most_half_a_step(case):
     """|W - W_hat| <= s/2 for every weight that was not clamped to [-8, 7] (section 2.5).
 
@@ -441,7 +461,21 @@ def test_int4_error_is_at_most_half_a_step(case):
     assert (unpack_int4(layer.qweight)[np.all(w == 0, axis=1)] == 0).all()
 
 
+def test_int4_a_subnormal_scale_group_keeps_its_minus_8():
+    """INT4_HARD_CASES[0] by name: a -8 is representable and must survive quantize (range [-8, 7],
+    not [-7, 7]); W_hat is W exactly."""
+    w, group = INT4_HARD_CASES[0]
+    layer = QLinear.quantize(w, group)
+    assert f16_to_f32(layer.scales).tolist() == [[SUB]]
+    assert unpack_int4(layer.qweight).tolist() == [[-8, 0]]
+    assert layer.dequantize().tolist() == w.tolist()
+
+
 @settings(max_examples=60, deadline=None)
+@example(np.zeros((0, 0), np.int8))  # zero-size inputs
+@example(np.zeros((3, 0), np.int8))
+@example(np.array([[-8, 7, -1, 0]], np.int8))  # both ends of the range, and -1 (1111)
+@example(np.full((2, 2), -8, np.int8))
 @given(
     st.integers(0, 5).flatmap(
         lambda rows: st.integers(0, 6).flatmap(

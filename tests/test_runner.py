@@ -120,6 +120,73 @@ def test_tiny_llama_greedy_matches_hf():
     assert runner.pool.stats()["in_use"] == 0
 
 
+# ------------------------------------------------------------------ an untied LM head (issue 62)
+
+UNTIED = DATA_DIR / "tiny-llama-untied"
+UNTIED_GOLDEN = GOLDEN_DIR / "tiny_llama_untied_hf.json"
+
+
+def untied(n_blocks=64) -> ModelRunner:
+    return ModelRunner.load(UNTIED, EngineConfig(kv=KvConfig(n_blocks=n_blocks, block_tokens=B)))
+
+
+def test_untied_tiny_llama_has_its_own_head():
+    """data/tiny-llama-untied (tools/make_tiny_llama.py --untied) loads with its lm_head.weight as the
+    head, not the embedding: every other tensor is the tied model's, so only the head tells them apart."""
+    w, tied = untied().weights, tiny().weights
+    assert not w.config.tie_word_embeddings and isinstance(w.lm_head, Linear)
+    assert w.head_weight is w.lm_head.w and w.head_weight.shape == w.embed.shape
+    assert np.array_equal(w.embed, tied.embed) and not np.array_equal(w.head_weight, w.embed)
+
+
+def test_untied_tiny_llama_logits_match_hf():
+    """The untied model's last-token logits within the chapter's bound (1e-3 of the largest logit) of
+    HF's float32 forward (data/golden/tiny_llama_untied_hf.json), prompts of 1 to 100 tokens. Reading
+    the embedding as the head misses by far more than the bound."""
+    runner = untied()
+    emb = runner.weights.embed
+    for case in hf_golden_cases(UNTIED_GOLDEN):
+        hidden, z = runner.run_once(case["tokens"])
+        bound = REL_BOUND * float(np.abs(case["z"]).max())
+        err = float(np.abs(z - case["z"]).max())
+        assert err <= bound, f"{len(case['tokens'])}-token prompt: max |z - z_hf| = {err:.4g} > {bound:.4g}"
+        as_tied = hidden[-1] @ emb.T  # what a head tied by mistake would give
+        assert float(np.abs(as_tied - case["z"]).max()) > 100 * bound
+
+
+def test_untied_tiny_llama_greedy_matches_hf():
+    """32 greedy tokens per golden prompt equal HF's, under test_tiny_llama_greedy_matches_hf's near-tie rule."""
+    runner = untied()
+    for case in hf_golden_cases(UNTIED_GOLDEN):
+        got = greedy(runner, case["tokens"], len(case["greedy"]))
+        for i, (a, b) in enumerate(zip(got, case["greedy"])):
+            if a != b:
+                assert case["gap"][i] < F16_BOUND, (
+                    f"{len(case['tokens'])}-token prompt: step {i} gave {a}, HF {b}, gap {case['gap'][i]:.4g}")
+                break
+    assert runner.pool.stats()["in_use"] == 0
+
+
+def test_untied_tiny_llama_is_batch_invariant():
+    """The golden prompts in ONE step (last_logits) and a mixed step of decodes and a prefill: each
+    row bit for bit that prompt run alone, through the untied head's product."""
+    runner = untied()
+    prompts = [c["tokens"] for c in hf_golden_cases(UNTIED_GOLDEN)]
+    together = runner.last_logits(prompts)
+    for i, p in enumerate(prompts):
+        np.testing.assert_array_equal(together[i], runner.run_once(p)[1], err_msg=f"{len(p)}-token prompt")
+    a, b = prompts[2], prompts[3]
+    ta, tb = blocks_for(runner, len(a) + 1), blocks_for(runner, len(b))
+    za = runner.forward(ForwardBatch([ForwardSeq(a, 0, ta)])).row(0)
+    nxt = int(np.argmax(za))
+    both = runner.forward(ForwardBatch([ForwardSeq([nxt], len(a), ta), ForwardSeq(b, 0, tb)]))
+    np.testing.assert_array_equal(both.row(0), runner.run_once(a + [nxt])[1])
+    np.testing.assert_array_equal(both.row(1), runner.run_once(b)[1])
+    release(runner, ta)
+    release(runner, tb)
+    assert runner.pool.stats()["in_use"] == 0
+
+
 # ------------------------------------------------------------------ chunk invariance
 
 CHUNK_TOL = 2.5e-4  # of the largest logit (~5e-3 here); measured 2.3e-4 absolute; a key that rounds

@@ -15,7 +15,7 @@ import random
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tl_lab.ops.paths import GOLDEN_DIR
@@ -393,14 +393,45 @@ def calls(draw):
     return np.array(x, np.float32), draw(params_st), draw(ids), draw(ids), draw(st.integers(0, 2**64 - 1))
 
 
+# The hard cases of the sampler, run every time (issue 62): ties at every filter's edge, one id,
+# the nucleus past its first 64 candidates, min_p exactly at a weight, the widest logits.
+_TIES = np.array([1, 1, 1, 0, 0, -1], np.float32)
+SAMPLER_HARD_CASES = [
+    (_TIES, SamplingParams(top_k=2), [], [], 7),  # a tie at the top-k edge: the lower ids win
+    (_TIES, SamplingParams(top_k=3, top_p=2 / 3), [], [], 11),  # cum reaches p exactly at the 2nd id
+    (_TIES, SamplingParams(min_p=1.0), [], [], 3),  # min_p 1: only the (tied) best ids
+    (np.array([0.0], np.float32), SamplingParams(top_k=1, top_p=0.5, min_p=1.0), [], [], 1),  # V = 1
+    (np.zeros(80, np.float32), SamplingParams(top_p=0.999), [], [], 5),  # 80 ties: > 64 candidates
+    (np.linspace(-1, 1, 65).astype(np.float32), SamplingParams(top_k=65, top_p=0.99), [], [], 2),  # k = V
+    (np.linspace(-1, 1, 65).astype(np.float32), SamplingParams(top_k=64), [], [], 2),  # k = V - 1
+    (np.array([3e4, -3e4, 3e4], np.float32), SamplingParams(temperature=0.25), [0], [2, 2], 9),
+    (np.array([2, 2, 1], np.float32), SamplingParams(temperature=0.0, repetition_penalty=2.0), [0], [], 0),
+]
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(calls())
+@example(SAMPLER_HARD_CASES[0])
+@example(SAMPLER_HARD_CASES[1])
+@example(SAMPLER_HARD_CASES[2])
+@example(SAMPLER_HARD_CASES[3])
+@example(SAMPLER_HARD_CASES[4])
+@example(SAMPLER_HARD_CASES[5])
+@example(SAMPLER_HARD_CASES[6])
+@example(SAMPLER_HARD_CASES[7])
+@example(SAMPLER_HARD_CASES[8])
 def test_fast_path_matches_reference_bit_for_bit(call):
     _agree(*call)
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(calls())
+@example(SAMPLER_HARD_CASES[0])
+@example(SAMPLER_HARD_CASES[1])
+@example(SAMPLER_HARD_CASES[2])
+@example(SAMPLER_HARD_CASES[3])
+@example(SAMPLER_HARD_CASES[4])
+@example(SAMPLER_HARD_CASES[7])
 def test_trace_properties(call):
     x, params, prompt, output, seed = call
     tr = sample_trace(x, params, prompt, output, stream(seed, 4))
