@@ -1,4 +1,4 @@
-"""tl_lab/blocks.py at every limit (issue 62): each count and capacity comparison of the block manager
+"""tl_lab/engine/blocks.py at every limit (issue 62): each count and capacity comparison of the block manager
 tested exactly at its limit, one under and one over, on a pool of 1-layer, 1-head, D = 1 blocks of
 B = 4 positions.
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import pytest
 
-from tl_lab.blocks import BlockManager, blocks_for, cacheable
+from tl_lab.engine.blocks import BlockManager, blocks_for, cacheable
 from tl_lab.errors import KvError
 from tl_lab.kv import KvCfg, KvPool, prefix_hashes
 

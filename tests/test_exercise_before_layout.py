@@ -1,7 +1,7 @@
 """A workspace started before the layout of section 2.1 (tl_lab/ops, engine, lab) still works.
 
 `tests/data/workspace_before_layout.tar.gz` holds what `exercise start` wrote on 2026-12-07 before the
-move (`stubs/`, untouched: they import `tl_lab.checks`, `tl_lab.blocks`, `tl_lab.lazy_kernels` ...) and
+move (`stubs/`, untouched: they import `tl_lab.ops.checks`, `tl_lab.engine.blocks`, `tl_lab.ops.lazy_kernels` ...) and
 the same six files completed (`done/`: the reference of that day, as a learner who finished would
 have them). Made by `exercise start` at commit 97a5073, never edited since.
 """

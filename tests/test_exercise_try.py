@@ -29,7 +29,7 @@ def test_the_command_line_and_the_notebook_api(tmp_path):
     import subprocess
     import sys
 
-    from tl_lab import exercise
+    from tl_lab.lab import exercise
     from tl_lab.ops.paths import REPO_ROOT
 
     (tmp_path / "quant.py").write_text(reference_source("quant"), encoding="utf-8")

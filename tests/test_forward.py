@@ -191,9 +191,9 @@ def test_the_f32_forward_matches_hf_tied_and_untied(model, golden):
     """llama_forward with float32 keys (kv='f32', no pool) against HF's float32 forward to 1e-4, for
     the tied model and the untied one (its own lm_head.weight, issue 62): the head the graph uses is
     the one the checkpoint names."""
-    from tl_lab.compare import hf_golden_cases
+    from tl_lab.lab.compare import hf_golden_cases
     from tl_lab.model import load_weights
-    from tl_lab.paths import DATA_DIR, GOLDEN_DIR
+    from tl_lab.ops.paths import DATA_DIR, GOLDEN_DIR
 
     w = load_weights(DATA_DIR / model)
     assert (w.lm_head is None) == w.config.tie_word_embeddings

@@ -1,4 +1,4 @@
-"""tl_lab/generate.py at every limit (issue 62): each capacity, length and count comparison of the engine
+"""tl_lab/engine/generate.py at every limit (issue 62): each capacity, length and count comparison of the engine
 loop tested exactly at its limit, one under and one over, and the finish reasons and the scheduling as
 tables, the expected outcome next to each row. On the byte bigram (no KV arithmetic, milliseconds a
 request) with a small pool of B = 4 and, where the context matters, max_position_embeddings cut to 8.
@@ -37,9 +37,9 @@ import dataclasses
 import pytest
 
 from tl_lab.errors import KvError
-from tl_lab.generate import Engine, Request, RequestError
+from tl_lab.engine.generate import Engine, Request, RequestError
 from tl_lab.model import load_weights
-from tl_lab.paths import DATA_DIR
+from tl_lab.ops.paths import DATA_DIR
 from tl_lab.runner import EngineConfig, KvConfig, ModelRunner
 from tl_lab.sample import SamplingParams
 

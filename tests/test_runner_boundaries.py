@@ -28,7 +28,7 @@ import pytest
 
 from tl_lab.errors import BatchError
 from tl_lab.model import load_weights
-from tl_lab.paths import DATA_DIR
+from tl_lab.ops.paths import DATA_DIR
 from tl_lab.runner import MAX_THREADS, EngineConfig, ForwardBatch, ForwardSeq, KvConfig, ModelRunner
 
 B = 4
