@@ -125,7 +125,9 @@ def _env(workspace: Path, module: str, use: list[str], report: Path, timeout: fl
     env = dict(os.environ)
     for k in ("TL_LAB_PITFALL", "FORCE_COLOR"):
         env.pop(k, None)
-    env.update({ENV: str(workspace), ENV_USE: ",".join(use), "TL_LAB_EXERCISE_GRADE": module,
+    # the tests' process never imports the learner's code: ENV off there, and TL_LAB_EXERCISE_REMOTE names the
+    # workspace whose modules a sandboxed child holds (tl_lab.exercise.remote)
+    env.update({ENV: "off", "TL_LAB_EXERCISE_REMOTE": str(workspace), ENV_USE: ",".join(use), "TL_LAB_EXERCISE_GRADE": module,
                 "TL_LAB_EXERCISE_REPORT": str(report), "TL_LAB_EXERCISE_TIMEOUT": str(timeout), "PY_COLORS": "0",
                 "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])})
     return env
