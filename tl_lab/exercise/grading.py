@@ -147,12 +147,15 @@ def _run(workspace: Path, module: str, use: list[str], timeout: float, tests=Non
     with tempfile.TemporaryDirectory(prefix="tl-exercise-") as tmp:
         report = Path(tmp) / "report.json"
         # the hf-marked variants compare with torch, which a learner's lab does not install
+        basetemp = Path(tmp) / "tests" / "pytest"  # the tests' tmp_path, readable (only) to the learner's sandboxed process
         cmd = [sys.executable, "-m", "pytest", *files, "-m", "not hf", "-p", "tl_lab.exercise.plugin", "-q",
+               f"--basetemp={basetemp}",
                "--tb=short", "-rfEs", *(["-x"] if first_failure else []), *_QUIET_PLUGINS]
         budget = timeout * (len(PIECES[module]) + 10) + 120  # far beyond any honest run; a hung process ends
         with open(log, "w", encoding="utf-8") as out:
             try:
-                subprocess.run(cmd, cwd=REPO_ROOT, env=_env(workspace, module, use, report, timeout),
+                env = {**_env(workspace, module, use, report, timeout), "TL_LAB_EXERCISE_BASETEMP": str(basetemp)}
+                subprocess.run(cmd, cwd=REPO_ROOT, env=env,
                                stdout=out, stderr=subprocess.STDOUT, timeout=budget, check=False)
             except subprocess.TimeoutExpired:
                 out.write(f"\nexercise: pytest gave no verdict within {budget:.0f} s; stopped\n")

@@ -123,8 +123,13 @@ def _root(a: np.ndarray) -> np.ndarray:
     return r
 
 
+def _bytes(a: np.ndarray) -> np.ndarray:
+    """The bytes of `a` in C order, as a uint8 array (a view when `a` is C-contiguous; zero-size arrays too)."""
+    return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+
+
 def _digest(a: np.ndarray) -> bytes:
-    return hashlib.blake2b(memoryview(np.ascontiguousarray(a)).cast("B"), digest_size=16).digest()
+    return hashlib.blake2b(_bytes(a), digest_size=16).digest()
 
 
 class _Server:
@@ -138,6 +143,8 @@ class _Server:
         self.next = 1
         self.files: set[str] = set()
         self.vals: list = []
+        self.aids: dict[int, int] = {}  # id(array) -> its number: the same array returned twice is the same here
+        self.arrays: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
     # -- answers
     def _handle(self, x) -> int:
@@ -201,14 +208,25 @@ class _Server:
         root = _root(a)
         base = root.__array_interface__["data"][0]
         off = a.__array_interface__["data"][0] - base
+        k = next((i for i, v in enumerate(self.vals) if _root(v) is root), None)
+        if k is not None:  # one of the arrays the tests passed in (`out=`): theirs, not a copy
+            return {"t": "va", "k": k, "o": off, "s": list(a.shape), "st": list(a.strides), "d": a.dtype.str}
         extent = sum((n - 1) * s for n, s in zip(a.shape, a.strides) if s > 0 and n) + a.itemsize
         low = sum((n - 1) * s for n, s in zip(a.shape, a.strides) if s < 0 and n)
         if (not root.flags.c_contiguous or root.dtype.hasobject or root.dtype.fields is not None
                 or off + low < 0 or off + extent > root.nbytes):
             root = a = np.ascontiguousarray(a).copy()
             off = 0
+        aid = self.aids.get(id(a))
+        if aid is None or self.arrays.get(aid) is not a:
+            aid, self.next = self.next, self.next + 1
+            self.aids[id(a)] = aid
+            try:
+                self.arrays[aid] = a
+            except TypeError:
+                pass
         return {"t": "a", "r": self._rid(root), "o": off, "s": list(a.shape), "st": list(a.strides),
-                "d": a.dtype.str, "w": bool(a.flags.writeable)}
+                "d": a.dtype.str, "w": bool(a.flags.writeable), "id": aid}
 
     def exc(self, e: BaseException) -> dict:
         at, tb = "", e.__traceback__
@@ -318,7 +336,7 @@ class _Server:
                 else:
                     d = _digest(root)
                 if self.sent.get(rid) != d:
-                    out.append(memoryview(np.ascontiguousarray(root)).cast("B"))
+                    out.append(_bytes(root))
                     answer["sync"].append([rid, root.dtype.str, list(root.shape), len(out) - 1])
                 if private:  # the tests' own array from now on, no longer shared
                     del self.roots[rid]
@@ -338,6 +356,8 @@ class _Server:
             return sys.modules[f"tl_lab.{pid[1]}"]
         if kind == "a":
             return self.vals[pid[1]]
+        if kind == "mv":
+            return memoryview(pid[1]).cast("B").cast(pid[2], pid[3]) if pid[2] != "B" else memoryview(pid[1])
         if kind == "v":
             _, rid, off, shape, strides, dtype = pid
             return np.ndarray(shape, np.dtype(dtype), buffer=self.roots[rid], offset=off, strides=strides)
@@ -377,6 +397,8 @@ class Connection:
         self.log = log if log is not None else sys.stderr
         self.sandboxed = None
         self._detached: dict = {}
+        self._vals: list = []
+        self.arrays: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
     # -- the child
     def start(self) -> None:
@@ -400,7 +422,11 @@ class Connection:
         hide = [REPO_ROOT / ".git", REPO_ROOT / "tl_lab" / f"{self.module}.py"]
         argv = [sys.executable, "-c", "import sys; from tl_lab.exercise.remote import serve; "
                                       f"serve({p2c_r}, {c2p_w})"]
-        self.proc = sandbox.spawn(argv, workspace=self.workspace, writable=writable, hide=hide, env=env,
+        readable = []
+        if os.environ.get("TL_LAB_EXERCISE_BASETEMP"):  # the tests' tmp_path: files they write for the learner's code
+            readable.append(Path(os.environ["TL_LAB_EXERCISE_BASETEMP"]).parent)  # pytest makes basetemp anew
+            readable[0].mkdir(parents=True, exist_ok=True)
+        self.proc = sandbox.spawn(argv, workspace=self.workspace, writable=writable, hide=hide, env=env, readable=readable,
                                   timeout=self.timeout * 50, cwd=self.workspace, stdin=subprocess_devnull(),
                                   stdout=None, stderr=None, pass_fds=(p2c_r, c2p_w))
         self.sandboxed = self.proc.sandboxed
@@ -481,6 +507,7 @@ class Connection:
                 if isinstance(exc, (ProtocolError, ValueError, KeyError, IndexError, TypeError, struct.error)):
                     raise LearnerGone(f"the learner's process sent an answer we cannot read: {exc}") from None
                 raise
+            self._vals = vals
             if "exc" in answer:
                 raise self._exception(answer["exc"])
             try:
@@ -503,6 +530,8 @@ class Connection:
             if not obj.dtype.hasobject:
                 vals.append(obj)
                 return ("a", len(vals) - 1)
+        if isinstance(obj, memoryview):
+            return ("mv", obj.tobytes(), obj.format, obj.shape)
         return None
 
     def _mirror(self, rid, dtype, shape, data: bytes) -> None:
@@ -584,11 +613,25 @@ class Connection:
             m = self.mirrors.get(int(x["r"])) or self._detached.get(int(x["r"]))
             if m is None:
                 raise ProtocolError(f"an array of root {x['r']}, never sent")
+            aid = x.get("id")
+            same = self.arrays.get(aid) if isinstance(aid, int) else None
+            if same is not None and _root(same) is m[0]:
+                return same
             a = np.ndarray(tuple(int(n) for n in x["s"]), _dtype(x["d"]), buffer=m[0], offset=int(x["o"]),
                            strides=tuple(int(s) for s in x["st"]))
             if not x.get("w", True):
                 a.flags.writeable = False
+            if isinstance(aid, int):
+                self.arrays[aid] = a
             return a
+        if t == "va":
+            orig = self._vals[int(x["k"])]
+            shape, strides, dt = tuple(int(n) for n in x["s"]), tuple(int(s) for s in x["st"]), _dtype(x["d"])
+            if int(x["o"]) == 0 and shape == orig.shape and strides == orig.strides and dt == orig.dtype:
+                return orig
+            if orig.flags.c_contiguous:
+                return np.ndarray(shape, dt, buffer=orig, offset=int(x["o"]), strides=strides)
+            raise ProtocolError("a view of an argument that is not contiguous here")
         if t == "ref":
             mod, qual = str(x["m"]), str(x["q"])
             if not mod.startswith(_RESOLVABLE) or mod.startswith("tl_lab.exercise") or mod in self.learner_names():
