@@ -283,6 +283,10 @@ class _Server:
             for part in qual.split("."):
                 cls = getattr(cls, part)
             return cls(*args, **kwargs)
+        if op == "replace":
+            import dataclasses
+
+            return dataclasses.replace(req[1], **req[2])
         if op == "isinstance":
             return isinstance(req[1], req[2])
         if op == "issubclass":
@@ -311,9 +315,13 @@ class _Server:
             before = [_digest(v) for v in vals]
             out: list = []
             try:
+                ran = True
                 up = pickle.Unpickler(io.BytesIO(blobs[0]))
                 up.persistent_load = self._load
-                result = self.do(up.load())
+                req = up.load()
+                ran = not _plain_read(req)  # whether any code could have run (and written into a shared array)
+                result = self.do(req)
+                del req
                 answer = {"ok": self.enc(result, out)}
                 del result
             except BaseException as e:  # SystemExit and KeyboardInterrupt too: an answer, not our end
@@ -331,7 +339,7 @@ class _Server:
             for rid in list(self.roots):
                 root = self.roots[rid]
                 private = sys.getrefcount(root) <= 3  # the dict, root, the argument: nothing of the learner's holds it
-                if rid in self.sent and (private or not root.flags.writeable):
+                if rid in self.sent and (private or not root.flags.writeable or not ran):
                     d = self.sent[rid]  # nothing here can change it
                 else:
                     d = _digest(root)
@@ -362,6 +370,22 @@ class _Server:
             _, rid, off, shape, strides, dtype = pid
             return np.ndarray(shape, np.dtype(dtype), buffer=self.roots[rid], offset=off, strides=strides)
         raise pickle.UnpicklingError(f"unknown persistent id {kind!r}")
+
+
+def _plain_read(req) -> bool:
+    """A request that runs no code of anyone's: an attribute held in an object's (or module's) __dict__."""
+    try:
+        if req[0] == "modattr":
+            return req[2] in vars(sys.modules[f"tl_lab.{req[1]}"])
+        if req[0] == "getattr":
+            obj, name = req[1], req[2]
+            d = getattr(obj, "__dict__", None)
+            if type(d) is not dict or name not in d:
+                return False
+            return not any(name in vars(k) and hasattr(vars(k)[name], "__set__") for k in type(obj).__mro__)
+    except Exception:
+        return False
+    return False
 
 
 def serve(rfd: int, wfd: int) -> None:
@@ -470,16 +494,14 @@ class Connection:
             for rid in list(self.mirrors):
                 m = self.mirrors[rid]
                 arr = m[0]
-                if arr.flags.writeable and arr.nbytes:  # what the tests wrote into it goes back first
+                viewed = sys.getrefcount(arr) > 3  # the list m, arr, the argument: else no view of it is left here
+                if (viewed or m[2]) and arr.flags.writeable and arr.nbytes:  # the tests' writes go back first
                     d = _digest(arr)
                     if d != m[1]:
                         m[1] = d
                         blobs.append(arr.reshape(-1).view(np.uint8).tobytes())
                         meta["push"].append([rid, len(blobs) - 1])
-                if sys.getrefcount(arr) <= 3:  # the list m, arr, the call's argument: no view of it left here
-                    del self.mirrors[rid]
-                    self.mirror_ids.pop(id(arr), None)
-                    meta["forget"].append(rid)
+                m[2] = False  # no view handed out since this check (`dec` sets it)
                 del m, arr
             try:
                 _send(self.w, json.dumps(meta).encode(), blobs)
@@ -547,7 +569,7 @@ class Connection:
             root = np.empty(shape, dt)
             if m is not None:
                 self.mirror_ids.pop(id(m[0]), None)
-            m = self.mirrors[rid] = [root, b""]
+            m = self.mirrors[rid] = [root, b"", False]
             self.mirror_ids[id(root)] = rid
         if m[0].nbytes != len(data):
             raise ProtocolError(f"array {rid}: {len(data)} bytes, not {m[0].nbytes}")
@@ -616,7 +638,9 @@ class Connection:
             aid = x.get("id")
             same = self.arrays.get(aid) if isinstance(aid, int) else None
             if same is not None and _root(same) is m[0]:
+                m[2] = True
                 return same
+            m[2] = True
             a = np.ndarray(tuple(int(n) for n in x["s"]), _dtype(x["d"]), buffer=m[0], offset=int(x["o"]),
                            strides=tuple(int(s) for s in x["st"]))
             if not x.get("w", True):
@@ -773,11 +797,30 @@ class RemoteModule(types.ModuleType):
         return list(object.__getattribute__(self, "_conn").request("op", "__dir__", self, ()))
 
 
+def _install_replace() -> None:
+    """`dataclasses.replace` of a learner's dataclass object (a test's `replace(cfg, quant=...)`) made there."""
+    import dataclasses
+
+    if getattr(dataclasses.replace, "_tl_remote", False):
+        return
+    plain = dataclasses.replace
+
+    def replace(obj, /, **changes):
+        if isinstance(obj, Remote):
+            return object.__getattribute__(obj, "_conn").request("replace", obj, changes)
+        return plain(obj, **changes)
+
+    replace._tl_remote = True
+    replace.__doc__ = plain.__doc__
+    dataclasses.replace = replace
+
+
 class RemoteFinder:
     """First on sys.meta_path in the tests' process: `tl_lab.<m>` for each learner module is a RemoteModule."""
 
     def __init__(self, conn: Connection):
         self.conn = conn
+        _install_replace()
 
     def find_spec(self, fullname, path=None, target=None):
         import importlib.machinery
