@@ -116,7 +116,9 @@ def read_source(f: Path) -> str:
     when any byte of it, a comment's included, is not UTF-8: the hook reads UTF-8 only, and does not honour
     a coding declaration. The error's line counts "\r\n", "\r" and "\n" each as one line break, as the
     text's newlines are."""
-    data = f.read_bytes()
+    from tl_lab.exercise.files import SOURCE_LIMIT, read_regular
+
+    data = read_regular(f, SOURCE_LIMIT)  # a FIFO, a device, a link or a huge file is an OSError, never a hang
     if data.startswith(codecs.BOM_UTF8):
         data = data[len(codecs.BOM_UTF8):]  # not decoded with "utf-8-sig": the error's offsets are the data's
     try:
