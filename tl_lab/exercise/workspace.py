@@ -55,9 +55,23 @@ def resolve(workspace: str | os.PathLike | None = None) -> Path:
     return default_workspace()
 
 
+def inside_repo(ws: Path) -> None:
+    """ExerciseError when `ws` is the repository, or a folder of it other than `work/` (the package, tests/,
+    data/, ...): `reset` and `start` would move or overwrite the repository's own files (issue #61)."""
+    try:
+        real = Path(os.path.realpath(ws))
+    except (OSError, ValueError):
+        return
+    root = Path(os.path.realpath(REPO_ROOT))
+    if real == root or (root in real.parents and not (real.relative_to(root).parts[0] == "work")):
+        raise ExerciseError(f"workspace {ws} is inside the repository ({root}), outside its work/ folder: "
+                            f"a workspace there would overwrite the repository's files; name a folder of your own")
+
+
 def usable(ws: Path, write: bool = False) -> Path:
     """`ws` when it is a directory this process can read (and, with `write`, write), else
     ExerciseError in one line naming the folder and what is wrong with it."""
+    inside_repo(ws)
     if not ws.exists():
         from tl_lab.exercise.cli import command  # cli imports this module
 
