@@ -82,9 +82,15 @@ PROBES = ["cheat_runtest", "cheat_writer", "cheat_atexit", "cheat_rewrites_tests
           "timeout_1e10", "loop_ignoring_alarm"]
 
 
+WATCHED = ["tests/test_kv.py", "tests/conftest.py", "tl_lab/kv.py", "tl_lab/__init__.py"]
+
+
 def tracked_state(repo: Path) -> str:
-    return subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo, capture_output=True,
-                          text=True).stdout
+    """The files a probe could change outside its workspace (not `git status`: others may edit the clone)."""
+    import hashlib
+
+    return " ".join(hashlib.sha256((repo / f).read_bytes()).hexdigest() if (repo / f).is_file() else "missing"
+                    for f in WATCHED)
 
 
 def _limits():
@@ -130,7 +136,7 @@ def run_probe(name: str, repo: Path, limit: float) -> dict:
         after = tracked_state(repo)
         changed_outside = outside.read_text() != "untouched\n" or after != before
         if after != before:
-            subprocess.run(["git", "checkout", "--", "tests", "tl_lab"], cwd=repo)
+            subprocess.run(["git", "checkout", "--", *WATCHED], cwd=repo)
         return {"probe": name, "exit": code, "hung": hung, "lines": text.count("\n"), "seconds": round(seconds, 1),
                 "peak_kb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
                 "changed_outside": changed_outside, "processes_left": left,

@@ -162,7 +162,9 @@ def _run(workspace: Path, module: str, use: list[str], timeout: float, tests=Non
         budget = timeout * (len(PIECES[module]) + 10) + 120  # far beyond any honest run; a hung process ends
         with open_fresh(log) as out:
             try:
-                env = {**_env(workspace, module, use, report, timeout), "TL_LAB_EXERCISE_BASETEMP": str(basetemp)}
+                output = logs / f"check-{module}.output.log"  # the learner's own prints, 1 MB at most
+                env = {**_env(workspace, module, use, report, timeout), "TL_LAB_EXERCISE_BASETEMP": str(basetemp),
+                       "TL_LAB_EXERCISE_OUTPUT": str(output)}
                 subprocess.run(cmd, cwd=REPO_ROOT, env=env,
                                stdout=out, stderr=subprocess.STDOUT, timeout=budget, check=False)
             except subprocess.TimeoutExpired:

@@ -450,14 +450,50 @@ class Connection:
         if os.environ.get("TL_LAB_EXERCISE_BASETEMP"):  # the tests' tmp_path: files they write for the learner's code
             readable.append(Path(os.environ["TL_LAB_EXERCISE_BASETEMP"]).parent)  # pytest makes basetemp anew
             readable[0].mkdir(parents=True, exist_ok=True)
+        import subprocess
+
         self.proc = sandbox.spawn(argv, workspace=self.workspace, writable=writable, hide=hide, env=env, readable=readable,
-                                  timeout=self.timeout * 50, cwd=self.workspace, stdin=subprocess_devnull(),
-                                  stdout=None, stderr=None, pass_fds=(p2c_r, c2p_w))
+                                  timeout=min(self.timeout * 50, 86400), cwd=self.workspace, stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, pass_fds=(p2c_r, c2p_w))
+        # the learner's prints: at most OUTPUT_CAP bytes kept, in the file TL_LAB_EXERCISE_OUTPUT names (else stderr)
+        self._output = threading.Thread(target=self._keep_output, daemon=True)
+        self._output.start()
         self.sandboxed = self.proc.sandboxed
         os.close(p2c_r)
         os.close(c2p_w)
         self.w = os.fdopen(p2c_w, "wb")
         self.r = os.fdopen(c2p_r, "rb")
+
+    def _keep_output(self) -> None:
+        from tl_lab.exercise.files import open_fresh
+        from tl_lab.exercise.sandbox import OUTPUT_CAP
+
+        name = os.environ.get("TL_LAB_EXERCISE_OUTPUT", "")
+        try:
+            out = open_fresh(name) if name else None
+        except OSError:
+            out = None
+        kept = dropped = 0
+        stream = self.proc.stdout
+        while True:
+            try:
+                chunk = stream.read1(65536)
+            except (OSError, ValueError):
+                break
+            if not chunk:
+                break
+            room = OUTPUT_CAP - kept
+            if room > 0:
+                text = chunk[:room].decode("utf-8", "replace")
+                (out.write(text) if out else sys.stderr.write(text))
+                kept += min(room, len(chunk))
+            dropped += max(0, len(chunk) - max(room, 0))
+        tail = f"\n[... {dropped / 1e6:.1f} MB more not kept]\n" if dropped else ""
+        if out:
+            out.write(tail)
+            out.close()
+        elif tail:
+            sys.stderr.write(tail)
 
     def close(self, why: str = "the check ended") -> None:
         from tl_lab.exercise import sandbox
@@ -471,6 +507,8 @@ class Connection:
                 except OSError:
                     pass
             sandbox.stop(self.proc)
+            if getattr(self, "_output", None) is not None:
+                self._output.join(timeout=5)
 
     # -- one request
     def request(self, *req):
