@@ -75,3 +75,61 @@ def test_a_timeout_out_of_range_is_refused():
     for bad in (0, -1, float("nan"), float("inf"), 1e10):
         with pytest.raises(ValueError, match="at most a day"):
             sandbox.run([sys.executable, "-c", "pass"], timeout=bad)
+
+
+def _cmd(*args) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TL_LAB_WORKSPACE"}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    return subprocess.run([sys.executable, "-m", "tl_lab", *args], capture_output=True, text=True, env=env,
+                          timeout=120, cwd=REPO_ROOT)
+
+
+def test_a_fifo_or_a_link_to_a_device_as_kv_py_is_never_read(tmp_path):
+    os.mkfifo(tmp_path / "kv.py")
+    r = _cmd("exercise", "check", "kv", "--workspace", str(tmp_path))
+    assert r.returncode == 1 and "not a regular file" in r.stdout
+    (tmp_path / "kv.py").unlink()
+    os.symlink("/dev/zero", tmp_path / "kv.py")
+    r = _cmd("exercise", "check", "kv", "--workspace", str(tmp_path))
+    assert r.returncode == 1 and "not a regular file" in r.stdout
+
+
+def test_a_link_where_the_status_is_written_is_replaced_not_written_through(tmp_path):
+    outside = tmp_path / "outside.txt"
+    outside.write_text("untouched\n")
+    ws = tmp_path / "ws"
+    (ws / ".tl_lab").mkdir(parents=True)
+    (ws / "kv.py").write_text(stub_source("kv"))
+    os.symlink(outside, ws / ".tl_lab" / "status.tmp")
+    os.symlink(outside, ws / ".tl_lab" / "check-kv.log")
+    _cmd("exercise", "check", "kv", "--workspace", str(ws))
+    assert outside.read_text() == "untouched\n"
+    assert not (ws / ".tl_lab" / "status.json").is_symlink()
+
+
+def test_a_corrupt_status_is_no_status(tmp_path):
+    (tmp_path / ".tl_lab").mkdir()
+    (tmp_path / ".tl_lab" / "status.json").write_text("[1, 2]")
+    r = _cmd("exercise", "status", "--workspace", str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_package_is_refused_as_a_workspace():
+    r = _cmd("exercise", "reset", "kv", "--workspace", str(REPO_ROOT / "tl_lab"))
+    assert r.returncode == 2 and "inside the repository" in r.stderr + r.stdout
+    assert (REPO_ROOT / "tl_lab" / "kv.py").is_file()
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "nan", "inf", "1e10"])
+def test_a_timeout_out_of_range_exits_2_in_one_line(tmp_path, bad):
+    r = _cmd("exercise", "check", "kv", "--workspace", str(tmp_path), "--timeout", bad)
+    assert r.returncode == 2 and len((r.stdout + r.stderr).strip().splitlines()) == 1
+
+
+def test_a_flood_of_prints_at_import_is_kept_to_a_megabyte(tmp_path):
+    (tmp_path / "kv.py").write_text(stub_source("kv") + "\nwhile True:\n    print('x' * 1000)\n")
+    r = _cmd("exercise", "check", "kv", "--workspace", str(tmp_path), "--timeout", "5")
+    assert r.returncode == 1
+    out = tmp_path / ".tl_lab" / "check-kv.output.log"
+    assert out.is_file() and out.stat().st_size < (1 << 20) + 1000 and "more not kept" in out.read_text()
+    assert (tmp_path / ".tl_lab" / "check-kv.log").stat().st_size < 1 << 20
