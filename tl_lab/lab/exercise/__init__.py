@@ -27,7 +27,7 @@ __all__ = ["MODULES", "ExerciseError", "activate", "origins", "active", "try_pie
 def try_piece(piece: str, workspace=None):
     """One piece of your module on its cases against the reference (`exercise try PIECE`): a TryResult
     that shows as a table in a notebook, with `.passed`."""
-    from tl_lab.exercise.tries import try_piece as run
+    from tl_lab.lab.exercise.tries import try_piece as run
 
     return run(piece, workspace)
 

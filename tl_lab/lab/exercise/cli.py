@@ -209,8 +209,9 @@ def _timeout(args) -> float:
     from tl_lab.lab.exercise.grading import DEFAULT_TIMEOUT
 
     timeout = DEFAULT_TIMEOUT if args.timeout is None else args.timeout
-    if not 0 < timeout < float("inf"):  # a negative or NaN limit would fail a correct module, not refuse
-        raise ExerciseError(f"--timeout must be a positive number of seconds, got {args.timeout!r}")
+    if not 0 < timeout <= 86400:  # a negative, NaN or huge limit (1e10 overflows the alarm) would fail a correct module
+        raise ExerciseError(f"--timeout must be a number of seconds, more than 0 and at most a day (86400), "
+                            f"got {args.timeout!r}")
     return timeout
 
 
@@ -322,7 +323,7 @@ def _reset(args) -> int:
 
 
 def _try(args) -> int:
-    from tl_lab.exercise.tries import try_piece
+    from tl_lab.lab.exercise.tries import try_piece
 
     result = try_piece(args.piece, args.workspace)
     print(result)

@@ -1,6 +1,6 @@
 """Diagnosis by symptom: which mistake a failing case shows, said only when the output proves it.
 
-Chapter L10.1, section 5 (the 22 pitfalls, `tl_lab.pitfalls`). A pitfall is named ONLY when the
+Chapter L10.1, section 5 (the 22 pitfalls, `tl_lab.lab.pitfalls`). A pitfall is named ONLY when the
 learner's output equals that pitfall's output: the failing case is run on the reference with each
 candidate pitfall switched in (the pitfalls with an edit in that piece; a child process each side,
 `tl_lab.lab.exercise.tries`), and the learner's observations are compared with each. Never for an error
