@@ -13,7 +13,7 @@ import pytest
 
 from tl_lab.lab.exercise.diagnose import Difference, explain
 from tl_lab.lab.exercise.stubs import reference_source
-from tl_lab.lab.exercise.tries import try_piece
+from tl_lab.lab.exercise.diagnose import try_piece
 
 # (name, module, piece tried, the correct text, the learner's text, the pitfall it is or None)
 MISTAKES = [

@@ -119,8 +119,6 @@ def explain(diff: Difference, workspace=None) -> list[str]:
         if len(fits) == 1:
             return [pitfall_line(fits[0]), f"the input: {_args(diff.args)}", _section(piece.module, piece.section)]
     elif workspace is not None:
-        from tl_lab.lab.exercise.tries import try_piece
-
         tried = try_piece(name, workspace)
         if tried.diagnosis and tried.diagnosis[0].startswith("this is pitfall"):
             return tried.diagnosis
@@ -201,7 +199,7 @@ def for_module(module: str, workspace, seconds: float = 60.0) -> list[str]:
     against the reference (one child for the learner's pieces, one for the reference's and the pitfalls'
     of each), and the first piece, in the chapter's order, whose output differs is diagnosed. [] when
     every written piece agrees on its cases (the graded test saw what these cases do not)."""
-    from tl_lab.lab.exercise.cli import written
+    from tl_lab.lab.exercise.stubs import written
     from tl_lab.lab.exercise.tries import CaseResult, TryResult, candidates, cases_for, run_sides
 
     ws = Path(workspace)
@@ -222,8 +220,18 @@ def for_module(module: str, workspace, seconds: float = 60.0) -> list[str]:
                         [CaseResult(c.label, y, r, c.close, c.given) for c, y, r in zip(cases, mine["cases"], ref["cases"])])
         if not res.passed and not res.not_written:
             piece = next(p for p in PIECES[module] if p.qualname == q)
-            from tl_lab.lab.exercise.cli import command
+            from tl_lab.lab.exercise.workspace import command
 
             return diagnose_try(res, piece, {p: sides[f"{p}:{q}"] for p in pids[q]}) + [
                 f"see every case: {command('try', f'{module}.{q}', workspace=ws)}"]
     return []
+
+
+def try_piece(name: str, workspace=None, seconds: float | None = None, diagnose: bool = True):
+    """`exercise try PIECE`: the piece against the reference on its cases (`tries.try_piece`), and when
+    a case differs, the diagnosis by symptom (`diagnose_try`)."""
+    from tl_lab.lab.exercise import tries
+
+    return tries.try_piece(name, workspace, tries.CHILD_SECONDS if seconds is None else seconds,
+                           explain=diagnose_try if diagnose else None)
+

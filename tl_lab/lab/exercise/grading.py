@@ -23,7 +23,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tl_lab.lab.exercise.cli import command
+from tl_lab.lab.exercise.workspace import command
 from tl_lab.lab.exercise.files import SOURCE_LIMIT, STATUS_LIMIT, open_fresh, read_regular, write_atomic
 from tl_lab.lab.exercise.registry import DEPS, HARNESS, MODULES, PIECES, SECTIONS, graded
 from tl_lab.lab.exercise.stubs import NOT_WRITTEN, ExerciseError, check_module, stub_source

@@ -995,9 +995,7 @@ def _fresh(module: str, code, filename: str):
     except BaseException:
         del sys.modules[f"tl_lab.{module}"]
         raise
-    import tl_lab
-
-    setattr(tl_lab, module, mod)
+    setattr(sys.modules["tl_lab"], module, mod)  # as an import of tl_lab.<module> sets it
     return mod
 
 
@@ -1235,10 +1233,11 @@ def _cut(s: str, n: int) -> str:
     return s if len(s) <= n else s[: n - 1] + "…"
 
 
-def try_piece(name: str, workspace=None, seconds: float = CHILD_SECONDS, diagnose: bool = True) -> TryResult:
+def try_piece(name: str, workspace=None, seconds: float = CHILD_SECONDS, explain=None) -> TryResult:
     """Run piece `name` ("quant.f32_to_f16") of the learner's workspace against the reference on its
     cases -> TryResult (a readable repr and `_repr_html_` for a notebook, `.passed`). With no workspace,
-    a one-line note saying how to start one."""
+    a one-line note saying how to start one. explain(result, piece, pitfall sides) -> the diagnosis
+    lines of a failure (`tl_lab.lab.exercise.diagnose.try_piece` passes its own; None: no diagnosis)."""
     from tl_lab.lab.exercise.workspace import resolve
 
     piece = piece_of(name)
@@ -1247,11 +1246,11 @@ def try_piece(name: str, workspace=None, seconds: float = CHILD_SECONDS, diagnos
     ws = resolve(workspace)
     f = ws / f"{piece.module}.py"
     if not f.is_file():
-        from tl_lab.lab.exercise.cli import command
+        from tl_lab.lab.exercise.workspace import command
 
         return TryResult(full, None, note=f"no {f}: start one with {command('start', piece.module, workspace=ws)}",
                          section=section)
-    pids = candidates(piece.module, piece.qualname) if diagnose else []
+    pids = candidates(piece.module, piece.qualname) if explain else []
     sides, err = run_sides(piece.module, piece.qualname, str(f), pids, seconds)
     cases = cases_for(piece.module, piece.qualname)
     ref = sides["reference"]
@@ -1265,8 +1264,6 @@ def try_piece(name: str, workspace=None, seconds: float = CHILD_SECONDS, diagnos
         res.note = f"your {f.name} does not import: {e[3]}:{e[4]}: {e[1]}: {e[2]}"
         return res
     res.cases = [CaseResult(c.label, y, r, c.close, c.given) for c, y, r in zip(cases, mine["cases"], ref["cases"])]
-    if diagnose and not res.passed and not res.not_written:
-        from tl_lab.lab.exercise.diagnose import diagnose_try
-
-        res.diagnosis = diagnose_try(res, piece, {p: sides[p] for p in pids})
+    if explain and not res.passed and not res.not_written:
+        res.diagnosis = explain(res, piece, {p: sides[p] for p in pids})
     return res

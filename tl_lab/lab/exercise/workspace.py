@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import codecs
 import os
+import shlex
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -45,6 +46,17 @@ def default_workspace() -> Path:
     return REPO_ROOT / "work" / "L10.1"
 
 
+
+
+def command(*words: str, workspace: str | os.PathLike | None = None, named: bool = False) -> str:
+    """A command suggested in the output: `python -m tl_lab exercise WORDS`, with `--workspace DIR` (quoted
+    for the shell) when the workspace was `named` by --workspace or is not the default work/L10.1, so a
+    copied suggestion acts on the folder the output is about (an instructor grading --workspace learner1,
+    never their own work/L10.1). The one builder of the commands tl_lab.lab.exercise suggests."""
+    text = " ".join(["python -m tl_lab exercise", *words])
+    if workspace is not None and (named or Path(workspace).resolve() != default_workspace().resolve()):
+        text += f" --workspace {shlex.quote(str(workspace))}"
+    return text
 def resolve(workspace: str | os.PathLike | None = None) -> Path:
     """The workspace asked for: `workspace`, else TL_LAB_WORKSPACE (when not off), else the default."""
     if workspace is not None:
@@ -73,7 +85,6 @@ def usable(ws: Path, write: bool = False) -> Path:
     ExerciseError in one line naming the folder and what is wrong with it."""
     inside_repo(ws)
     if not ws.exists():
-        from tl_lab.lab.exercise.cli import command  # cli imports this module
 
         raise ExerciseError(f"workspace {ws} does not exist: {command('start', workspace=ws)} writes it")
     if not ws.is_dir():
