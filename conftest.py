@@ -7,7 +7,7 @@ import os
 import pytest
 
 # The project's own tests, and the notebooks nbval runs (their kernels inherit this), grade the reference:
-# a learner's work/L10.1 in the clone is used only when TL_LAB_WORKSPACE asks for it (tl_lab.exercise).
+# a learner's work/L10.1 in the clone is used only when TL_LAB_WORKSPACE asks for it (tl_lab.lab.exercise).
 os.environ.setdefault("TL_LAB_WORKSPACE", "off")
 
 
@@ -51,7 +51,7 @@ def pytest_xdist_auto_num_workers(config):
     (2 cores, 24 GB) two workers run the test command in 14 minutes instead of 18: one worker kept 1.25
     of the 2 cores busy on average (its subprocesses, the browser and the notebooks' kernels wait on
     one another)."""
-    from tl_lab.machine import cores
+    from tl_lab.ops.machine import cores
 
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return max(1, min(cores(), memory // WORKER_BYTES, MOST_WORKERS))

@@ -2,7 +2,7 @@
 JSON result.
 
 Benchmarks measure; they never assert. Each bench_*.py calls `report(name, rows)`, which records the
-machine (`tl_lab.machine.describe`: processor, LLVM's and numba's names for it, ISA features, cores,
+machine (`tl_lab.ops.machine.describe`: processor, LLVM's and numba's names for it, ISA features, cores,
 caches) and its roofline measured in the same run (`roofline`: read bandwidth and sgemm rate at 1
 and N threads), so a reader can tell which machine a figure describes and how near its limit it is.
 """
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tl_lab.machine import AVX2_ONLY
-from tl_lab.tuning import blas_core
+from tl_lab.ops.machine import AVX2_ONLY
+from tl_lab.ops.tuning import blas_core
 
 RESULTS = Path(__file__).resolve().parent / "results"
 STARTED = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M")
@@ -64,12 +64,12 @@ def current_rss_mb() -> float:
 
 
 def machine() -> dict:
-    """What the machine is (`tl_lab.machine.describe`), its architecture, and how busy it was when
+    """What the machine is (`tl_lab.ops.machine.describe`), its architecture, and how busy it was when
     the results were written: the load average over 1, 5 and 15 minutes (`os.getloadavg`; on a
     shared machine a figure means little without it), when the run began (`started`, UTC to the
     minute: the README's table names each column's run by it), and, in a run held to another
     processor's instructions (`held_to`), which."""
-    from tl_lab.machine import describe
+    from tl_lab.ops.machine import describe
 
     load = [round(v, 2) for v in os.getloadavg()] if hasattr(os, "getloadavg") else None
     held = {"held_to": held_to()} if held_to() else {}
@@ -80,7 +80,7 @@ AS = {"avx2": {**AVX2_ONLY, "OPENBLAS_CORETYPE": "Haswell", "ATEN_CPU_CAPABILITY
                "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}}
 """`--as avx2`: the environment that holds every library of a run to the instructions of a processor
 with AVX2 and no AVX-512 (processor D), on any host: numba compiles the kernels for it
-(`tl_lab.machine.AVX2_ONLY`), numpy's OpenBLAS runs its Haswell kernels, torch its AVX2 kernels (its
+(`tl_lab.ops.machine.AVX2_ONLY`), numpy's OpenBLAS runs its Haswell kernels, torch its AVX2 kernels (its
 own, MKL's and oneDNN's). The host's memory, caches and cores stay its own, so such a run tells
 whether the code that processor gets meets its goals against peers held to the same instructions,
 not what that processor measures."""
@@ -100,7 +100,7 @@ def hold_to(isa: str, argv: list[str]) -> None:
     already held."""
     if held_to() == isa:
         return
-    from tl_lab.paths import cache_dir
+    from tl_lab.ops.paths import cache_dir
 
     env = {**os.environ, **AS[isa], HELD: isa, "NUMBA_CACHE_DIR": str(cache_dir() / f"numba-as-{isa}")}
     os.execve(sys.executable, [sys.executable, *argv], env)
@@ -153,7 +153,7 @@ def sgemm_gflops(threads: int, rounds: int = 3) -> dict:
             libs[f"torch {torch.__version__}"] = _sgemm_rates(rounds, torch.from_numpy)
         finally:
             torch.set_num_threads(before)
-    from tl_lab.tuning import blas_threads, set_blas_threads
+    from tl_lab.ops.tuning import blas_threads, set_blas_threads
 
     before = blas_threads()
     set_blas_threads(threads)
@@ -195,10 +195,10 @@ def _sgemm_rates(rounds: int, wrap=None) -> dict:
 
 def roofline(threads: list[int] | None = None, rounds: int = 3) -> dict:
     """The machine's limits measured now, at each thread count (default: 1 and every core): read
-    bandwidth (`tl_lab.machine.read_gbps`, GB/s), the sgemm rate (`sgemm_gflops`, GFLOP/s, the
+    bandwidth (`tl_lab.ops.machine.read_gbps`, GB/s), the sgemm rate (`sgemm_gflops`, GFLOP/s, the
     fastest library's; "best": the larger of its shapes) and the vector units' peak
-    (`tl_lab.machine.fma_gflops`, GFLOP/s: multiply-adds alone, no product reaches it)."""
-    from tl_lab.machine import describe, fma_gflops, read_gbps
+    (`tl_lab.ops.machine.fma_gflops`, GFLOP/s: multiply-adds alone, no product reaches it)."""
+    from tl_lab.ops.machine import describe, fma_gflops, read_gbps
 
     threads = threads or sorted({1, describe()["cores"]})
     out = {"read_GBps": {}, "sgemm_GFLOPs": {}, "fma_GFLOPs": {}}

@@ -32,8 +32,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import current_rss_mb, report  # noqa: E402
 
-from tl_lab.products import PRODUCTS  # noqa: E402
-from tl_lab.paths import DATA_DIR, REPO_ROOT  # noqa: E402
+from tl_lab.ops.products import PRODUCTS  # noqa: E402
+from tl_lab.ops.paths import DATA_DIR, REPO_ROOT  # noqa: E402
 
 SMOL_CONFIG = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "tl_arch": "llama",
@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.one:
         args.threads = int(args.threads)
         if args.threads:
-            from tl_lab.tuning import set_blas_threads
+            from tl_lab.ops.tuning import set_blas_threads
 
             set_blas_threads(args.threads)
         print(json.dumps(measure(args.one, args.quick)))

@@ -33,7 +33,7 @@ STAGES = (
     ("config.json (jsonschema)", "tl_lab.model", "ModelConfig.load"),
     ("header", "tl_lab.model", "parse_layout"),
     ("name and shape checks", "tl_lab.model", "_check_names"),
-    ("arena map", "tl_lab.widening", "Arena.__init__"),
+    ("arena map", "tl_lab.ops.widening", "Arena.__init__"),
     ("widen + finite + page faults", "tl_lab.model", "SafeTensors.f32_into"),
     ("stacking q/k/v, gate/up", "tl_lab.model", "LlamaLayer.__post_init__"),
     ("KV pool", "tl_lab.runner", "KvPool.__init__"),

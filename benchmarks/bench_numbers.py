@@ -16,7 +16,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import current_rss_mb, no_options, report, timeit  # noqa: E402
 
-from tl_lab.q8 import Q8Linear  # noqa: E402
+from tl_lab.ops.q8 import Q8Linear  # noqa: E402
 from tl_lab.quant import QLinear, bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16  # noqa: E402
 
 MILLION = 1_000_000

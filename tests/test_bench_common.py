@@ -12,7 +12,7 @@ import types
 
 import pytest
 
-import tl_lab.machine
+import tl_lab.ops.machine
 
 from bench_module import load
 
@@ -127,7 +127,7 @@ def test_the_machine_record_says_when_the_run_began():
 def test_a_held_run_writes_its_own_file_beside_the_hosts_and_says_so(tmp_path, monkeypatch):
     monkeypatch.setattr(common, "RESULTS", tmp_path)
     monkeypatch.setenv(common.HELD, "avx2")
-    monkeypatch.setattr(tl_lab.machine, "describe", lambda: {"llvm_host_cpu": "somecpu"})
+    monkeypatch.setattr(tl_lab.ops.machine, "describe", lambda: {"llvm_host_cpu": "somecpu"})
     (tmp_path / "machines").mkdir()
     host = tmp_path / "machines" / "demo.somecpu.json"
     host.write_text("the host's own run")

@@ -1,4 +1,4 @@
-"""benchmarks/table.py: the README's speed table and issue 21's goals are the results files' figures,
+"""benchmarks/table.py: docs/speed.md's speed table and issue 21's goals are the results files' figures,
 a goal is called missed exactly when a figure falls below its bar, and a default-count run the host
 disturbed is void rather than read as the engine's speed."""
 
@@ -43,9 +43,9 @@ def _row(doc: dict, engine: str, weights: str, threads) -> dict:
 
 
 def test_readme_speed_table_is_the_results_files():
-    readme = table.README.read_text()
+    readme = table.PAGE.read_text()
     assert table.section(table.load_runs()) in readme, (
-        "README.md's speed table differs from benchmarks/results/machines/: run python benchmarks/table.py --write")
+        "docs/speed.md's speed table differs from benchmarks/results/machines/: run python benchmarks/table.py --write")
 
 
 def test_a_run_at_every_bar_meets_every_goal():

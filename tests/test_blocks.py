@@ -1,9 +1,9 @@
-"""tl_lab/blocks.py: one owner for a sequence's blocks (admit through the prefix cache, reserve,
+"""tl_lab/engine/blocks.py: one owner for a sequence's blocks (admit through the prefix cache, reserve,
 fill, written, release, temporary), on small pools."""
 
 import pytest
 
-from tl_lab.blocks import BlockManager, SeqBlocks, blocks_for, cacheable
+from tl_lab.engine.blocks import BlockManager, SeqBlocks, blocks_for, cacheable
 from tl_lab.errors import KvError
 from tl_lab.kv import KvCfg, KvPool, prefix_hashes
 

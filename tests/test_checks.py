@@ -1,10 +1,10 @@
-"""tl_lab/checks.py: the one rule for argument checks every module's errors go through. Each check
+"""tl_lab/ops/checks.py: the one rule for argument checks every module's errors go through. Each check
 names the argument, the value and what was wanted, and never copies what it passes through."""
 
 import numpy as np
 import pytest
 
-from tl_lab.checks import as_float, as_int, exact_array, f16_scales, finite_matrix, first_bool, is_int, rows_of
+from tl_lab.ops.checks import as_float, as_int, exact_array, f16_scales, finite_matrix, first_bool, is_int, rows_of
 
 
 def test_an_integer_is_a_python_or_numpy_integer_never_a_bool():

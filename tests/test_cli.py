@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tl_lab.paths import DATA_DIR, REPO_ROOT
+from tl_lab.ops.paths import DATA_DIR, REPO_ROOT
 
 STATS = re.compile(r"\[(\d+) tokens, finish=(\w+); prompt (\d+) tokens, (\d+) from the prefix cache")
 

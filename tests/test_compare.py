@@ -1,10 +1,10 @@
-"""tl_lab/compare.py: the helpers that hold one model's run against another's."""
+"""tl_lab/lab/compare.py: the helpers that hold one model's run against another's."""
 
 import math
 
 import numpy as np
 
-from tl_lab.compare import first_divergence, kl_divergence, log_softmax
+from tl_lab.lab.compare import first_divergence, kl_divergence, log_softmax
 
 
 def test_first_divergence_finds_where_paths_part():
@@ -26,9 +26,9 @@ def test_log_softmax_and_kl():
 
 def test_hf_golden_cases_decode_each_prompts_logits():
     """The golden file's base64 logits come back as float32 rows of the tiny Llama's vocabulary."""
-    from tl_lab.compare import hf_golden_cases
+    from tl_lab.lab.compare import hf_golden_cases
     from tl_lab.model import ModelConfig
-    from tl_lab.paths import DATA_DIR
+    from tl_lab.ops.paths import DATA_DIR
 
     vocab = ModelConfig.load(DATA_DIR / "tiny-llama").vocab_size
     cases = hf_golden_cases()
@@ -40,7 +40,7 @@ def test_against_hf_reports_each_cases_length_error_and_bound():
     """`against_hf` runs each case's tokens once and reports, per case, its length, the largest
     |z - z_HF| and the bound rel_bound * max |z_HF|, in the cases' order; by default over the golden
     file's cases."""
-    from tl_lab.compare import against_hf, hf_golden_cases
+    from tl_lab.lab.compare import against_hf, hf_golden_cases
 
     class Runner:
         def __init__(self, shift):

@@ -9,15 +9,15 @@ import types
 import pytest
 
 from conftest import module_from_file
-from tl_lab.paths import REPO_ROOT
+from tl_lab.ops.paths import REPO_ROOT
 
 
 def test_auto_workers_come_from_the_cores_and_the_memory(monkeypatch):
     root = module_from_file(REPO_ROOT / "conftest.py", "tl_lab_root_conftest")
-    import tl_lab.machine
+    import tl_lab.ops.machine
 
     def machine(cores, gib):
-        monkeypatch.setattr(tl_lab.machine, "cores", lambda: cores)
+        monkeypatch.setattr(tl_lab.ops.machine, "cores", lambda: cores)
         sizes = {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": gib * (1 << 30) // 4096}
         monkeypatch.setattr(root.os, "sysconf", sizes.__getitem__)
         return root.pytest_xdist_auto_num_workers(types.SimpleNamespace())

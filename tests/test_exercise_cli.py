@@ -1,4 +1,4 @@
-"""tl_lab/exercise/cli.py in this process: each command through the real parser, its output and exit code,
+"""tl_lab/lab/exercise/cli.py in this process: each command through the real parser, its output and exit code,
 the one-line refusals and the help (the same commands as processes are test_exercises.py's).
 """
 
@@ -8,16 +8,16 @@ import sys
 import pytest
 
 from conftest import workspace
-from tl_lab.exercise import registry
-from tl_lab.exercise.registry import CATALOGUE
-from tl_lab.exercise.stubs import ExerciseError, reference_source, stub_source
+from tl_lab.lab.exercise import registry
+from tl_lab.lab.exercise.registry import CATALOGUE
+from tl_lab.lab.exercise.stubs import ExerciseError, reference_source, stub_source
 
 
 def _in_process_cli(capsys, *argv):
     """`python -m tl_lab exercise ARGV` run in this process -> (exit code, stdout, stderr)."""
     import argparse
 
-    from tl_lab.exercise.cli import add_cli
+    from tl_lab.lab.exercise.cli import add_cli
 
     parser = argparse.ArgumentParser(prog="tl_lab")
     add_cli(parser.add_subparsers(dest="command"))
@@ -92,7 +92,7 @@ def test_in_process_cli_refuses_in_one_line(tmp_path, capsys):
 
 
 def test_in_process_cli_tests_lists_the_last_results(tmp_path, capsys):
-    from tl_lab.exercise.grading import Row, _save
+    from tl_lab.lab.exercise.grading import Row, _save
 
     ws = tmp_path / "ws"
     ws.mkdir()
@@ -136,7 +136,7 @@ def test_in_process_cli_parity_runs_the_learners_sample(tmp_path, capsys, monkey
 
 
 def test_in_process_cli_knows_which_commands_need_the_workspace(tmp_path, capsys, monkeypatch):
-    from tl_lab.exercise import cli as cli_module, workspace as wsm
+    from tl_lab.lab.exercise import cli as cli_module, workspace as wsm
 
     missing = tmp_path / "not-yet"
     monkeypatch.delenv(wsm.ENV, raising=False)
@@ -157,7 +157,7 @@ def test_in_process_cli_suggests_commands_that_carry_the_workspace(tmp_path, cap
     learner1, never on their own work/L10.1. The default work/L10.1 alone is left unsaid."""
     import shlex
 
-    from tl_lab.exercise import cli as cli_module, guard, workspace as wsm
+    from tl_lab.lab.exercise import cli as cli_module, guard, workspace as wsm
 
     default = tmp_path / "work" / "L10.1"
     monkeypatch.setattr(wsm, "default_workspace", lambda: default)
@@ -213,7 +213,7 @@ def test_in_process_cli_check_says_where_the_logs_and_status_are_pass_or_fail(tm
 
 
 def test_in_process_cli_workspace_option_lifts_a_bad_environment(tmp_path, capsys, monkeypatch):
-    from tl_lab.exercise import workspace as wsm
+    from tl_lab.lab.exercise import workspace as wsm
 
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     wsm.refuse_from_env(ExerciseError("no such folder"))
@@ -226,7 +226,7 @@ def test_in_process_cli_workspace_option_lifts_a_bad_environment(tmp_path, capsy
 def test_in_process_cli_help_names_every_command_and_argument(capsys):
     import argparse
 
-    from tl_lab.exercise.cli import COMMANDS, add_cli
+    from tl_lab.lab.exercise.cli import COMMANDS, add_cli
 
     parser = argparse.ArgumentParser(prog="tl_lab")
     add_cli(parser.add_subparsers(dest="command"))
@@ -261,8 +261,8 @@ def test_a_refusal_that_quotes_a_line_break_is_one_line(tmp_path, capsys):
 def test_in_process_cli_written_counts_a_piece_whose_name_ends_another_ones(tmp_path):
     """One piece written, the rest still the stub: that piece alone is done, in every module (the
     stub's message of f16_to_f32 is the tail of bf16_to_f32's, f32_to_f16's of explain_f32_to_f16's)."""
-    from tl_lab.exercise.cli import written
-    from tl_lab.exercise.stubs import _header, blank
+    from tl_lab.lab.exercise.cli import written
+    from tl_lab.lab.exercise.stubs import _header, blank
 
     ws = tmp_path / "ws"
     ws.mkdir()
@@ -289,7 +289,7 @@ def test_in_process_cli_parity_holds_the_stub_even_when_TL_LAB_WORKSPACE_install
     place of the learner's stub. And --workspace naming another folder wins over TL_LAB_WORKSPACE's."""
     import tl_lab
     import tl_lab.sample  # the reference, put back after the test
-    from tl_lab.exercise import workspace as wsm
+    from tl_lab.lab.exercise import workspace as wsm
 
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     monkeypatch.setattr(tl_lab, "sample", tl_lab.sample)
@@ -312,7 +312,7 @@ def test_in_process_cli_tests_marks_the_results_of_a_file_changed_since(tmp_path
     results carry a * and a line says which file (was: "passed" beside a file reset to the stub)."""
     import json
 
-    from tl_lab.exercise.grading import STATUS_DIR, file_digest
+    from tl_lab.lab.exercise.grading import STATUS_DIR, file_digest
 
     ws = tmp_path / "ws"
     (ws / STATUS_DIR).mkdir(parents=True)
@@ -332,7 +332,7 @@ def test_in_process_cli_tests_marks_the_results_of_a_file_changed_since(tmp_path
 
 def _grade_workspaces(tmp_path):
     """Two learners: one who only ran start, one whose kv and sample are the reference's."""
-    from tl_lab.exercise.cli import start
+    from tl_lab.lab.exercise.cli import start
 
     start(tmp_path / "ann", ["kv"])
     (tmp_path / "bob").mkdir()
@@ -347,7 +347,7 @@ def test_in_process_cli_grade_checks_each_workspace_and_writes_a_gradebook(tmp_p
     import csv
     import hashlib
 
-    from tl_lab.exercise.gradebook import COLUMNS
+    from tl_lab.lab.exercise.gradebook import COLUMNS
 
     ann, bob = _grade_workspaces(tmp_path)
     book = tmp_path / "grades.csv"
@@ -398,7 +398,7 @@ def test_in_process_cli_grade_refuses_bad_input_before_grading_anyone(tmp_path, 
 def test_in_process_grade_interrupted_keeps_the_rows_done_and_the_old_gradebook(tmp_path, monkeypatch):
     """Stopped after the first learner (Ctrl-C): the row done is in grades.csv.partial, and the gradebook
     of an earlier run is still whole under its name."""
-    from tl_lab.exercise import gradebook
+    from tl_lab.lab.exercise import gradebook
 
     ann, bob = _grade_workspaces(tmp_path)
     book = tmp_path / "grades.csv"
@@ -423,9 +423,9 @@ def test_in_process_gradebook_row_passes_only_when_all_six_modules_pass(tmp_path
     rows stand in for it here); `when` is the local time as status.json writes it."""
     import re
 
-    from tl_lab.exercise.grading import Row
-    from tl_lab.exercise.gradebook import gradebook_row
-    from tl_lab.exercise.registry import MODULES, graded
+    from tl_lab.lab.exercise.grading import Row
+    from tl_lab.lab.exercise.gradebook import gradebook_row
+    from tl_lab.lab.exercise.registry import MODULES, graded
 
     rows = [Row(m, "passed", f"{m}.py", passed=len(graded(m)), digest=m * 2) for m in MODULES]
     row = gradebook_row(tmp_path, rows, 61.04)
@@ -440,9 +440,9 @@ def test_in_process_gradebook_row_passes_only_when_all_six_modules_pass(tmp_path
 def test_in_process_grade_checks_all_six_with_the_options_given(tmp_path, monkeypatch):
     """Each workspace is checked as `check --workspace WS --ref-deps --timeout S` would: all six modules,
     the options passed on, and the hints' commands carrying the workspace (named)."""
-    from tl_lab.exercise import gradebook
-    from tl_lab.exercise.grading import Row
-    from tl_lab.exercise.registry import MODULES
+    from tl_lab.lab.exercise import gradebook
+    from tl_lab.lab.exercise.grading import Row
+    from tl_lab.lab.exercise.registry import MODULES
 
     ann, bob = _grade_workspaces(tmp_path)
     calls = []

@@ -1,18 +1,18 @@
-"""tl_lab/exercise/grading.py in this process: the order, a graded run's report read into a module's row
+"""tl_lab/lab/exercise/grading.py in this process: the order, a graded run's report read into a module's row
 in each of its states, the hints, the saved status, the table (the pytest runs are test_exercises.py's).
 """
 
 import pytest
 
 from conftest import workspace
-from tl_lab.exercise import registry
-from tl_lab.exercise.grading import pitfall_hint
-from tl_lab.exercise.registry import MODULES, graded
-from tl_lab.exercise.stubs import ExerciseError
+from tl_lab.lab.exercise import registry
+from tl_lab.lab.exercise.grading import pitfall_hint
+from tl_lab.lab.exercise.registry import MODULES, graded
+from tl_lab.lab.exercise.stubs import ExerciseError
 
 
 def _report(results=(), errors=(), loaded=None, module="kv"):
-    """A report as the plugin writes it (tl_lab.exercise.plugin): results, errors and origins."""
+    """A report as the plugin writes it (tl_lab.lab.exercise.plugin): results, errors and origins."""
     return {"results": list(results), "errors": list(errors), "origins": {module: {"loaded": loaded}}}
 
 
@@ -22,7 +22,7 @@ def _result(name, outcome="passed", message="", params=""):
 
 
 def test_in_process_grading_orders_the_modules_with_their_dependencies():
-    from tl_lab.exercise.grading import order
+    from tl_lab.lab.exercise.grading import order
 
     assert order() == list(MODULES) and order([]) == list(MODULES)
     assert order(["forward"]) == ["kv", "quant", "model", "forward"]  # the chapter's order, not the asked one
@@ -32,7 +32,7 @@ def test_in_process_grading_orders_the_modules_with_their_dependencies():
 
 
 def test_in_process_grading_reads_a_report_into_the_modules_row(tmp_path):
-    from tl_lab.exercise.grading import MESSAGE_LINES, MESSAGE_WIDTH, _row
+    from tl_lab.lab.exercise.grading import MESSAGE_LINES, MESSAGE_WIDTH, _row
 
     f, log, uses = tmp_path / "kv.py", tmp_path / "check-kv.log", {"kv": "learner"}
     names = [g.name for g in graded("kv")]
@@ -66,7 +66,7 @@ def test_in_process_grading_reads_a_report_into_the_modules_row(tmp_path):
 
 
 def test_in_process_grading_of_a_row_after_a_test_past_the_limit_says_what_was_not_run(tmp_path):
-    from tl_lab.exercise.grading import _row
+    from tl_lab.lab.exercise.grading import _row
 
     f, log = tmp_path / "kv.py", tmp_path / "check-kv.log"
     a, b, c, d = (g.name for g in graded("kv"))
@@ -92,8 +92,8 @@ def test_in_process_grading_of_a_row_after_a_test_past_the_limit_says_what_was_n
 
 
 def test_in_process_grading_hints_in_the_chapters_words():
-    from tl_lab.exercise.grading import pitfall_hint
-    from tl_lab.exercise.stubs import NOT_WRITTEN
+    from tl_lab.lab.exercise.grading import pitfall_hint
+    from tl_lab.lab.exercise.stubs import NOT_WRITTEN
 
     msg = f"NotImplementedError: KvPool.alloc: {NOT_WRITTEN} (section 2.2: hand out free blocks)"
     assert pitfall_hint("kv", "tests/test_kv.py::test_x", msg) == (
@@ -112,7 +112,7 @@ def test_in_process_grading_hints_in_the_chapters_words():
 
 
 def test_in_process_grading_of_a_workspace_not_started_saves_every_row(tmp_path):
-    from tl_lab.exercise.grading import STATUS_DIR, check, format_table, load_status
+    from tl_lab.lab.exercise.grading import STATUS_DIR, check, format_table, load_status
 
     ws = workspace(tmp_path, modules=["quant"])
     (ws / "sample.py").write_text("def sample(:\n", encoding="utf-8")
@@ -139,7 +139,7 @@ def test_in_process_grading_of_a_workspace_not_started_saves_every_row(tmp_path)
 
 
 def test_in_process_grading_table_says_where_each_module_came_from():
-    from tl_lab.exercise.grading import Row, format_table
+    from tl_lab.lab.exercise.grading import Row, format_table
 
     rows = [Row("kv", "passed", "kv.py", {"kv": "learner"}, passed=4, total=4),
             Row("model", "failed", "model.py", {"model": "learner", "quant": "reference (--ref-deps)"}, passed=1,
@@ -155,7 +155,7 @@ def test_in_process_grading_table_says_where_each_module_came_from():
 
 
 def test_in_process_grading_needs_the_clones_tests(tmp_path, monkeypatch):
-    from tl_lab.exercise import grading
+    from tl_lab.lab.exercise import grading
 
     grading.need_tests(MODULES)  # the clone has them
     monkeypatch.setattr(grading, "REPO_ROOT", tmp_path)
@@ -165,8 +165,8 @@ def test_in_process_grading_needs_the_clones_tests(tmp_path, monkeypatch):
 
 
 def test_in_process_grading_of_a_row_names_each_test_and_passes_the_limit(tmp_path):
-    from tl_lab.exercise.grading import _row, pitfall_hint
-    from tl_lab.pitfalls import PITFALLS
+    from tl_lab.lab.exercise.grading import _row, pitfall_hint
+    from tl_lab.lab.pitfalls import PITFALLS
 
     f, log = tmp_path / "kv.py", tmp_path / "check-kv.log"
     unnamed = {"nodeid": "tests/test_kv.py::test_helper", "chapter_test": None, "outcome": "failed",
@@ -185,7 +185,7 @@ def test_in_process_grading_of_a_row_names_each_test_and_passes_the_limit(tmp_pa
 
 
 def test_in_process_grading_blocks_a_module_whose_dependencies_do_not_pass(tmp_path, monkeypatch):
-    from tl_lab.exercise import grading
+    from tl_lab.lab.exercise import grading
 
     ws = workspace(tmp_path, "reference", ["forward", "kv"])
     ran = []
@@ -216,8 +216,8 @@ def test_in_process_grading_reads_a_byte_order_mark_and_names_the_line_of_a_cr_f
     lines names the line of its bad byte."""
     import codecs
 
-    from tl_lab.exercise.grading import _not_started
-    from tl_lab.exercise.stubs import reference_source, stub_source
+    from tl_lab.lab.exercise.grading import _not_started
+    from tl_lab.lab.exercise.stubs import reference_source, stub_source
 
     f = tmp_path / "kv.py"
     f.write_bytes(codecs.BOM_UTF8 + stub_source("kv").replace("\n", "\r\n").encode())
@@ -233,8 +233,8 @@ def test_in_process_grading_reads_a_byte_order_mark_and_names_the_line_of_a_cr_f
 def test_in_process_grading_names_a_file_that_is_not_utf8(tmp_path):
     """A kv.py saved in Latin-1 (the workspace hook reads UTF-8 only): "does not import" at its line,
     never an origin error ("no workspace is active"), and no pytest run."""
-    from tl_lab.exercise.grading import check
-    from tl_lab.exercise.stubs import reference_source
+    from tl_lab.lab.exercise.grading import check
+    from tl_lab.lab.exercise.stubs import reference_source
 
     ws = tmp_path / "ws"
     ws.mkdir()
@@ -248,21 +248,21 @@ def test_in_process_grading_names_a_file_that_is_not_utf8(tmp_path):
 
 
 def test_in_process_grading_names_a_loop_at_a_modules_top_level(tmp_path):
-    """The collection ended at its limit (tl_lab.exercise.plugin) inside the learner's file: "does not
+    """The collection ended at its limit (tl_lab.lab.exercise.plugin) inside the learner's file: "does not
     import" at the loop's line, and the hint says what never ended."""
-    from tl_lab.exercise.grading import _row
+    from tl_lab.lab.exercise.grading import _row
 
     f = tmp_path / "quant.py"
     text = (f"tests/test_quant.py:9: in <module>\n    from tl_lab.quant import (\n{f}:547: in <module>\n    while i < 10:\n"
-            "E   tl_lab.exercise.plugin.TestTimeout: importing the modules ran longer than 30 s (an infinite loop?)\n")
+            "E   tl_lab.lab.exercise.plugin.TestTimeout: importing the modules ran longer than 30 s (an infinite loop?)\n")
     row = _row("quant", f, {"quant": "learner"}, _report(errors=[{"kind": "collect", "message": text}], module="quant"), f, 31, 5)
-    assert (row.state, row.message) == ("does not import", f"{f}:547: E   tl_lab.exercise.plugin.TestTimeout: importing "
+    assert (row.state, row.message) == ("does not import", f"{f}:547: E   tl_lab.lab.exercise.plugin.TestTimeout: importing "
                                                            "the modules ran longer than 30 s (an infinite loop?)")
     assert row.hint == "importing quant.py never ended (a loop at its top level?); the other modules are still checked"
 
 
 def test_in_process_grading_says_where_the_learners_code_raised_and_where_the_log_is(tmp_path):
-    from tl_lab.exercise.grading import _row, format_table
+    from tl_lab.lab.exercise.grading import _row, format_table
 
     f, log = tmp_path / "kv.py", tmp_path / "check-kv.log"
     failing = {**_result(graded("kv")[0].name, "failed", "ValueError: wrong exception"), "at": f"{f}:7 in KvPool.alloc"}
@@ -280,7 +280,7 @@ def test_in_process_grading_of_a_relative_workspace_is_the_one_here(tmp_path, mo
     this folder is graded, not one under the clone where the pytest run starts."""
     from pathlib import Path
 
-    from tl_lab.exercise.grading import check
+    from tl_lab.lab.exercise.grading import check
 
     ws = workspace(tmp_path, "reference", ["sample"])
     monkeypatch.chdir(tmp_path)
@@ -292,7 +292,7 @@ def test_in_process_grading_reads_the_learners_syntax_as_the_import_does(tmp_pat
     """grading.py's own `from __future__ import annotations` is not the learner's: a named expression in
     an annotation, which that future refuses, imports from a file without it, so it is no "does not
     import" row."""
-    from tl_lab.exercise.grading import _not_started
+    from tl_lab.lab.exercise.grading import _not_started
 
     f = tmp_path / "kv.py"
     f.write_text("limit: (n := 1) = 2\n", encoding="utf-8")
@@ -304,8 +304,8 @@ def test_in_process_grading_reads_the_learners_syntax_as_the_import_does(tmp_pat
 def test_in_process_grading_runs_pytest_with_the_clone_first_on_the_learners_path(tmp_path, monkeypatch):
     import os
 
-    from tl_lab.exercise.grading import _env
-    from tl_lab.paths import REPO_ROOT
+    from tl_lab.lab.exercise.grading import _env
+    from tl_lab.ops.paths import REPO_ROOT
 
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "mine"))
     env = _env(tmp_path, "kv", ["kv"], tmp_path / "report.json", 2.5)
@@ -319,7 +319,7 @@ def test_in_process_grading_ends_a_run_that_never_ends_past_every_tests_limit(tm
     command would wait forever), one no honest run reaches, each of its tests at its limit; the log says so."""
     import subprocess
 
-    from tl_lab.exercise import grading
+    from tl_lab.lab.exercise import grading
 
     deadlines = []
 

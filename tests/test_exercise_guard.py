@@ -1,12 +1,12 @@
-"""tl_lab/exercise/guard.py in this process: blame's fault, trial's retries, the trial process's verdict
+"""tl_lab/lab/exercise/guard.py in this process: blame's fault, trial's retries, the trial process's verdict
 (the notebooks' trials in a process of their own are test_exercises.py's).
 """
 
 
 
-from tl_lab.exercise import registry
-from tl_lab.exercise.registry import MODULES
-from tl_lab.exercise.workspace import read_source
+from tl_lab.lab.exercise import registry
+from tl_lab.lab.exercise.registry import MODULES
+from tl_lab.lab.exercise.workspace import read_source
 
 
 def _raised_in(ws, module, source, call="f()"):
@@ -23,7 +23,7 @@ def _raised_in(ws, module, source, call="f()"):
 
 
 def test_in_process_guard_blames_the_learners_innermost_frame(tmp_path):
-    from tl_lab.exercise import guard
+    from tl_lab.lab.exercise import guard
 
     piece = registry.PIECES["kv"][0]
     owner, _, name = piece.qualname.rpartition(".")
@@ -45,8 +45,8 @@ def test_in_process_guard_blames_the_learners_innermost_frame(tmp_path):
 
 
 def test_in_process_guard_blames_imports_syntax_stubs_and_long_errors(tmp_path):
-    from tl_lab.exercise import guard
-    from tl_lab.exercise.stubs import NOT_WRITTEN
+    from tl_lab.lab.exercise import guard
+    from tl_lab.lab.exercise.stubs import NOT_WRITTEN
 
     ws = f" --workspace {tmp_path}"  # not the default work/L10.1: each command suggested names it
     exc = _raised_in(tmp_path, "sample", "x = undefined_name\n", "0")
@@ -78,7 +78,7 @@ def test_in_process_guard_blames_imports_syntax_stubs_and_long_errors(tmp_path):
 
 
 def test_in_process_guard_tries_each_module_once_without_the_ones_that_raised(tmp_path, monkeypatch):
-    from tl_lab.exercise import guard
+    from tl_lab.lab.exercise import guard
 
     def fault(m):
         return guard.Fault(m, f"{m}.py", 1, "f", "E: e", "h")
@@ -97,7 +97,7 @@ def test_in_process_guard_tries_each_module_once_without_the_ones_that_raised(tm
 def test_in_process_guard_trial_process_prints_its_verdict_last(tmp_path, monkeypatch, capsys):
     import json
 
-    from tl_lab.exercise import guard
+    from tl_lab.lab.exercise import guard
 
     assert guard._main([str(tmp_path), "sample", *reversed(MODULES)]) == 0  # the reference: every trial runs
     out = capsys.readouterr().out.splitlines()
@@ -122,7 +122,7 @@ def test_in_process_guard_reads_the_verdict_after_a_print_without_a_newline(tmp_
     import json
     import subprocess
 
-    from tl_lab.exercise import guard
+    from tl_lab.lab.exercise import guard
 
     def run(cmd, **kwargs):
         return subprocess.CompletedProcess(cmd, 0, stdout=f"trying sample\n....{guard.MARK}null\n", stderr="")

@@ -1,4 +1,4 @@
-"""tl_lab/exercise/parity.py in this process: the learner's sample module held to the golden files, and
+"""tl_lab/lab/exercise/parity.py in this process: the learner's sample module held to the golden files, and
 the first case that differs said with both values.
 """
 
@@ -18,7 +18,7 @@ class _Off:
 
 
 def test_in_process_parity_of_the_reference_is_every_case():
-    from tl_lab.exercise import parity
+    from tl_lab.lab.exercise import parity
     from tl_lab import sample as ts
 
     got = parity.run(ts, ["sampler", "rng"])
@@ -28,7 +28,7 @@ def test_in_process_parity_of_the_reference_is_every_case():
 
 
 def test_in_process_parity_names_the_first_output_that_differs():
-    from tl_lab.exercise import parity
+    from tl_lab.lab.exercise import parity
     from tl_lab import sample as ts
 
     class Pcg32(ts.Pcg32):
@@ -63,7 +63,7 @@ def test_in_process_parity_names_the_first_output_that_differs():
 
 
 def test_in_process_parity_of_the_sampler_is_bit_for_bit():
-    from tl_lab.exercise import parity
+    from tl_lab.lab.exercise import parity
     from tl_lab import sample as ts
 
     def one_ulp_off(*args):
@@ -89,7 +89,7 @@ def test_in_process_parity_of_the_sampler_is_bit_for_bit():
 def test_in_process_parity_of_the_sampler_names_a_stream_that_raises():
     """A sample.py with the generator written before `stream`: the sampler suite is a verdict naming
     the error (not the command's internal error), and the rng suite still runs."""
-    from tl_lab.exercise import parity
+    from tl_lab.lab.exercise import parity
 
     def stream(seed, purpose):
         raise NotImplementedError("stream: not written yet")
@@ -106,7 +106,7 @@ def test_in_process_parity_ends_a_loop_in_the_learners_code(monkeypatch):
     and the alarm is off again after it."""
     import signal
 
-    from tl_lab.exercise import parity
+    from tl_lab.lab.exercise import parity
 
     def mix64(z):
         while True:

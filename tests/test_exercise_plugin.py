@@ -1,4 +1,4 @@
-"""tl_lab/exercise/plugin.py's hooks in this process (the graded pytest runs that load it are
+"""tl_lab/lab/exercise/plugin.py's hooks in this process (the graded pytest runs that load it are
 test_exercises.py's): the tests kept, the origins held, each record, the per-test limit.
 """
 
@@ -6,14 +6,14 @@ import sys
 
 import pytest
 
-from tl_lab.exercise.grading import pitfall_hint
-from tl_lab.exercise.registry import MODULES, graded
+from tl_lab.lab.exercise.grading import pitfall_hint
+from tl_lab.lab.exercise.registry import MODULES, graded
 
 
 @pytest.fixture
 def plugin(monkeypatch):
-    """tl_lab.exercise.plugin with its environment's values and its collected results its own."""
-    from tl_lab.exercise import plugin as p
+    """tl_lab.lab.exercise.plugin with its environment's values and its collected results its own."""
+    from tl_lab.lab.exercise import plugin as p
 
     monkeypatch.setattr(p, "_results", [])
     monkeypatch.setattr(p, "_errors", [])
@@ -53,7 +53,7 @@ def test_in_process_plugin_stops_a_run_without_the_learners_code(plugin, tmp_pat
     import json
 
     import tl_lab.kv  # the reference, imported before any finder below could serve another
-    from tl_lab.exercise import workspace as wsm
+    from tl_lab.lab.exercise import workspace as wsm
 
     report = tmp_path / "report.json"
     monkeypatch.setattr(plugin, "REPORT", str(report))
@@ -216,7 +216,7 @@ def test_in_process_plugin_limits_the_collection_too(plugin, monkeypatch):
     import signal
     import types
 
-    from tl_lab.exercise import workspace as wsm
+    from tl_lab.lab.exercise import workspace as wsm
 
     monkeypatch.setattr(plugin, "TIMEOUT", 2.5)
     wrapper = plugin.pytest_collection(None)
@@ -239,7 +239,7 @@ def test_in_process_plugin_says_where_in_the_learners_code_a_failure_was_raised(
     """The innermost frame in a learner's file ("file:line in function"), none for an assertion in the test."""
     import types
 
-    from tl_lab.exercise import workspace as wsm
+    from tl_lab.lab.exercise import workspace as wsm
 
     f = tmp_path / "kv.py"
     source = "def inner():\n    raise ValueError('wrong exception')\n\n\ndef outer():\n    inner()\n"
@@ -272,7 +272,7 @@ def test_in_process_plugin_says_where_in_the_learners_code_a_failure_was_raised(
 def test_in_process_plugin_names_no_learners_line_when_no_workspace_is_active(plugin, monkeypatch):
     """A failure in a run with no workspace finder (the lab's own run) is recorded without a place,
     not turned into an error inside the report hook."""
-    from tl_lab.exercise import workspace as wsm
+    from tl_lab.lab.exercise import workspace as wsm
 
     monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if not isinstance(f, wsm.WorkspaceFinder)])
     with pytest.raises(ValueError) as raised:

@@ -1,4 +1,4 @@
-"""tl_lab/exercise/side.py in this process: the learner's module beside the reference's, an import error
+"""tl_lab/lab/exercise/side.py in this process: the learner's module beside the reference's, an import error
 said with its line, where the learner's code raised, the reference against HF.
 """
 
@@ -8,11 +8,11 @@ import sys
 import pytest
 
 from conftest import workspace
-from tl_lab.exercise.stubs import reference_source, stub_source
+from tl_lab.lab.exercise.stubs import reference_source, stub_source
 
 
 def test_in_process_side_loads_yours_beside_the_reference(tmp_path, capsys):
-    from tl_lab.exercise import side
+    from tl_lab.lab.exercise import side
 
     ws = tmp_path / "tl_lab" / "work" / "L10.1"  # a clone is often a folder named tl_lab
     ws.mkdir(parents=True)
@@ -23,13 +23,13 @@ def test_in_process_side_loads_yours_beside_the_reference(tmp_path, capsys):
     assert side.yours("sample", ws) is None  # the stub as Notepad saves it
     (ws / "sample.py").write_text(reference_source("sample") + "\nMINE = 1\n", encoding="utf-8")
     mine, ref = side.yours("sample", ws), side.reference("sample")
-    assert mine.__name__ == "tl_lab.exercise.side.yours_sample" and mine.MINE == 1 and sys.modules[mine.__name__] is mine
-    assert ref.__name__ == "tl_lab.exercise.side.reference_sample" and not hasattr(ref, "MINE")
+    assert mine.__name__ == "tl_lab.lab.exercise.side.yours_sample" and mine.MINE == 1 and sys.modules[mine.__name__] is mine
+    assert ref.__name__ == "tl_lab.lab.exercise.side.reference_sample" and not hasattr(ref, "MINE")
     assert mine.__file__ == str(ws / "sample.py") and ref.__file__ == str(side.reference_path("sample"))
     assert side.yours("sample", ws) is not mine  # a fresh module each call
     (ws / "sample.py").write_text("import numpy\n\nx = 1 / 0\n", encoding="utf-8")
     assert side.yours_or_none("sample", ws) is None
-    assert "tl_lab.exercise.side.yours_sample" not in sys.modules  # nothing half-imported is kept
+    assert "tl_lab.lab.exercise.side.yours_sample" not in sys.modules  # nothing half-imported is kept
     assert capsys.readouterr().out == (f"your sample.py does not import: {ws / 'sample.py'}:3: ZeroDivisionError: "
                                        "division by zero; the reference's is shown alone\n")
     (ws / "sample.py").write_text("def f(:\n", encoding="utf-8")
@@ -38,13 +38,13 @@ def test_in_process_side_loads_yours_beside_the_reference(tmp_path, capsys):
     assert said.startswith(f"your sample.py does not import: {ws / 'sample.py'}:1: SyntaxError: ")
     with pytest.raises(SyntaxError):
         side.yours("sample", ws)  # as it is, from the learner's file
-    (ws / "sample.py").write_text("from tl_lab.exercise.side import no_such_name\n", encoding="utf-8")
+    (ws / "sample.py").write_text("from tl_lab.lab.exercise.side import no_such_name\n", encoding="utf-8")
     assert side.yours_or_none("sample", ws) is None
     assert capsys.readouterr().out.startswith(f"your sample.py does not import: {ws / 'sample.py'}:1: ImportError: ")
 
 
 def test_a_learner_module_that_does_not_import_is_a_printed_line(tmp_path, capsys):
-    from tl_lab.exercise.side import yours_or_none
+    from tl_lab.lab.exercise.side import yours_or_none
 
     ws = workspace(tmp_path, modules=["sample"])
     assert yours_or_none("sample", ws) is None and capsys.readouterr().out == ""  # the stub: nothing yet
@@ -54,7 +54,7 @@ def test_a_learner_module_that_does_not_import_is_a_printed_line(tmp_path, capsy
 
 
 def test_in_process_side_says_where_yours_raised(tmp_path):
-    from tl_lab.exercise import side
+    from tl_lab.lab.exercise import side
 
     ws = tmp_path / "ws"
     ws.mkdir()
@@ -71,8 +71,8 @@ def test_in_process_side_says_where_yours_raised(tmp_path):
 
 
 def test_in_process_side_reference_against_hf_is_the_compare_of_the_tiny_llama():
-    from tl_lab.compare import hf_golden_cases
-    from tl_lab.exercise import side
+    from tl_lab.lab.compare import hf_golden_cases
+    from tl_lab.lab.exercise import side
 
     got = side._against_hf(16)
     cases = hf_golden_cases()
@@ -87,7 +87,7 @@ def test_in_process_side_shows_yours_only_from_the_workspace_in_use(tmp_path, mo
     file of the workspace this process uses (activate's), and none without one."""
     from types import SimpleNamespace
 
-    from tl_lab.exercise import side, workspace as wsmod
+    from tl_lab.lab.exercise import side, workspace as wsmod
 
     ws = tmp_path / "work" / "L10.1"
     ws.mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""tl_lab/exercise/workspace.py: where the workspace is, and its import hook run in this process (plan,
+"""tl_lab/lab/exercise/workspace.py: where the workspace is, and its import hook run in this process (plan,
 the finder, install once and first, from the environment, the refusal of the six).
 """
 
@@ -7,15 +7,15 @@ import sys
 import pytest
 
 from conftest import workspace
-from tl_lab.exercise.registry import MODULES
-from tl_lab.exercise.stubs import ExerciseError, reference_source, stub_source
-from tl_lab.paths import REPO_ROOT
+from tl_lab.lab.exercise.registry import MODULES
+from tl_lab.lab.exercise.stubs import ExerciseError, reference_source, stub_source
+from tl_lab.ops.paths import REPO_ROOT
 
 
 @pytest.mark.parametrize("value, where", [("off", "default"), (" OFF ", "default"), ("", "default"),
                                           ("0", "default"), ("none", "default"), ("{tmp}/ws", "{tmp}/ws")])
 def test_the_workspace_is_the_one_named_else_the_clones(tmp_path, monkeypatch, value, where):
-    from tl_lab.exercise import workspace as wsm
+    from tl_lab.lab.exercise import workspace as wsm
 
     monkeypatch.setenv(wsm.ENV, value.format(tmp=tmp_path))
     expected = wsm.default_workspace() if where == "default" else tmp_path / "ws"
@@ -28,7 +28,7 @@ def test_the_workspace_is_the_one_named_else_the_clones(tmp_path, monkeypatch, v
 def test_the_workspace_is_the_one_the_readme_names_and_git_ignores():
     """The default workspace is work/L10.1 in the clone, as the README tells the learner, and git
     ignores it (pulling an update never touches the learner's files)."""
-    from tl_lab.exercise import workspace as wsm
+    from tl_lab.lab.exercise import workspace as wsm
 
     where = wsm.default_workspace().relative_to(REPO_ROOT).as_posix()
     assert where == "work/L10.1" and f"`{where}/`" in (REPO_ROOT / "README.md").read_text()
@@ -38,9 +38,9 @@ def test_the_workspace_is_the_one_the_readme_names_and_git_ignores():
 def test_the_workspace_is_the_one_whose_refusal_is_kept_and_lifted_alone(monkeypatch):
     """A bad TL_LAB_WORKSPACE kept by `import tl_lab` (a RefusingFinder with an ExerciseError) is what
     `env_error` reports, and `lift_refusal` removes it, and only it: a bad TL_LAB_PITFALL's stays."""
-    from tl_lab.exercise import workspace as wsm
-    from tl_lab.pitfalls import PitfallError
-    from tl_lab.switch import RefusingFinder
+    from tl_lab.lab.exercise import workspace as wsm
+    from tl_lab.lab.pitfalls import PitfallError
+    from tl_lab.lab.switch import RefusingFinder
 
     ours = RefusingFinder(ExerciseError("TL_LAB_WORKSPACE: no such folder"), lambda name: False)
     theirs = RefusingFinder(PitfallError("TL_LAB_PITFALL: s99 is not a pitfall"), lambda name: False)
@@ -60,7 +60,7 @@ def _hook_workspace(tmp_path):
 
 
 def test_in_process_hook_plans_each_modules_origin(tmp_path):
-    from tl_lab.exercise import workspace as wsm
+    from tl_lab.lab.exercise import workspace as wsm
 
     ws = _hook_workspace(tmp_path)
     got = wsm.plan(ws)
@@ -81,7 +81,7 @@ def test_in_process_hook_plans_each_modules_origin(tmp_path):
 def test_in_process_hook_refuses_a_file_that_is_not_utf8_at_its_import_alone(tmp_path):
     """kv.py saved in Latin-1: planned as the learner's (it is not the stub), and importing it raises a
     SyntaxError naming its file and line; the other learner files are served all the same."""
-    from tl_lab.exercise import workspace as wsm
+    from tl_lab.lab.exercise import workspace as wsm
 
     ws = _hook_workspace(tmp_path)
     text = reference_source("kv") + "\n# café\n"
@@ -111,7 +111,7 @@ def test_in_process_hook_reads_a_byte_order_mark_and_counts_any_line_ending(tmp_
     (was: "\\n" alone, so a file with CR lines always said line 1), with or without the mark."""
     import codecs
 
-    from tl_lab.exercise import workspace as wsm
+    from tl_lab.lab.exercise import workspace as wsm
 
     bom = codecs.BOM_UTF8
     ws = _hook_workspace(tmp_path)
@@ -135,7 +135,7 @@ def test_in_process_hook_reads_a_byte_order_mark_and_counts_any_line_ending(tmp_
 
 
 def test_in_process_hook_installs_once_first_on_the_path(tmp_path, monkeypatch):
-    from tl_lab.exercise import workspace as wsm
+    from tl_lab.lab.exercise import workspace as wsm
 
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     ws = _hook_workspace(tmp_path)
@@ -157,7 +157,7 @@ def test_in_process_hook_installs_once_first_on_the_path(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("value", ["off", "", " NONE ", None])  # None: unset
 def test_in_process_hook_from_the_environment_off_installs_nothing(monkeypatch, value):
-    from tl_lab.exercise import workspace as wsm
+    from tl_lab.lab.exercise import workspace as wsm
 
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     if value is None:
@@ -168,7 +168,7 @@ def test_in_process_hook_from_the_environment_off_installs_nothing(monkeypatch, 
 
 
 def test_in_process_hook_from_the_environment_takes_the_modules_named(tmp_path, monkeypatch):
-    from tl_lab.exercise import workspace as wsm
+    from tl_lab.lab.exercise import workspace as wsm
 
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     ws = _hook_workspace(tmp_path)
@@ -189,7 +189,7 @@ def test_in_process_hook_from_the_environment_takes_the_modules_named(tmp_path, 
 
 
 def test_in_process_hook_refuses_the_six_after_a_bad_environment(monkeypatch):
-    from tl_lab.exercise import workspace as wsm
+    from tl_lab.lab.exercise import workspace as wsm
 
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     monkeypatch.setenv(wsm.ENV, "/no/such/folder")
@@ -200,14 +200,14 @@ def test_in_process_hook_refuses_the_six_after_a_bad_environment(monkeypatch):
     for module in MODULES:
         with pytest.raises(ExerciseError, match="^TL_LAB_WORKSPACE=/no/such/folder: "):
             finder.find_spec(f"tl_lab.{module}")
-    for other in ("tl_lab.lanes", "tl_lab", "kv", "tl_lab.kv_extra", "tl_lab.widgets.kv"):
+    for other in ("tl_lab.ops.lanes", "tl_lab", "kv", "tl_lab.kv_extra", "tl_lab.lab.widgets.kv"):
         assert finder.find_spec(other) is None, other
 
 
 def test_in_process_hook_refusal_of_a_relative_path_says_where_it_was_taken_from(monkeypatch, tmp_path):
     """TL_LAB_WORKSPACE=work/L10.1 exported in the clone: a notebook's kernel starts in notebooks/, where
     that folder does not exist; the refusal says the path was taken from there and to give it in full."""
-    from tl_lab.exercise import workspace as wsm
+    from tl_lab.lab.exercise import workspace as wsm
 
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     monkeypatch.chdir(tmp_path)
@@ -221,7 +221,7 @@ def test_in_process_hook_refusal_of_a_relative_path_says_where_it_was_taken_from
 def test_in_process_hook_refusal_of_a_relative_path_that_exists_does_not_blame_the_folder(monkeypatch, tmp_path):
     """A relative TL_LAB_WORKSPACE that was found but cannot be used (a file, say): a full path would
     not help, so the refusal says only what is wrong."""
-    from tl_lab.exercise import workspace as wsm
+    from tl_lab.lab.exercise import workspace as wsm
 
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     monkeypatch.chdir(tmp_path)

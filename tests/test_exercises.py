@@ -18,13 +18,13 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from conftest import need, workspace
-from tl_lab.exercise import registry
-from tl_lab.exercise.cli import reset, start, written
-from tl_lab.exercise.grading import STATUS_DIR, _run, check, format_table, pitfall_hint
-from tl_lab.exercise.registry import CATALOGUE, DEPS, MODULES, PIECES, graded
-from tl_lab.exercise.stubs import ExerciseError, blank, learner_lines, reference_path, reference_source, stub_source
-from tl_lab.paths import REPO_ROOT
-from tl_lab.pitfalls import PITFALLS, apply_edit
+from tl_lab.lab.exercise import registry
+from tl_lab.lab.exercise.cli import reset, start, written
+from tl_lab.lab.exercise.grading import STATUS_DIR, _run, check, format_table, pitfall_hint
+from tl_lab.lab.exercise.registry import CATALOGUE, DEPS, MODULES, PIECES, graded
+from tl_lab.lab.exercise.stubs import ExerciseError, blank, learner_lines, reference_path, reference_source, stub_source
+from tl_lab.ops.paths import REPO_ROOT
+from tl_lab.lab.pitfalls import PITFALLS, apply_edit
 
 PY = sys.executable
 
@@ -92,7 +92,7 @@ def test_a_registry_name_the_reference_lacks_is_refused(monkeypatch):
 def test_every_stub_imports_as_the_learners_and_says_where_it_came_from(tmp_path):
     ws = workspace(tmp_path)
     code = ("import json, tl_lab.kv, tl_lab.quant, tl_lab.model, tl_lab.forward, tl_lab.runner, tl_lab.sample\n"
-            "from tl_lab.exercise import origins\nprint(json.dumps(origins()))")
+            "from tl_lab.lab.exercise import origins\nprint(json.dumps(origins()))")
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TL_LAB_WORKSPACE": str(ws),
            "TL_LAB_EXERCISE_USE": ",".join(MODULES)}
     p = subprocess.run([PY, "-c", code], env=env, capture_output=True, text=True, timeout=300)
@@ -109,7 +109,7 @@ def test_an_untouched_stub_comes_from_the_reference_and_a_traceback_shows_the_le
                                             "def round_half_even(sig: int, n_drop: int) -> Rounding:\n    1 / 0\n", 1)
     (ws / "quant.py").write_text(src)
     line = src.splitlines().index("    1 / 0") + 1
-    code = ("import tl_lab.sample, tl_lab.quant\nfrom tl_lab.exercise import origins\n"
+    code = ("import tl_lab.sample, tl_lab.quant\nfrom tl_lab.lab.exercise import origins\n"
             "o = origins(); print(o['sample']['origin'], o['quant']['origin'])\ntl_lab.quant.round_half_even(5, 1)")
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TL_LAB_WORKSPACE": str(ws)}
     p = subprocess.run([PY, "-c", code], env=env, capture_output=True, text=True, timeout=300)
@@ -119,7 +119,7 @@ def test_an_untouched_stub_comes_from_the_reference_and_a_traceback_shows_the_le
 
 def test_the_projects_own_tests_see_no_workspace():
     """The clone's root conftest.py: a clone's work/L10.1 is not used unless TL_LAB_WORKSPACE asks for it."""
-    from tl_lab.exercise import origins
+    from tl_lab.lab.exercise import origins
 
     assert os.environ["TL_LAB_WORKSPACE"] == "off" or "PYTEST_XDIST_WORKER" in os.environ
     assert all(o["origin"] == "reference" for o in origins().values())
@@ -248,11 +248,11 @@ def test_TL_LAB_PITFALL_with_TL_LAB_WORKSPACE_is_one_line_and_exit_2_and_raised_
 
 _ACTIVATE = """import sys
 from pathlib import Path
-import tl_lab.exercise.workspace as w
+import tl_lab.lab.exercise.workspace as w
 w.default_workspace = lambda: Path(sys.argv[1])  # the clone's work/L10.1, here the test's folder
-from tl_lab import exercise
+from tl_lab.lab import exercise
 exercise.activate(*sys.argv[2:])
-from tl_lab.pitfalls import PROBES
+from tl_lab.lab.pitfalls import PROBES
 print(exercise.origins()["kv"]["origin"], "|", PROBES["zero_pool"]()["refused_at"])
 """
 
@@ -288,7 +288,7 @@ def test_with_TL_LAB_PITFALL_the_first_cell_leaves_work_and_runs_the_pitfall_say
 
 
 def test_a_bad_TL_LAB_WORKSPACE_is_raised_where_a_program_imports_the_learners_modules(tmp_path):
-    code = ("import tl_lab, tl_lab.tokenizer\ntry:\n    import tl_lab.sample\nexcept Exception as e:\n"
+    code = ("import tl_lab, tl_lab.engine.tokenizer\ntry:\n    import tl_lab.sample\nexcept Exception as e:\n"
             "    print(type(e).__name__, e)")
     p = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
                        env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "TL_LAB_WORKSPACE": str(tmp_path / "nope")})
@@ -299,7 +299,7 @@ def test_a_bad_TL_LAB_WORKSPACE_is_raised_where_a_program_imports_the_learners_m
 
 def test_an_unreadable_or_unwritable_workspace_is_named(tmp_path, monkeypatch):
     """Permissions through os.access (these tests may run as root, who reads and writes anything)."""
-    from tl_lab.exercise.workspace import usable
+    from tl_lab.lab.exercise.workspace import usable
 
     real = os.access
     for lacking, words, write in ((os.R_OK, "cannot be read", False), (os.W_OK, "is not writable", True)):
@@ -368,7 +368,7 @@ def test_a_module_whose_test_runs_past_the_limit_runs_none_of_its_later_tests(tm
     # one time-out, not one per test; pytest's short summary repeats it on a line whose width follows the
     # terminal's (COLUMNS), so that line is not counted
     stopped = [line for line in log.splitlines() if "ran longer than 10 s" in line and not line.startswith("FAILED ")]
-    assert len(stopped) == 1 and stopped[0].startswith("E   tl_lab.exercise.plugin.TestTimeout"), log
+    assert len(stopped) == 1 and stopped[0].startswith("E   tl_lab.lab.exercise.plugin.TestTimeout"), log
     assert f"SKIPPED [{len(names) - 2}] " in log
     assert f"not run: test_{looping}[numpy] of this module ran past the 10 s limit" in log
 
@@ -397,14 +397,14 @@ def test_a_test_whose_code_catches_the_time_out_and_passes_fails_at_the_limit(tm
     log = open(row.log, encoding="utf-8").read()
     assert f"FAILED tests/test_sample.py::test_{first} - TestTimeout: " in log, log  # pytest's own verdict too
     assert "\nTestTimeout: the test ran past the 1 s limit (its code caught the time-out, then it passed)\n" in log
-    assert "E   tl_lab.exercise.plugin.TestTimeout" not in log  # it was caught: no traceback of it
+    assert "E   tl_lab.lab.exercise.plugin.TestTimeout" not in log  # it was caught: no traceback of it
     assert f"not run: test_{first} of this module ran past the 1 s limit" in log
 
 
 def test_a_loop_at_a_modules_top_level_ends_at_the_collections_limit(tmp_path):
     """Importing the learner's module never ends: "does not import" at the loop's line after the
     collection's limit, not "not run" when the whole run's budget (about an hour) is spent."""
-    from tl_lab.exercise.plugin import COLLECT_FLOOR
+    from tl_lab.lab.exercise.plugin import COLLECT_FLOOR
 
     ws = workspace(tmp_path, "ref", ["quant"])
     text = reference_source("quant") + "\nwhile True:\n    pass\n"
@@ -583,7 +583,7 @@ def _first_cells(ws, notebook: str, monkeypatch) -> list[str]:
 
 
 def test_a_notebook_whose_learner_module_raises_shows_the_error_and_hint_and_runs_to_the_end(tmp_path, monkeypatch):
-    """tl_lab.exercise.guard through each section notebook's first cell: kv.py with a SyntaxError,
+    """tl_lab.lab.exercise.guard through each section notebook's first cell: kv.py with a SyntaxError,
     quant.py with a NameError at import, sample.py raising at call. The first cell names each with
     its file, line and hint, the reference runs in their place, and 04 and 07 run to the end."""
     ws = workspace(tmp_path, "ref")
@@ -637,8 +637,8 @@ def test_an_error_tl_lab_raises_on_the_learners_code_names_their_file_and_a_cell
     cell's own does not."""
     from types import SimpleNamespace
 
-    import tl_lab.exercise as ex
-    import tl_lab.exercise.workspace as wsm
+    import tl_lab.lab.exercise as ex
+    import tl_lab.lab.exercise.workspace as wsm
     from tl_lab.errors import KvError
     from tl_lab.kv import KvCfg
 
@@ -689,7 +689,7 @@ def test_every_section_notebook_using_a_learner_module_activates_the_workspace_f
 def test_the_guard_stops_a_loop_and_survives_an_exit(tmp_path, monkeypatch):
     """A learner module that never ends its trial, or ends the process, is a Fault naming it; the
     other modules are tried again without it and stay the learner's."""
-    from tl_lab.exercise import guard
+    from tl_lab.lab.exercise import guard
 
     ws = workspace(tmp_path, "ref", ["kv", "sample"])
     (ws / "sample.py").write_text(reference_source("sample") + "\nwhile True:\n    pass\n")
@@ -766,7 +766,7 @@ def test_learner_lines_are_the_lines_each_stub_takes_out():
 
 
 def test_a_piece_with_only_a_docstring_or_an_unknown_module_is_refused_in_words():
-    from tl_lab.exercise.stubs import _body_span, check_module
+    from tl_lab.lab.exercise.stubs import _body_span, check_module
 
     fn = ast.parse('def f():\n    """Only this."""\n').body[0]
     with pytest.raises(ExerciseError, match=r"^f has only a docstring: nothing to blank$"):
@@ -787,7 +787,7 @@ def test_a_parametrized_id_is_graded_by_its_function_whatever_its_parameters_say
 
 def test_origins_say_which_file_each_loaded_module_came_from():
     import tl_lab.kv
-    from tl_lab.exercise import workspace as wsm
+    from tl_lab.lab.exercise import workspace as wsm
 
     got = wsm.origins()
     assert set(got) == set(MODULES) and got["kv"]["loaded"] == tl_lab.kv.__file__

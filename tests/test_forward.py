@@ -164,7 +164,7 @@ def test_attend_matches_a_loop_over_heads_and_visible_keys():
 
 
 def _tiny_runner(**kw):
-    from tl_lab.paths import DATA_DIR
+    from tl_lab.ops.paths import DATA_DIR
     from tl_lab.runner import EngineConfig, KvConfig, ModelRunner
 
     return ModelRunner.load(DATA_DIR / "tiny-llama", EngineConfig(kv=KvConfig(n_blocks=32), **kw))
@@ -237,7 +237,7 @@ def test_stacked_linears_give_each_part_its_own_bits(quant):
     the very rows its parts were widened into, in the one buffer of all its float32 weights
     (nothing copied at load)."""
     from tl_lab.forward import linear_rows
-    from tl_lab.products import LONG_ROWS
+    from tl_lab.ops.products import LONG_ROWS
     from tl_lab.model import Linear, LlamaLayer, stack_linears
     from tl_lab.quant import QLinear
     from tl_lab.runner import Int4

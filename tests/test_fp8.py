@@ -1,10 +1,10 @@
-"""tl_lab/fp8.py: e4m3 and e5m2 rounding for the "Going further" fp8 KV cache (notebook 12)."""
+"""tl_lab/ops/fp8.py: e4m3 and e5m2 rounding for the "Going further" fp8 KV cache (notebook 12)."""
 
 import numpy as np
 import pytest
 
 from conftest import need
-from tl_lab.fp8 import E4M3, E5M2, f32_to_fp8, fp8_round, fp8_to_f32, fp8_values
+from tl_lab.ops.fp8 import E4M3, E5M2, f32_to_fp8, fp8_round, fp8_to_f32, fp8_values
 
 
 @pytest.mark.parametrize("fmt", [E4M3, E5M2])

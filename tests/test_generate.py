@@ -1,4 +1,4 @@
-"""tl_lab/generate.py: the engine loop over ModelRunner, on data/tiny-llama and data/bigram (one test
+"""tl_lab/engine/generate.py: the engine loop over ModelRunner, on data/tiny-llama and data/bigram (one test
 on SmolLM2): prefix-cache hits, the last prompt token, no leaked blocks, batch invariance of whole
 generations, stops, seeds, streaming, pool exhaustion."""
 
@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from conftest import smollm2_path, write_sentencepiece_tokenizer
-from tl_lab.blocks import blocks_for
+from tl_lab.engine.blocks import blocks_for
 from tl_lab.errors import KvError
-from tl_lab.generate import Engine, Request, RequestError, Result
+from tl_lab.engine.generate import Engine, Request, RequestError, Result
 from tl_lab.kv import BlockState, prefix_hashes
-from tl_lab.paths import DATA_DIR
+from tl_lab.ops.paths import DATA_DIR
 from tl_lab.runner import EngineConfig, KvConfig, ModelRunner
 from tl_lab.sample import SamplingParams
 
@@ -157,7 +157,7 @@ def test_blocks_come_back_when_the_stream_stops_early_or_fails(monkeypatch):
     def broken_sampler(*args):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr("tl_lab.generate.sample", broken_sampler)
+    monkeypatch.setattr("tl_lab.engine.generate.sample", broken_sampler)
     with pytest.raises(RuntimeError, match="boom"):
         e.generate([req(SYSTEM), req("x")])
     assert_pool_idle(e.pool)
@@ -290,7 +290,7 @@ def test_events_stream_every_token_with_its_logprob():
 
 def test_utf8_characters_are_printed_whole():
     """A token that ends inside a UTF-8 character prints nothing until the character is complete."""
-    from tl_lab.generate import _Seq
+    from tl_lab.engine.generate import _Seq
 
     e = engine()
     seq = _Seq(0, Request([65], GREEDY, 0, 8), [])
@@ -350,7 +350,7 @@ def test_bad_requests_are_refused():
 def test_smollm2_shared_system_prompt_and_batching(one_blas_thread):
     """On the real model: a chat with the same system prompt hits its blocks, and the answer equals
     the cache-off run's; a request batched with another is bit for bit the request alone."""
-    from tl_lab.tokenizer import load_tokenizer
+    from tl_lab.engine.tokenizer import load_tokenizer
 
     path = smollm2_path()
     cfg = EngineConfig(kv=KvConfig(n_blocks=64, block_tokens=B))
@@ -388,7 +388,7 @@ def test_every_request_is_checked_before_anything_runs():
     """A request that can never fit, or a bad one, anywhere in the list: a TlError naming its index,
     raised by generate/stream before any request has run; the pool and the stats are as they were."""
     from tl_lab.errors import TlError
-    from tl_lab.generate import RequestError
+    from tl_lab.engine.generate import RequestError
 
     e = engine(n_blocks=4)
     e.generate([req(SYSTEM, max_tokens=2)])  # something cached, so "nothing changed" means something
@@ -428,7 +428,7 @@ def test_a_request_not_in_a_list_is_named():
     """engine.generate(Request(...)) (one request, no list) raised Python's "TypeError: 'Request'
     object is not iterable", and generate(None) the same for NoneType; now a RequestError naming what
     was given, before anything runs."""
-    from tl_lab.generate import RequestError
+    from tl_lab.engine.generate import RequestError
 
     e = engine(n_blocks=4)
     before = pool_state(e)
@@ -451,7 +451,7 @@ def test_a_request_not_in_a_list_is_named():
     (lambda: Request([65], stop_ids=[1.5]), ["stop_ids[0]"]),
 ])
 def test_requests_with_bad_fields_are_refused_in_words(make, words):
-    from tl_lab.generate import RequestError
+    from tl_lab.engine.generate import RequestError
 
     with pytest.raises(RequestError) as info:
         make()

@@ -26,7 +26,7 @@ import pytest
 
 from conftest import write_bpe_tokenizer
 from tl_lab.__main__ import EXIT_CODES, main
-from tl_lab.paths import DATA_DIR, REPO_ROOT
+from tl_lab.ops.paths import DATA_DIR, REPO_ROOT
 
 OK, REFUSED, USAGE, OUTPUT = 0, 1, 2, 3
 
@@ -232,7 +232,7 @@ def test_a_bad_chat_template_exits_1_and_never_hangs(tmp_path, capsys, monkeypat
 @pytest.mark.parametrize("manifest", [{"converter_version": 1, "files": {"config.json": 5}}, ["not", "an", "object"]])
 def test_a_manifest_of_the_wrong_shape_exits_1(tmp_path, capsys, monkeypatch, manifest):
     """Was: TypeError in the model-directory check."""
-    from tl_lab.fetch import model_dir
+    from tl_lab.engine.fetch import model_dir
 
     monkeypatch.setenv("TL_LAB_CACHE", str(tmp_path / "cache"))
     d = model_dir()
@@ -364,7 +364,7 @@ def test_chat_reads_a_line_of_megabytes_only_up_to_its_limit_and_goes_on(capsys,
 @pytest.fixture
 def encoded(monkeypatch) -> list[int]:
     """The length of every text a tokenizer is asked to encode, in order."""
-    from tl_lab.tokenizer import BpeTokenizer, ByteTokenizer
+    from tl_lab.engine.tokenizer import BpeTokenizer, ByteTokenizer
 
     lengths = []
     for cls in (BpeTokenizer, ByteTokenizer):
@@ -545,8 +545,8 @@ def test_what_a_learners_module_raises_is_named_not_called_a_bug_in_tl_lab(tmp_p
     piece; what is not a bug (their ValueError, their KvError) keeps its code, and an error with no
     frame of theirs is still tl_lab's."""
     from tl_lab.__main__ import EXIT_BUG, _classify
-    from tl_lab.exercise.registry import PIECES
-    from tl_lab.exercise.workspace import WorkspaceFinder, plan
+    from tl_lab.lab.exercise.registry import PIECES
+    from tl_lab.lab.exercise.workspace import WorkspaceFinder, plan
 
     ws = tmp_path / "ws"
     ws.mkdir()
@@ -582,7 +582,7 @@ def test_a_learners_module_that_does_not_run_is_named_by_the_command_line(tmp_pa
     under `generate`, a sample.py that does not parse under `chat`; TL_LAB_TRACEBACK=1 still shows the
     traceback, as for a bug of tl_lab's."""
     from conftest import workspace
-    from tl_lab.exercise.stubs import reference_source, stub_source
+    from tl_lab.lab.exercise.stubs import reference_source, stub_source
 
     ws = workspace(tmp_path, "stub", [])
     if command == "generate":
@@ -616,8 +616,8 @@ def test_an_error_tl_lab_raises_on_a_learners_wrong_answer_names_their_modules_t
     says tl_lab ran them and names the check; with none of theirs run it is tl_lab's bug as before."""
     from conftest import workspace
     from tl_lab.__main__ import EXIT_BUG, _classify
-    from tl_lab.exercise import workspace as wsm
-    from tl_lab.exercise.stubs import reference_source
+    from tl_lab.lab.exercise import workspace as wsm
+    from tl_lab.lab.exercise.stubs import reference_source
 
     ws = workspace(tmp_path, "stub", [])
     src = reference_source("kv")
@@ -896,8 +896,8 @@ def test_widgets_refuse_without_a_half_update_or_a_noise_at_exit():
     picking the 'given logits' preset then raised inside the observer."""
     code = """
 import gc, numpy as np
-from tl_lab.widgets.model_playground import ModelPlayground
-from tl_lab.widgets.sampler_playground import SamplerPlayground, GIVEN
+from tl_lab.lab.widgets.model_playground import ModelPlayground
+from tl_lab.lab.widgets.sampler_playground import SamplerPlayground, GIVEN
 try:
     ModelPlayground("/nonexistent")
 except Exception as e:

@@ -1,4 +1,4 @@
-"""tl_lab/kernels.py: the compiled products and the paged attention (chapter L10.1, sections 2.4, 2.5).
+"""tl_lab/ops/kernels.py: the compiled products and the paged attention (chapter L10.1, sections 2.4, 2.5).
 
 Each kernel is held against the readable numpy reference within float tolerance, and for bit-exact
 invariance on its own: a row alone and in any batch, at any place in it, at 1 and 2 threads.
@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from tl_lab.forward import PoolKv, Step, attend_reference, write_kv
-from tl_lab.kernels import (QUERY_TILE, ROWS, faster_of, head_f32, lanes_ready, matmul8_f32, matvec1_f32, matvec_f32,
+from tl_lab.ops.kernels import (QUERY_TILE, ROWS, faster_of, head_f32, lanes_ready, matmul8_f32, matvec1_f32, matvec_f32,
                             product_f32, rows_f32, set_threads)
-from tl_lab.machine import AVX2_ONLY
-from tl_lab.q8 import Q8Linear
+from tl_lab.ops.machine import AVX2_ONLY
+from tl_lab.ops.q8 import Q8Linear
 from tl_lab.quant import QLinear, f32_to_f16
 
 SHAPES = [(64, 32), (576, 192), (576, 1536), (1536, 576), (64, 7), (36, 5), (17, 3)]  # (K, N); N % 4, K % 16 != 0 included
@@ -76,8 +76,8 @@ def test_row_chunks_are_sized_from_the_machines_caches_and_keep_the_bits():
     """x's rows pass over the weight in chunks of X_IN_L2 bytes (a quarter of L2, read from the
     system, as X_IN_L1 is half of L1d); a batch of several chunks gives the bits of the one-row
     kernel on every row, f32 and int4."""
-    from tl_lab import kernels
-    from tl_lab.machine import cache_bytes
+    from tl_lab.ops import kernels
+    from tl_lab.ops.machine import cache_bytes
 
     assert kernels.X_IN_L1 == (cache_bytes(1) or 48 * 1024) // 2
     assert kernels.X_IN_L2 == (cache_bytes(2) or 2 << 20) // 4
@@ -99,7 +99,7 @@ def test_matmul_f32_in_passes_of_columns_keeps_the_bits(cols):
     one-row kernel on every row, for passes that do not divide K, rows over several chunks and an
     odd N. (Where registers hold 16 floats `cols` is not used; the AVX2 run of
     `test_kernels_give_the_same_bits_in_halves_and_in_whole_lanes` covers the passes there.)"""
-    from tl_lab import kernels
+    from tl_lab.ops import kernels
 
     assert kernels.cols34(576) == 0 if 7 * 4 * 576 <= 3 * kernels.L1_BYTES // 4 else kernels.cols34(576) > 0
     for K in (1536, 4000):
@@ -268,7 +268,7 @@ def test_paged_attention_gives_a_query_the_same_bits_in_a_prefill_and_alone(D):
 def test_a_step_of_decodes_gives_the_bits_of_the_tiles_kernel(D):
     """`attend_paged` sends a step of decodes only to `_attend_decode`; every query of it gets the
     bits `_attend_tiles` gives the same step (the same `_attend_tile` on the same widened keys)."""
-    from tl_lab import kernels
+    from tl_lab.ops import kernels
 
     rng = np.random.default_rng(13)
     data = _pool(rng, n_blocks=12, B=16, D=D)
@@ -383,7 +383,7 @@ def test_faster_of_keeps_the_kernel_with_the_shortest_best_round_and_restores_th
 
 
 def test_the_measured_kernels_are_measured_once_and_are_each_kinds_kernels():
-    import tl_lab.kernels as K
+    import tl_lab.ops.kernels as K
 
     for kind, choose, kernels, rows in (("f32", lambda: K.one_row("f32"), (K.matvec_f32, K.matvec1_f32), 1),
                                         ("q8", lambda: K.one_row("q8"), (K.matvec_q8, K.matvec1_q8), 1),
@@ -405,7 +405,7 @@ def test_a_weight_that_fits_the_l2_cache_starts_no_probe_and_a_larger_one_does(m
     """A tiny model's products run each kind's first candidate untimed (`UNPROBED`): the probe's
     weights, twice the last-level cache, had been most of a tiny chat's memory. The first weight
     of `UNPROBED` bytes or more starts it, as before; the bits are the same either way."""
-    import tl_lab.kernels as K
+    import tl_lab.ops.kernels as K
 
     probed = []
 
@@ -435,7 +435,7 @@ def test_a_weight_that_fits_the_l2_cache_starts_no_probe_and_a_larger_one_does(m
 def test_a_choice_asks_its_bytes_ahead_in_whole_rows_and_never_changes_the_bits():
     """`Choice` hands the kernel its bytes ahead as weight rows (at least one); asking ahead moves
     no sum, so every distance gives the bits of the kernel asking nothing."""
-    import tl_lab.kernels as K
+    import tl_lab.ops.kernels as K
 
     rng = np.random.default_rng(5)
     W = rng.standard_normal((203, 576)).astype(np.float32)  # 2304-byte rows
@@ -456,7 +456,7 @@ def test_a_choice_asks_its_bytes_ahead_in_whole_rows_and_never_changes_the_bits(
 def test_eight_rows_in_column_passes_give_the_same_bits(threads, restore_threads):
     """`matmul8_f32` in passes of any whole steps of columns (its partial sums kept between passes),
     asking anything ahead, with an odd N: the bits of the one pass, at 1 and 2 threads."""
-    import tl_lab.kernels as K
+    import tl_lab.ops.kernels as K
 
     _threads(threads)
     rng = np.random.default_rng(11)
@@ -472,7 +472,7 @@ def test_eight_rows_in_column_passes_give_the_same_bits(threads, restore_threads
 def test_eight_rows_pass_over_columns_that_fit_the_l1_cache():
     """`x_cols`: all columns (0) while x's eight rows fit the L1 data cache, else the fewest equal
     passes of whole steps, each at most `X_IN_L1` bytes of x, that cover K."""
-    import tl_lab.kernels as K
+    import tl_lab.ops.kernels as K
 
     for Kc in (16, 64, 576, 1536, 2048, 4096, 8192, 1000 * 16):
         cols = K.x_cols(Kc)
@@ -488,8 +488,8 @@ def test_the_int8_one_row_kernels_give_the_same_bits():
     """`matvec_q8` (four features a pass) and `matvec1_q8` (one), on rows alone and several, a last
     block of features short of four, asking nothing or any distance ahead (`Choice`): the bits of
     `product_f32` on W_hat."""
-    import tl_lab.kernels as K
-    from tl_lab.widening import F16_AS_F32
+    import tl_lab.ops.kernels as K
+    from tl_lab.ops.widening import F16_AS_F32
 
     rng = np.random.default_rng(9)
     head = Q8Linear.quantize(rng.standard_normal((203, 576)).astype(np.float32), group=32)
@@ -507,9 +507,9 @@ _BITS_SCRIPT = r"""
 import sys
 import numpy as np
 from tl_lab.forward import PoolKv, Step
-import tl_lab.kernels as K
-from tl_lab.kernels import head_f32, product_f32, rows_f32, set_threads
-from tl_lab.q8 import Q8Linear
+import tl_lab.ops.kernels as K
+from tl_lab.ops.kernels import head_f32, product_f32, rows_f32, set_threads
+from tl_lab.ops.q8 import Q8Linear
 from tl_lab.quant import QLinear, f32_to_f16
 
 
@@ -520,7 +520,7 @@ def run(kernel, X, W):
 
 
 def run_q8(kernel, X):
-    from tl_lab.widening import F16_AS_F32
+    from tl_lab.ops.widening import F16_AS_F32
     y = np.empty((X.shape[0], q8.q.shape[0]), np.float32)
     kernel(X, q8.q, q8.scales, F16_AS_F32, y)
     return y
@@ -613,7 +613,7 @@ def test_kernels_give_the_same_bits_in_halves_and_in_whole_lanes(bits_runs):
     `_block34`, `_quad2h`) and attention 16 keys or values at a time: the same bits. This host's target
     against one forced to AVX2 through NUMBA_CPU_NAME / NUMBA_CPU_FEATURES, each in a process and
     cache of its own (on a host without AVX-512 both run in halves, and the test says which ran)."""
-    from tl_lab.kernels import WIDE
+    from tl_lab.ops.kernels import WIDE
 
     differ = _differ(bits_runs["compiled"], bits_runs["halves"])
     assert not differ, f"{'whole lanes' if WIDE else 'halves on this host'} and halves give other bits: {differ}"
@@ -625,7 +625,7 @@ def test_threads_for_times_lone_rows_and_restores_the_count(restore_threads):
     back after the block, also when it raises."""
     import numba
 
-    from tl_lab.kernels import _LONE_ROW, SERIAL_ROWS, threads_for
+    from tl_lab.ops.kernels import _LONE_ROW, SERIAL_ROWS, threads_for
 
     owner = type("Owner", (), {})()
     assert _threads(2) == 2
@@ -647,7 +647,7 @@ def test_lone_row_threads_pick_the_faster_plan_and_leave_it_when_it_slows():
     """Splitting everything twice as fast as one thread, the big products alone in between: after
     trying each plan, ALL wins, with a probe of each other plan in turn every PROBE steps; then a
     core gets busy and every split takes four times as long: within a few probes one thread wins."""
-    from tl_lab.kernels import ALL, ALONE, BIG, LoneRowThreads
+    from tl_lab.ops.kernels import ALL, ALONE, BIG, LoneRowThreads
 
     chooser, cost = LoneRowThreads(), {ALONE: 20.0, BIG: 15.0, ALL: 10.0}
     picks = []
@@ -669,7 +669,7 @@ def test_a_big_step_splits_only_the_products_that_read_more_than_l2(restore_thre
     the count in force, then back to one; the bits are those of every other plan."""
     import numba
 
-    import tl_lab.kernels as K
+    import tl_lab.ops.kernels as K
 
     rng = np.random.default_rng(3)
     small, big = (rng.standard_normal((n, 576)).astype(np.float32) for n in (64, K.BIG // (4 * 576) + 1))
@@ -710,7 +710,7 @@ def test_a_cache_built_from_another_lanes_is_dropped(tmp_path):
     """numba keys a cached kernel on kernels.py's timestamp only, not on lanes.py's, which the kernels
     compile into themselves: the cache remembers the lanes.py it was built from, and its kernels'
     files go when lanes.py changes (others' files stay)."""
-    from tl_lab.kernels import drop_cache_of_other_lanes
+    from tl_lab.ops.kernels import drop_cache_of_other_lanes
 
     def files():
         return sorted(p.name for p in tmp_path.iterdir())
@@ -730,7 +730,7 @@ def test_the_kernels_cache_knows_its_lanes():
     import hashlib
     from pathlib import Path
 
-    from tl_lab import kernels, lanes
+    from tl_lab.ops import kernels, lanes
 
     stamp = Path(kernels.matvec_f32._cache._cache_path) / "kernels.lanes.sha256"
     assert stamp.read_text() == hashlib.sha256(Path(lanes.__file__).read_bytes()).hexdigest()

@@ -1,12 +1,12 @@
-"""tl_lab/lanes.py: the pieces every kernel builds its sums from (chapter L10.1, section 2.4)."""
+"""tl_lab/ops/lanes.py: the pieces every kernel builds its sums from (chapter L10.1, section 2.4)."""
 
 import numpy as np
 import pytest
 from numba import njit
 
-from tl_lab.lanes import (HALF, LANES, vexp, vfma, vfma8, vjoin, vload, vload8, vload_f16_part, vload_part, vmax, vhat,
+from tl_lab.ops.lanes import (HALF, LANES, vexp, vfma, vfma8, vjoin, vload, vload8, vload_f16_part, vload_part, vmax, vhat,
                           vq8, vsplat, vstore_few, vstore_part, vstore_sums82, vsum, vsum4, vtop, vtranspose16, vzero, vzero8)
-from tl_lab.machine import AVX2_ONLY
+from tl_lab.ops.machine import AVX2_ONLY
 
 
 @njit(cache=True)
@@ -201,7 +201,7 @@ _HAT_SCRIPT = """
 import sys
 import numpy as np
 from numba import njit
-from tl_lab.lanes import LANES, vhat, vsplat, vstore_part
+from tl_lab.ops.lanes import LANES, vhat, vsplat, vstore_part
 
 @njit
 def hat(P, shift, s, out):

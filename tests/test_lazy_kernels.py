@@ -1,4 +1,4 @@
-"""tl_lab.lazy_kernels: reading a checkpoint imports no compiler; the products are the kernels' own."""
+"""tl_lab.ops.lazy_kernels: reading a checkpoint imports no compiler; the products are the kernels' own."""
 
 import math
 import subprocess
@@ -6,17 +6,17 @@ import sys
 
 import numpy as np
 
-from tl_lab import kernels, lazy_kernels
-from tl_lab.paths import REPO_ROOT
-from tl_lab.q8 import Q8Linear
+from tl_lab.ops import kernels, lazy_kernels
+from tl_lab.ops.paths import REPO_ROOT
+from tl_lab.ops.q8 import Q8Linear
 from tl_lab.quant import _F16_TABLE, QLinear
 
 
 def test_reading_modules_import_no_compiler():
     """`model` and `quant` (config.json, the safetensors reader, int4) load without numba or llvmlite:
     importing them used to cost 0.4 s and 75 MB here before a file could be refused (issue 20)."""
-    code = ("import sys\nimport tl_lab.model, tl_lab.quant, tl_lab.tokenizer, tl_lab.sample\n"
-            "print(sorted(m for m in ('numba', 'llvmlite', 'tl_lab.kernels') if m in sys.modules))")
+    code = ("import sys\nimport tl_lab.model, tl_lab.quant, tl_lab.engine.tokenizer, tl_lab.sample\n"
+            "print(sorted(m for m in ('numba', 'llvmlite', 'tl_lab.ops.kernels') if m in sys.modules))")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "[]"
@@ -48,7 +48,7 @@ def test_the_int8_head_and_the_samplers_exp_are_the_kernels_and_math_exp():
 
 
 def test_the_kernels_are_imported_at_the_first_call_and_held(monkeypatch):
-    """A fresh process's first product imports tl_lab.kernels and keeps it for the next."""
+    """A fresh process's first product imports tl_lab.ops.kernels and keeps it for the next."""
     monkeypatch.setattr(lazy_kernels, "_kernels", None)
     x = np.ones((1, 16), np.float32)
     assert np.array_equal(lazy_kernels.product_f32(x, np.ones((2, 16), np.float32)), [[16.0, 16.0]])

@@ -1,4 +1,4 @@
-"""tl_lab/machine.py: what the machine is and how fast it reads memory (chapter L10.1, section 2.4)."""
+"""tl_lab/ops/machine.py: what the machine is and how fast it reads memory (chapter L10.1, section 2.4)."""
 
 import os
 from pathlib import Path
@@ -7,8 +7,8 @@ import numba
 import numpy as np
 import pytest
 
-from tl_lab import machine
-from tl_lab.lanes import LANES
+from tl_lab.ops import machine
+from tl_lab.ops.lanes import LANES
 
 
 def test_describe_names_the_processor_its_llvm_name_its_features_cores_and_caches():
@@ -31,7 +31,7 @@ def test_describe_says_how_the_kernels_threads_wait_set_or_not(monkeypatch):
 
 
 def test_the_kernels_apply_the_pool_defaults():
-    from tl_lab import kernels  # noqa: F401 (importing it sets them where the user did not)
+    from tl_lab.ops import kernels  # noqa: F401 (importing it sets them where the user did not)
 
     for name in machine.POOL_DEFAULTS:
         assert os.environ.get(name), f"{name} unset after importing the kernels"

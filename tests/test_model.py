@@ -42,7 +42,7 @@ from tl_lab.model import (
     parse_layout,
     tensor_shapes,
 )
-from tl_lab.paths import DATA_DIR
+from tl_lab.ops.paths import DATA_DIR
 from tl_lab.quant import QLinear
 
 from conftest import need
@@ -949,7 +949,7 @@ def test_load_weights_refuses_tensors_that_do_not_fit(tmp_path):
 def test_load_weights_refuses_a_directory_without_model_safetensors(tmp_path):
     import shutil
 
-    from tl_lab.paths import DATA_DIR
+    from tl_lab.ops.paths import DATA_DIR
 
     shutil.copy(DATA_DIR / "tiny-llama" / "config.json", tmp_path / "config.json")
     with pytest.raises(FormatError, match="no such file"):
@@ -1022,7 +1022,7 @@ def test_widening_makes_no_full_size_temporary(tmp_path):
     temporaries only (issue 12: bf16_to_f32 used to make a full-size uint32 copy first)."""
     import tracemalloc
 
-    from tl_lab.widening import WIDEN_CHUNK, widen_threads
+    from tl_lab.ops.widening import WIDEN_CHUNK, widen_threads
 
     n = 16 * 2**20
     bits = np.full(n, 0x3F80, np.uint16)  # 1.0 in bf16
@@ -1046,7 +1046,7 @@ def test_widening_makes_no_full_size_temporary(tmp_path):
 def test_the_arena_asks_for_2_mib_pages():
     """The weights' arena is advised huge pages (VmFlags "hg" on its mapping), which a decode step reads
     faster (`widening.Arena`), whatever the OS then finds to back it."""
-    from tl_lab.widening import Arena
+    from tl_lab.ops.widening import Arena
 
     arena = Arena(1 << 20)
     start = arena.buf.__array_interface__["data"][0]
@@ -1072,7 +1072,7 @@ def test_loading_a_config_imports_no_format_checker(tmp_path):
     code = (
         "import sys, importlib\n"
         "from tl_lab.model import ModelConfig\n"
-        "from tl_lab.schema import _FORMAT_ONLY_PACKAGES\n"
+        "from tl_lab.ops.schema import _FORMAT_ONLY_PACKAGES\n"
         f"ModelConfig.load({str(TINY)!r})\n"
         "print(sorted(m for m in _FORMAT_ONLY_PACKAGES if sys.modules.get(m) is not None))\n"
         "print(all(sys.modules.get(m, 1) is not None for m in _FORMAT_ONLY_PACKAGES))\n"
@@ -1099,7 +1099,7 @@ def _write_bf16_llama(d: Path, cfg: dict, tensors: dict) -> dict[str, np.ndarray
 def _small_pieces(monkeypatch, threads: int = 3) -> None:
     """Widen in pieces of 1000 elements on `threads` threads: every tensor but the norms is split,
     and pieces of one tensor go to different threads."""
-    import tl_lab.widening as widening
+    import tl_lab.ops.widening as widening
 
     monkeypatch.setattr(widening, "WIDEN_CHUNK", 1000)
     monkeypatch.setattr(widening, "widen_threads", lambda: threads)

@@ -1,4 +1,4 @@
-"""benchmarks/mutation_table.py: the README's mutation table is results/mutation.json's runs, every
+"""benchmarks/mutation_table.py: docs/dev/mutation.md's mutation table is results/mutation.json's runs, every
 module measured has a row, and a mutant of the sample that was not tried is said, not dropped."""
 
 import json
@@ -16,8 +16,8 @@ def _doc() -> dict:
 
 
 def test_readme_mutation_table_is_the_results_file():
-    assert mt.section(_doc()) in mt.README.read_text(), (
-        "README.md's mutation table differs from benchmarks/results/mutation.json: "
+    assert mt.section(_doc()) in mt.PAGE.read_text(), (
+        "docs/dev/mutation.md's mutation table differs from benchmarks/results/mutation.json: "
         "run python benchmarks/mutation_table.py --write")
 
 
@@ -63,6 +63,6 @@ def test_write_puts_the_table_between_its_own_markers(tmp_path, monkeypatch):
     readme = tmp_path / "README.md"
     speed = f"{table.BEGIN}\nspeed\n{table.END}"
     readme.write_text(f"a\n{speed}\nb\n{mt.BEGIN}\nold\n{mt.END}\nc\n")
-    monkeypatch.setattr(mt, "write_readme", lambda text, b, e: table.write_readme(text, b, e, readme=readme))
+    monkeypatch.setattr(mt, "write_readme", lambda text, b, e, page: table.write_readme(text, b, e, readme=readme))
     assert mt.main(["--write"]) == 0
     assert readme.read_text() == f"a\n{speed}\nb\n{mt.section(_doc())}\nc\n"

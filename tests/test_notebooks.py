@@ -31,7 +31,7 @@ import pytest
 import platform
 
 from conftest import need
-from tl_lab.machine import cores
+from tl_lab.ops.machine import cores
 from notebook_kernel import NB_DIR, NOTEBOOKS, NotebookKernel, error_line, first_line
 
 RUN_ONCE = "# run once"  # a cell's first line starting so is not re-run (none today)
@@ -55,7 +55,7 @@ assert "not run yet" in verdict.value and "PASSED" not in verdict.value, verdict
 }
 
 # Run in the kernel before the notebook: count the matplotlib Figures each cell creates, by execution
-# count (a Figure made with pyplot or directly, as tl_lab.widgets.pitfalls.draw_probe does).
+# count (a Figure made with pyplot or directly, as tl_lab.lab.widgets.pitfalls.draw_probe does).
 PROBE = """
 def _tl_probe():
     import matplotlib.figure
@@ -78,12 +78,12 @@ del _tl_probe
 """
 REPORT = "import json; print(json.dumps(_tl_made['per_cell']))"
 # After the re-runs: the tl_lab widgets still alive that no cell's latest run made (each Run All once
-# left 01's block map, with its copy of the pool, alive: tl_lab.widgets.common.CellWidget)
+# left 01's block map, with its copy of the pool, alive: tl_lab.lab.widgets.common.CellWidget)
 LEFT_ALIVE = """
 def _tl_left_alive():
     import gc
     from ipywidgets import Widget
-    from tl_lab.widgets import common
+    from tl_lab.lab.widgets import common
     gc.collect()
     latest = {id(w) for _, made in common._MADE.values() for w in made}
     # IPython's output history keeps every cell's result (a cell ending in `lab` keeps that lab, and
@@ -301,7 +301,7 @@ def test_each_pitfall_breaks_the_sections_of_05_the_lab_names(pid, monkeypatch):
     kernels afresh (a numba cache of its own): about 45 s the first time."""
     import re
 
-    from tl_lab import pitfalls as pf
+    from tl_lab.lab import pitfalls as pf
 
     need("nbformat")
     need("nbclient")
@@ -321,7 +321,7 @@ def test_each_other_pitfall_first_breaks_the_section_the_lab_names(pid, monkeypa
     """The pitfalls shown outside 05_forward: with the pitfall on in the kernel, the first cell of its
     notebook that fails is under the heading the lab's "where it shows" begins with (docs/pitfalls.md:
     other cells may fail after it; the run stops at the first). About 25 s for the fourteen."""
-    from tl_lab import pitfalls as pf
+    from tl_lab.lab import pitfalls as pf
 
     need("nbformat")
     need("nbclient")
@@ -351,14 +351,14 @@ def test_the_kernels_a_run_starts_write_their_temporary_folders_inside_the_runs_
 # (issue 59, docs/dev/conventions.md): read from the .ipynb files, nothing run. A cell keeps one assert per
 # fact it teaches, with a message that says what went wrong and what to re-run; a figure's layout is
 # checked in tests/test_plots.py through the plot helpers, not in the cell; a visible code cell is short
-# (drawing code goes into tl_lab.widgets.plots or a cell marked source_hidden); a notebook is read in one
+# (drawing code goes into tl_lab.lab.widgets.plots or a cell marked source_hidden); a notebook is read in one
 # sitting; the engineering under the runner is in one optional notebook.
 
 MAX_CELL_LINES = 25
 MAX_WORDS = 1500
 UNDER_THE_HOOD = "14_under_the_hood.ipynb"
 # The words of the engineering (kernels, threads, bandwidth, the machine): only 14 uses them. "kernel" alone
-# is Jupyter's (restart the kernel); the compiled ones are "kernels", "a compiled kernel" or tl_lab.kernels.
+# is Jupyter's (restart the kernel); the compiled ones are "kernels", "a compiled kernel" or tl_lab.ops.kernels.
 ENGINEERING = re.compile(r"GFLOP/s|bandwidth|sgemm|roofline|\bBLAS\b|OpenBLAS|blas_threads|\bAVX|\bL1\b|\bL2\b|"
                          r"prefetch|numba|processor|\bthreads?\b|\bkernels\b|compiled kernel|attend_paged|matvec|"
                          r"matmul8|\bLLVM\b|cpu_model", re.I)

@@ -173,7 +173,7 @@ def test_torch_is_pinned_in_the_hf_extra_only_and_quickstart_installs_that_pin()
 
 def test_the_wheel_carries_the_data_and_the_schema_and_builds_without_warnings(tmp_path):
     """A non-editable install has no repository: the bundled models, golden files and the config schema
-    must be inside the wheel (tl_lab/_data, tl_lab/_formats; tl_lab.paths finds them there)."""
+    must be inside the wheel (tl_lab/_data, tl_lab/_formats; tl_lab.ops.paths finds them there)."""
     import subprocess
     import sys
     import zipfile

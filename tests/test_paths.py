@@ -1,4 +1,4 @@
-"""tl_lab/paths.py: where the bundled data and the model cache are, and how a file is opened (regular
+"""tl_lab/ops/paths.py: where the bundled data and the model cache are, and how a file is opened (regular
 files only, promptly, within a size)."""
 
 import errno
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tl_lab import paths
+from tl_lab.ops import paths
 from tl_lab.errors import ConfigError, FormatError, KvError
 
 

@@ -1,4 +1,4 @@
-"""tl_lab/pipeline.py: a long prefill as two pipelined stages gives the one step's bits, at the
+"""tl_lab/ops/pipeline.py: a long prefill as two pipelined stages gives the one step's bits, at the
 threshold and past it, for any mix of sequences, and an error in either stage ends the step
 promptly with nothing filled."""
 
@@ -9,10 +9,10 @@ import pytest
 
 from test_runner import blocks_for, smollm2_shaped, tiny
 from tl_lab import forward as forward_module
-from tl_lab import pipeline as pipeline_module
+from tl_lab.ops import pipeline as pipeline_module
 from tl_lab.forward import Step, attend_reference
-from tl_lab.kernels import GATE, set_threads
-from tl_lab.pipeline import PIPELINE_ROWS, pipeline_of, split_step
+from tl_lab.ops.kernels import GATE, set_threads
+from tl_lab.ops.pipeline import PIPELINE_ROWS, pipeline_of, split_step
 from tl_lab.runner import EngineConfig, ForwardBatch, ForwardSeq, Int4, KvConfig, ModelRunner
 
 

@@ -1,4 +1,4 @@
-"""tl_lab/pitfalls.py: the chapter's 22 pitfalls (section 5), switched on as real edits of the real code.
+"""tl_lab/lab/pitfalls.py: the chapter's 22 pitfalls (section 5), switched on as real edits of the real code.
 
 The registry and the hook are tested here; test_every_pitfall_is_caught runs the whole check (each
 pitfall's test off and on, one pytest subprocess per run), the "Done means" of issue 9.
@@ -13,9 +13,9 @@ from dataclasses import replace
 
 import pytest
 
-from tl_lab import pitfalls as pf
+from tl_lab.lab import pitfalls as pf
 from tl_lab.__main__ import main
-from tl_lab.paths import REPO_ROOT
+from tl_lab.ops.paths import REPO_ROOT
 
 # The chapter's section-4 catalogue, in its order (kv_pool_bounds... and kv_pool_exports... are
 # listed twice there): each must be a test of ours under its name, `test_<name>`.
@@ -161,7 +161,7 @@ def test_install_refuses_a_module_already_imported():
 
 
 def test_the_env_var_switches_the_real_module_in_a_subprocess():
-    code = ("import json, os, inspect, tl_lab.pitfalls as p, tl_lab.kv as kv;"
+    code = ("import json, os, inspect, tl_lab.lab.pitfalls as p, tl_lab.kv as kv;"
             "print(json.dumps([p.active(), os.environ.get('NUMBA_CACHE_DIR'), kv.__file__,"
             " 'last=True' in inspect.getsource(kv.KvPool.alloc)]))")
     on = _run_python(code, "s18,s14")
@@ -266,7 +266,7 @@ def test_switched_on_changes_the_engine_in_process_and_puts_it_back():
     import tl_lab
     import tl_lab.kv as kv_before
     import tl_lab.runner as runner_before
-    from tl_lab.paths import DATA_DIR
+    from tl_lab.ops.paths import DATA_DIR
 
     off = pf.PROBES["lru_eviction"]()
     z_off = runner_before.ModelRunner.load(DATA_DIR / "tiny-llama").run_once([1, 2, 3])[1]
@@ -447,7 +447,7 @@ def test_a_probe_measures_this_repository_from_any_working_directory(tmp_path, m
 def test_a_kernel_pitfall_compiles_into_a_numba_cache_of_its_own_edits(monkeypatch):
     """numba keys its cache by file and function, not by the code: each set of pitfalls (and of their
     exact edits) gets its own folder under the lab's cache, never the normal one."""
-    from tl_lab.paths import cache_dir
+    from tl_lab.ops.paths import cache_dir
 
     one, two = pf.numba_cache_dir(["s14"]), pf.numba_cache_dir(["s14", "s08"])
     assert one.parent == two.parent == cache_dir() / "numba-pitfalls"
@@ -459,14 +459,14 @@ def test_a_kernel_pitfall_compiles_into_a_numba_cache_of_its_own_edits(monkeypat
 
 
 def test_a_bad_setting_refuses_every_later_tl_lab_import_but_the_command_lines(monkeypatch):
-    from tl_lab.switch import RefusingFinder
+    from tl_lab.lab.switch import RefusingFinder
 
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     error = pf.PitfallError("TL_LAB_PITFALL=s99: no such pitfall")
     pf.refuse_imports(error)
     finder = sys.meta_path[0]
     assert isinstance(finder, RefusingFinder) and pf.env_error() is error
-    for name in ("tl_lab.kv", "tl_lab.widgets.int4", "tl_lab.exercise"):
+    for name in ("tl_lab.kv", "tl_lab.lab.widgets.int4", "tl_lab.lab.exercise"):
         with pytest.raises(pf.PitfallError, match="^TL_LAB_PITFALL=s99: no such pitfall$"):
             finder.find_spec(name)
     for name in ("tl_lab.__main__", "tl_lab.errors", "numpy", "tl_lab"):

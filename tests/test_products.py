@@ -1,10 +1,10 @@
-"""tl_lab/products.py: the numpy reference products and the evidence for the tile design (chapter
+"""tl_lab/ops/products.py: the numpy reference products and the evidence for the tile design (chapter
 L10.1, section 2.4). Lab tests of given engineering, not graded."""
 
 import numpy as np
 import pytest
 
-from tl_lab.products import LONG_ROWS, TILE, matmul_rows, matvec_rows, plan_rows, product_rows
+from tl_lab.ops.products import LONG_ROWS, TILE, matmul_rows, matvec_rows, plan_rows, product_rows
 
 # (in, out) of every linear of the tiny test model and of SmolLM2-135M
 TINY_SHAPES = [(64, 64), (64, 32), (64, 128), (128, 64), (64, 256)]
@@ -80,7 +80,7 @@ def test_matmul_rows_is_row_invariant_for_the_lm_head():
 def test_matmul_rows_is_row_invariant_with_one_blas_thread():
     """The tiles hold for another thread count too (the bits differ between thread counts, which
     is why EngineConfig.threads is fixed for a run)."""
-    from tl_lab.tuning import blas_threads, set_blas_threads
+    from tl_lab.ops.tuning import blas_threads, set_blas_threads
 
     before = blas_threads()
     assert before is not None, "numpy's OpenBLAS was not found"
@@ -244,7 +244,7 @@ def test_weight_t_is_a_view_of_w_or_of_w_hat_in_one_buffer_per_shape():
     into `Scratch`'s one buffer of its shape, which the next linear of that shape overwrites (at most
     one f32 copy per shape resident), or into a new array without a scratch."""
     from tl_lab.model import Linear
-    from tl_lab.products import Scratch, weight_t
+    from tl_lab.ops.products import Scratch, weight_t
     from tl_lab.quant import QLinear
 
     rng = np.random.default_rng(3)

@@ -1,9 +1,9 @@
-"""Tests for tl_lab/q8.py: the int4 model's int8 LM head (given engineering beside chapter L10.1, section 2.5)."""
+"""Tests for tl_lab/ops/q8.py: the int4 model's int8 LM head (given engineering beside chapter L10.1, section 2.5)."""
 
 import numpy as np
 import pytest
 
-from tl_lab.q8 import Q8Linear
+from tl_lab.ops.q8 import Q8Linear
 from tl_lab.quant import f16_to_f32, f32_to_f16
 
 
@@ -57,7 +57,7 @@ def test_q8_quantizes_every_block_of_rows_and_stays_float32():
     an all-zero group (scale 0, its 0 / 0 masked) raises no warning."""
     import warnings
 
-    from tl_lab.q8 import Q8_ROWS
+    from tl_lab.ops.q8 import Q8_ROWS
 
     rng = np.random.default_rng(3)
     w = rng.standard_normal((2 * Q8_ROWS + 3, 32)).astype(np.float32)  # three blocks, the last of 3 rows

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from tl_lab.fetch import smollm2_dir
-from tl_lab.paths import REPO_ROOT
+from tl_lab.engine.fetch import smollm2_dir
+from tl_lab.ops.paths import REPO_ROOT
 
 FIRST_NOTEBOOK = "/lab/tree/notebooks/00_start_here.ipynb"
 START_SECONDS = 60  # the fetch check, then JupyterLab's start; a few seconds on a quiet machine

@@ -10,11 +10,12 @@ import re
 import numpy as np
 import pytest
 
-from tl_lab.compare import hf_golden_cases
+from tl_lab.lab.compare import hf_golden_cases
 from tl_lab.errors import BatchError, KvError
-from tl_lab.products import LONG_ROWS
+from tl_lab.ops import paging
+from tl_lab.ops.products import LONG_ROWS
 from tl_lab.model import Linear, LlamaLayer, LlamaWeights, ModelConfig
-from tl_lab.paths import DATA_DIR, GOLDEN_DIR
+from tl_lab.ops.paths import DATA_DIR, GOLDEN_DIR
 from tl_lab.quant import QLinear
 from tl_lab.runner import EngineConfig, ForwardBatch, ForwardSeq, Int4, KvConfig, Logits, ModelRunner
 
@@ -35,7 +36,7 @@ def tiny(n_blocks=64, **kw) -> ModelRunner:
 
 
 def blocks_for(runner, n_positions):
-    return runner.pool.alloc(runner.blocks.blocks_for(n_positions))
+    return runner.pool.alloc(paging.blocks_for(n_positions, runner.block_tokens))
 
 
 def prefill(runner, tokens, pieces=None, blocks=None):
@@ -229,7 +230,7 @@ def test_batched_forward_equals_single_at_1_and_2_threads_with_the_same_bits():
     count, and the logits are the same bits at 1 and at 2 threads (a BLAS product's are not)."""
     import numba
 
-    from tl_lab.kernels import set_threads
+    from tl_lab.ops.kernels import set_threads
 
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.fail("this test needs 2 cores for numba's thread pool")
@@ -543,7 +544,7 @@ def test_last_logits_names_prompts_that_are_not_a_list_of_prompts():
 def test_load_names_a_config_that_is_not_an_engine_config():
     """ModelRunner.load(dir, KvConfig(64)) (the pool's config for the engine's) or a dict raised
     "AttributeError: 'KvConfig' object has no attribute 'quant'"; Engine.load too. Now a ValueError."""
-    from tl_lab.generate import Engine
+    from tl_lab.engine.generate import Engine
 
     for cfg in (KvConfig(64), {"kv": KvConfig(64)}):
         for load in (ModelRunner.load, Engine.load):

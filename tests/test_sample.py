@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tl_lab.sample as ts
-from tl_lab.paths import GOLDEN_DIR
+from tl_lab.ops.paths import GOLDEN_DIR
 from tl_lab.sample_reference import sample_reference
 from tl_lab.sample import (
     PURPOSE_SAMPLE,

@@ -1,4 +1,4 @@
-"""tl_lab/schema.py: config.json against docs/formats/config.schema.json, each violation said as
+"""tl_lab/ops/schema.py: config.json against docs/formats/config.schema.json, each violation said as
 "field what is wrong — why the engine refuses it", all of them in one ConfigError."""
 
 import json
@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from tl_lab import schema
+from tl_lab.ops import schema
 from tl_lab.errors import ConfigError
-from tl_lab.schema import config_schema, validate_config
+from tl_lab.ops.schema import config_schema, validate_config
 
 LLAMA = {"tl_arch": "llama", "tl_tokenizer": "bpe", "vocab_size": 8, "hidden_size": 4, "intermediate_size": 8,
          "num_hidden_layers": 1, "num_attention_heads": 2}

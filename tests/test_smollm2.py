@@ -27,8 +27,8 @@ import numpy as np
 import pytest
 
 from conftest import blas_threads_set, need, smollm2_path, tool
-from tl_lab.fetch import SMOLLM2, FetchError, downloads_dir, extract_gguf
-from tl_lab.tokenizer import load_tokenizer
+from tl_lab.engine.fetch import SMOLLM2, FetchError, downloads_dir, extract_gguf
+from tl_lab.engine.tokenizer import load_tokenizer
 
 pytestmark = [pytest.mark.hf, pytest.mark.smollm2]
 
@@ -119,7 +119,7 @@ def test_q_and_k_rows_are_in_transformers_order(hf_model, gguf_file):
     inverse permutation, with 9 query heads for q and 3 key/value heads for k, gives transformers' rows."""
     import gguf
 
-    from tl_lab.fetch import unpermute_rope_rows
+    from tl_lab.engine.fetch import unpermute_rope_rows
 
     reader = gguf.GGUFReader(str(gguf_file))
     raw = {t.name: t for t in reader.tensors}
@@ -327,7 +327,7 @@ def test_smollm2_greedy_matches_hf(hf_bf16, runner, ours, record_property):
     logit), and the comparison of that prompt stops there. Neither side stops at EOS. transformers
     decodes with its own float32 KV cache (generate, greedy); our side is the engine loop."""
     torch = need("torch")
-    from tl_lab.generate import Engine, Request
+    from tl_lab.engine.generate import Engine, Request
     from tl_lab.runner import EngineConfig, KvConfig, ModelRunner
     from tl_lab.sample import SamplingParams
 

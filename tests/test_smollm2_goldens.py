@@ -22,7 +22,7 @@ import pytest
 
 from conftest import tool
 from test_smollm2 import may_differ, model_dir, must_differ, ours, runner  # noqa: F401 (fixtures)
-from tl_lab.paths import GOLDEN_DIR
+from tl_lab.ops.paths import GOLDEN_DIR
 
 pytestmark = pytest.mark.smollm2
 
@@ -53,7 +53,7 @@ def test_smollm2_logits_match_the_reference(runner, case, one_blas_thread):
 
 @pytest.fixture(scope="module")
 def engine(runner, ours):
-    from tl_lab.generate import Engine
+    from tl_lab.engine.generate import Engine
     from tl_lab.runner import EngineConfig, KvConfig, ModelRunner
 
     return Engine(ModelRunner(runner.weights, EngineConfig(kv=KvConfig(n_blocks=64), prefix_cache=False)), ours)
@@ -61,7 +61,7 @@ def engine(runner, ours):
 
 @pytest.mark.parametrize("case", range(len(GOLDEN["greedy"])))
 def test_smollm2_greedy_matches_the_reference(engine, case, one_blas_thread):
-    from tl_lab.generate import Request
+    from tl_lab.engine.generate import Request
     from tl_lab.sample import SamplingParams
 
     c = GOLDEN["greedy"][case]

@@ -16,7 +16,7 @@ The int4 model's LM head is int8 in groups of 32 (`q8.Q8Linear`, as llama.cpp's 
 it in Q8_0); the figures below barely move with it (teacher-forced 0.705 either way, the largest
 last-token error 9.43 either way), where an int4 head would have taken teacher forcing to 0.62.
 
-Measured on this machine (SmolLM2-135M-Instruct as converted by tl_lab.fetch, 6 chat prompts):
+Measured on this machine (SmolLM2-135M-Instruct as converted by tl_lab.engine.fetch, 6 chat prompts):
 last-token error 5.9 to 9.4 (0.21 to 0.32 of max |logit|); first divergence at tokens 6, 1, 8, 1, 0, 0;
 int4's argmax equals f32's on 71% of f32's greedy positions. Int4 RTN with groups of 32 is a coarse
 scheme on a model this small, and this checkpoint is itself a Q4_1 dequantization (docs/smollm2.md),
@@ -31,13 +31,13 @@ import numpy as np
 import pytest
 
 from conftest import blas_threads_set, need, smollm2_path
-from tl_lab.compare import INT4_QUESTIONS, first_divergence, kl_divergence
-from tl_lab.generate import Engine, Request
+from tl_lab.lab.compare import INT4_QUESTIONS, first_divergence, kl_divergence
+from tl_lab.engine.generate import Engine, Request
 from tl_lab.model import LAYER_LINEARS, Linear
 from tl_lab.quant import QLinear, f16_to_f32
 from tl_lab.runner import EngineConfig, Int4, ModelRunner
 from tl_lab.sample import SamplingParams
-from tl_lab.tokenizer import load_tokenizer
+from tl_lab.engine.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.smollm2
 

@@ -1,4 +1,4 @@
-"""tl_lab/switch.py: the import hook that serves a module from a text of its choosing, under a path of its
+"""tl_lab/lab/switch.py: the import hook that serves a module from a text of its choosing, under a path of its
 choosing (a pitfall's edited reference, a learner's file), and refuses imports after a bad setting."""
 
 import importlib
@@ -9,7 +9,7 @@ import traceback
 
 import pytest
 
-from tl_lab.switch import RefusingFinder, SourceFinder, refusal
+from tl_lab.lab.switch import RefusingFinder, SourceFinder, refusal
 
 SOURCE = '''def double(x: int) -> int:
     """Served, not read from disk."""

@@ -1,4 +1,4 @@
-"""tl_lab.tokenizer: the byte tokenizer, the BPE tokenizer on tokenizer.json, chat templates."""
+"""tl_lab.engine.tokenizer: the byte tokenizer, the BPE tokenizer on tokenizer.json, chat templates."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from conftest import MERGES, SPECIALS, need, write_bpe_tokenizer, write_sentencepiece_tokenizer
 from tl_lab.errors import ConfigError
-from tl_lab.tokenizer import BpeTokenizer, ByteTokenizer, Tokenizer, _bytes_to_unicode, load_tokenizer, render_chat_template
+from tl_lab.engine.tokenizer import BpeTokenizer, ByteTokenizer, Tokenizer, _bytes_to_unicode, load_tokenizer, render_chat_template
 
 CHATML = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
@@ -336,7 +336,7 @@ def test_fewest_tokens_holds_for_random_texts_on_sentencepiece_style_tokenizers(
 ])
 def test_what_a_space_becomes_before_the_model(normalizer, pre, space):
     """The SentencePiece-style pipelines the bound reads (`_space_becomes`, in tokenizer.json's form)."""
-    from tl_lab.tokenizer import _space_becomes
+    from tl_lab.engine.tokenizer import _space_becomes
 
     assert _space_becomes(normalizer, pre) == space
 
@@ -529,7 +529,7 @@ def test_a_chat_template_that_does_not_parse_is_refused_at_its_line():
 def test_a_repetition_by_zero_or_fewer_makes_nothing_whatever_the_sequence(monkeypatch):
     """The bound on `*` counts what it makes: nothing for a count of 0 or below, even from a sequence
     longer than the bound (a message's content can be)."""
-    import tl_lab.tokenizer as tokenizer
+    import tl_lab.engine.tokenizer as tokenizer
 
     monkeypatch.setattr(tokenizer, "MAX_TEMPLATE_ITEMS", 5)
     messages = [{"role": "user", "content": "abcdefgh"}]
@@ -588,7 +588,7 @@ def test_a_tokenizer_json_too_big_for_its_vocabulary_is_refused_before_it_is_rea
     """Was: anything up to 100 MB was parsed first (65 MB: 1 GB and 5 to 10 s), only to be refused for
     more tokens than vocab_size. The limit scales with vocab_size: 1 MiB + 256 bytes a token. The files
     here are sparse: one at the limit is read (and its NULs are not JSON), one byte more never is."""
-    from tl_lab.tokenizer import MAX_TOKENIZER_BYTES, tokenizer_limit
+    from tl_lab.engine.tokenizer import MAX_TOKENIZER_BYTES, tokenizer_limit
 
     assert tokenizer_limit(1)[0] == (1 << 20) + 256 and tokenizer_limit(49152)[0] == 13_631_488
     assert tokenizer_limit(None)[0] == tokenizer_limit(10**9)[0] == MAX_TOKENIZER_BYTES == 64 << 20
@@ -612,7 +612,7 @@ def test_a_tokenizer_json_too_big_for_its_vocabulary_is_refused_before_it_is_rea
 @pytest.mark.smollm2
 def test_smollm2s_tokenizer_json_is_well_within_its_limit():
     from conftest import smollm2_path
-    from tl_lab.tokenizer import tokenizer_limit
+    from tl_lab.engine.tokenizer import tokenizer_limit
 
     path = smollm2_path()
     size = (path / "tokenizer.json").stat().st_size
@@ -628,7 +628,7 @@ def test_smollm2s_tokenizer_json_is_well_within_its_limit():
 def fresh_env(monkeypatch):
     """The template environment built anew: it is cached per process, so a test of what building it
     does (the filters, the bounds) must not see one an earlier test built."""
-    import tl_lab.tokenizer as t
+    import tl_lab.engine.tokenizer as t
 
     monkeypatch.setattr(t, "_ENV", None)
 
@@ -730,7 +730,7 @@ def test_arithmetic_on_large_integers_is_not_mistaken_for_a_power(fresh_env):
 
 
 def test_an_integer_in_a_message_is_its_digits_up_to_63_bits():
-    from tl_lab.tokenizer import _short
+    from tl_lab.engine.tokenizer import _short
 
     assert _short(2**63 - 1) == "9223372036854775807" and _short(-(2**63) + 1) == "-9223372036854775807"
     assert _short(2**63) == "an integer of about 19 digits"

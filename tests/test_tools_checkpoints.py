@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tl_lab.model import BigramWeights, LlamaWeights, ModelConfig, SafeTensors, load_weights
-from tl_lab.paths import DATA_DIR
+from tl_lab.ops.paths import DATA_DIR
 
 from conftest import need, tool
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import need, tool
-from tl_lab.paths import DATA_DIR, GOLDEN_DIR
+from tl_lab.ops.paths import DATA_DIR, GOLDEN_DIR
 
 pytestmark = pytest.mark.hf
 

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from conftest import tool
-from tl_lab.paths import REPO_ROOT
+from tl_lab.ops.paths import REPO_ROOT
 
 mutation = tool("mutation")
 
@@ -27,7 +27,7 @@ def test_each_module_is_mutated_alone_with_its_own_tests():
         cfg = mutation._setup_cfg(module, selection)
         assert f"only_mutate = {mutation._source(module)}\n" in cfg and f"    {selection[0]}\n" in cfg
     assert mutation._source("kv") == "tl_lab/kv.py"
-    assert mutation._source("widgets.int4") == "tl_lab/widgets/int4.py"  # a module of a subpackage
+    assert mutation._source("widgets.int4") == "tl_lab/lab/widgets/int4.py"  # a module of a subpackage
 
 
 def test_mutmut_exit_codes_are_scored():

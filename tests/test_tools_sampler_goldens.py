@@ -6,7 +6,7 @@ import pytest
 
 import tl_lab.sample as ts
 from conftest import tool
-from tl_lab.paths import GOLDEN_DIR
+from tl_lab.ops.paths import GOLDEN_DIR
 
 
 def test_tool_reproduces_the_committed_golden_files(tmp_path, capsys):

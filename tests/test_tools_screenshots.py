@@ -9,7 +9,7 @@ import pytest
 
 from conftest import tool
 from lab_harness import code_sources
-from tl_lab.paths import REPO_ROOT
+from tl_lab.ops.paths import REPO_ROOT
 
 SHOTS = tool("screenshots").SHOTS
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import need, smollm2_path, tool
-from tl_lab.paths import GOLDEN_DIR
+from tl_lab.ops.paths import GOLDEN_DIR
 
 pytestmark = [pytest.mark.hf, pytest.mark.smollm2]
 

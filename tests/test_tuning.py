@@ -1,4 +1,4 @@
-"""tl_lab/tuning.py: the process tuning the runner asks for at load (lab test, not graded)."""
+"""tl_lab/ops/tuning.py: the process tuning the runner asks for at load (lab test, not graded)."""
 
 
 def test_keep_freed_memory_tunes_glibc_and_only_glibc():
@@ -6,14 +6,14 @@ def test_keep_freed_memory_tunes_glibc_and_only_glibc():
     elsewhere it says it did nothing, and nothing fails."""
     import platform
 
-    from tl_lab.tuning import keep_freed_memory
+    from tl_lab.ops.tuning import keep_freed_memory
 
     assert keep_freed_memory() is (platform.libc_ver()[0] == "glibc")
 
 
 def test_keep_freed_memory_without_mallopt_says_it_did_nothing(monkeypatch):
     """A C library without mallopt (musl, macOS), or none to open: False, and nothing raised."""
-    from tl_lab import tuning
+    from tl_lab.ops import tuning
 
     monkeypatch.setattr(tuning.ctypes, "CDLL", lambda name: object())  # no mallopt: AttributeError
     assert tuning.keep_freed_memory() is False
@@ -28,7 +28,7 @@ def test_keep_freed_memory_without_mallopt_says_it_did_nothing(monkeypatch):
 def test_keep_freed_memory_asks_for_both_thresholds(monkeypatch):
     """The two mallopt calls, each with its parameter's number and size: the mmap threshold (-3) at
     KEEP_FREED_BYTES, the trim threshold (-1) at twice that; -> True only when both are accepted."""
-    from tl_lab import tuning
+    from tl_lab.ops import tuning
 
     calls = []
 
@@ -50,7 +50,7 @@ def test_keep_freed_memory_asks_for_both_thresholds(monkeypatch):
 
 def test_blas_threads_are_set_and_read_back():
     from conftest import blas_threads_set
-    from tl_lab.tuning import blas_threads
+    from tl_lab.ops.tuning import blas_threads
 
     before = blas_threads()
     if before is None:
@@ -65,7 +65,7 @@ def test_blas_threads_are_set_and_read_back():
 def test_blas_threads_find_each_openblas_builds_names(monkeypatch):
     """numpy's OpenBLAS names its functions by build (scipy-openblas, 64-bit ints, plain): each is
     found; with no OpenBLAS, setting says False and reading None."""
-    from tl_lab import tuning
+    from tl_lab.ops import tuning
 
     class Fn:  # a ctypes function: argtypes and restype are set on it before the call
         def __init__(self, body):
@@ -95,10 +95,10 @@ def test_blas_core_names_the_kernels_openblas_runs(monkeypatch):
     import subprocess
     import sys
 
-    from tl_lab import tuning
+    from tl_lab.ops import tuning
 
     assert tuning.blas_core() and tuning.blas_core().isalnum()
-    code = "from tl_lab.tuning import blas_core; print(blas_core())"
+    code = "from tl_lab.ops.tuning import blas_core; print(blas_core())"
     run = subprocess.run([sys.executable, "-c", code], env={**os.environ, "OPENBLAS_CORETYPE": "Haswell"},
                          capture_output=True, text=True, check=True)
     assert run.stdout.strip() == "Haswell"

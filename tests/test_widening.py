@@ -1,4 +1,4 @@
-"""tl_lab/widening.py: the load's parallel widening (section 2.3, loading), engineering around the
+"""tl_lab/ops/widening.py: the load's parallel widening (section 2.3, loading), engineering around the
 learner's reader: how many threads, that they all work, each piece's bytes told to `drop`, the
 pages given back, the checks of a destination, and the arena the float32 weights live in."""
 
@@ -9,9 +9,9 @@ import threading
 import numpy as np
 import pytest
 
-from tl_lab import widening
+from tl_lab.ops import widening
 from tl_lab.errors import FormatError
-from tl_lab.widening import (MAX_WIDEN_THREADS, Arena, Widening, drop_pages, f32_out, parallel_for, widen_all,
+from tl_lab.ops.widening import (MAX_WIDEN_THREADS, Arena, Widening, drop_pages, f32_out, parallel_for, widen_all,
                               widen_threads)
 
 

@@ -1,4 +1,4 @@
-"""Tests for tl_lab/widgets/blockmap.py: step the prefix-cache story, check the pool and the drawing."""
+"""Tests for tl_lab/lab/widgets/blockmap.py: step the prefix-cache story, check the pool and the drawing."""
 
 import html as html_module
 import re
@@ -7,7 +7,7 @@ import numpy as np
 
 from conftest import shown_text as plain, svg_outside
 from tl_lab.kv import KvCfg, KvPool, prefix_hashes
-from tl_lab.widgets.blockmap import PROMPTS, STORY, BlockMap, key_value, short_hash
+from tl_lab.lab.widgets.blockmap import PROMPTS, STORY, BlockMap, key_value, short_hash
 
 
 def drawn_blocks(bm: BlockMap) -> dict[int, dict]:
@@ -178,7 +178,7 @@ def test_the_position_box_answers_in_words():
 def test_no_sequence_is_a_note_and_story_steps_keep_the_position_inside():
     """Issue 11 item 5: "no sequence" is a normal state (grey note, not red), and a story step never
     leaves the position box pointing outside the selected sequence."""
-    from tl_lab.widgets.common import ERROR, NOTE
+    from tl_lab.lab.widgets.common import ERROR, NOTE
 
     bm = BlockMap()
     assert f"color:{NOTE}" in bm.where.value and ERROR not in bm.where.value
@@ -215,8 +215,8 @@ def test_a_snapshot_map_stays_as_it_was():
 
 
 def test_the_story_admits_through_the_engines_block_manager(monkeypatch):
-    """The story has no admission of its own: it calls tl_lab.blocks, as the engine does."""
-    import tl_lab.blocks as blocks
+    """The story has no admission of its own: it calls tl_lab.engine.blocks, as the engine does."""
+    import tl_lab.engine.blocks as blocks
 
     calls = []
     for name in ("admit", "reserve", "written", "release"):
@@ -232,13 +232,13 @@ def test_block_map_shows_the_learners_pool_beside_the_reference(tmp_path):
     reference's after the same steps. A copy of the reference agrees at every step; evicting the
     newest cached block (s18) differs at the step that evicts; a piece still the stub is its error
     with the learner's file and line, and the reference's map still works."""
-    from tl_lab.exercise.side import load
-    from tl_lab.exercise.stubs import reference_source, stub_source
-    from tl_lab.pitfalls import apply_edit, get
+    from tl_lab.lab.exercise.side import load
+    from tl_lab.lab.exercise.stubs import reference_source, stub_source
+    from tl_lab.lab.pitfalls import apply_edit, get
 
     (tmp_path / "kv.py").write_text(reference_source("kv"))
     bm = BlockMap(yours=load(tmp_path / "kv.py", "yours_kv_a"))
-    assert bm.pool.__class__.__module__ == "tl_lab.exercise.side.reference_kv"  # the reference file's pool
+    assert bm.pool.__class__.__module__ == "tl_lab.lab.exercise.side.reference_kv"  # the reference file's pool
     for k in range(len(STORY)):
         bm.goto(k)
         assert bm.yours_differences == [] and bm.compare.value.endswith(

@@ -1,4 +1,4 @@
-"""Tests for tl_lab/widgets/checkpoint.py: pick checkpoints with the dropdown, check what is shown."""
+"""Tests for tl_lab/lab/widgets/checkpoint.py: pick checkpoints with the dropdown, check what is shown."""
 
 import html as html_module
 import json
@@ -9,8 +9,8 @@ import pytest
 
 from conftest import shown_text as plain
 from tl_lab.model import ModelConfig, SafeTensors
-from tl_lab.paths import DATA_DIR
-from tl_lab.widgets.checkpoint import (
+from tl_lab.ops.paths import DATA_DIR
+from tl_lab.lab.widgets.checkpoint import (
     BAR_H, CHAR_W, CHECKPOINTS, WIDTH, CheckpointView, file_map_html, file_segments, params_in_file, render_map,
 )
 
@@ -102,7 +102,7 @@ def test_file_map_html_and_params_in_file(tmp_path):
 def test_a_tensor_name_of_megabytes_makes_a_page_of_kilobytes(tmp_path):
     """Issue 20: a 95 MB tensor name made 285 MB of HTML (the name in the table, a title and an
     attribute). Names are clipped on the page; the file is valid, so the map is drawn."""
-    from tl_lab.widgets.checkpoint import file_map_html
+    from tl_lab.lab.widgets.checkpoint import file_map_html
 
     name = "w" * 3_000_000
     header = b'{"%s":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}' % name.encode()

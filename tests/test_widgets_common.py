@@ -1,10 +1,10 @@
-"""Tests for tl_lab/widgets/common.py: what every widget shares (the tables of a notebook's HTML, the
+"""Tests for tl_lab/lab/widgets/common.py: what every widget shares (the tables of a notebook's HTML, the
 widgets closed when their cell runs again)."""
 
 import ipywidgets as widgets
 
-from tl_lab.widgets import common
-from tl_lab.widgets.common import CellWidget, breakable, left_table
+from tl_lab.lab.widgets import common
+from tl_lab.lab.widgets.common import CellWidget, breakable, left_table
 
 
 def open_widgets() -> set:

@@ -1,15 +1,15 @@
-"""Tests for tl_lab/widgets/enginesteps.py: the engine's step records drawn, stepped with the controls."""
+"""Tests for tl_lab/lab/widgets/enginesteps.py: the engine's step records drawn, stepped with the controls."""
 
 import re
 
 import pytest
 
 from conftest import shown_text as plain
-from tl_lab.generate import Engine, Request
-from tl_lab.paths import DATA_DIR
+from tl_lab.engine.generate import Engine, Request
+from tl_lab.ops.paths import DATA_DIR
 from tl_lab.runner import EngineConfig, KvConfig
 from tl_lab.sample import SamplingParams
-from tl_lab.widgets.enginesteps import CELL_H, CELL_W, DECODE, HIT, LEFT, PREFILL, TOP, EngineSteps
+from tl_lab.lab.widgets.enginesteps import CELL_H, CELL_W, DECODE, HIT, LEFT, PREFILL, TOP, EngineSteps
 
 SYSTEM = "You are a careful assistant. Answer in one short sentence.\n"  # 3 full blocks of 16
 
@@ -45,7 +45,7 @@ def test_the_hit_bar_is_the_colour_notebook_12_names():
     (#b45309). The bars and the legend's swatch are HIT, and the notebook's words are that colour's."""
     import json
 
-    from tl_lab.paths import REPO_ROOT
+    from tl_lab.ops.paths import REPO_ROOT
 
     (w, _), _ = run()
     assert HIT == "#b45309" and w.timeline.value.count(f"fill='{HIT}'") == 2
@@ -76,7 +76,7 @@ def test_buttons_and_slider_walk_the_steps():
 
 
 def test_no_records_is_a_note():
-    from tl_lab.widgets.common import NOTE
+    from tl_lab.lab.widgets.common import NOTE
 
     w = EngineSteps([])
     assert "No steps recorded" in plain(w.detail.value) and f"color:{NOTE}" in w.detail.value

@@ -1,12 +1,12 @@
-"""tl_lab/widgets/exercise.py: the check table as a widget, re-run with its button."""
+"""tl_lab/lab/widgets/exercise.py: the check table as a widget, re-run with its button."""
 
 from conftest import shown_text as plain
-from tl_lab.exercise.cli import start
-from tl_lab.exercise.grading import Row
-from tl_lab.exercise.stubs import reference_source
-from tl_lab.widgets import exercise
-from tl_lab.widgets.common import NOTE
-from tl_lab.widgets.exercise import CheckPanel, table_html
+from tl_lab.lab.exercise.cli import start
+from tl_lab.lab.exercise.grading import Row
+from tl_lab.lab.exercise.stubs import reference_source
+from tl_lab.lab.widgets import exercise
+from tl_lab.lab.widgets.common import NOTE
+from tl_lab.lab.widgets.exercise import CheckPanel, table_html
 
 
 def test_the_check_panel_runs_the_check_and_redraws_on_each_press(tmp_path):

@@ -1,4 +1,4 @@
-"""Tests for tl_lab/widgets/int4.py: type weights and a group size, check what the widget shows."""
+"""Tests for tl_lab/lab/widgets/int4.py: type weights and a group size, check what the widget shows."""
 
 import json
 import re
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from conftest import in_workspace, shown_text as plain, svg_outside
-from tl_lab.paths import REPO_ROOT
+from tl_lab.ops.paths import REPO_ROOT
 from tl_lab.quant import QLinear, unpack_int4
-from tl_lab.widgets.int4 import NIBBLE_ORDERS, PRESETS, SCALE_RULES, Int4Widget
+from tl_lab.lab.widgets.int4 import NIBBLE_ORDERS, PRESETS, SCALE_RULES, Int4Widget
 
 
 def test_section_3_example_shows_the_stored_scale_and_the_engines_result():
@@ -130,10 +130,10 @@ def test_weights_print_as_the_float32_typed_and_headers_stand_apart():
 def test_int4_widget_shows_the_learners_bytes_beside_the_reference(tmp_path):
     """Chapter "your turn": the learner's QLinear.quantize on the same row; the odd column in the low
     nibble (s09) shows as different bytes, a stub as the piece to write."""
-    from tl_lab.exercise.side import load
-    from tl_lab.exercise.stubs import reference_source, stub_source
-    from tl_lab.pitfalls import apply_edit, get
-    from tl_lab.widgets.int4 import Int4Widget
+    from tl_lab.lab.exercise.side import load
+    from tl_lab.lab.exercise.stubs import reference_source, stub_source
+    from tl_lab.lab.pitfalls import apply_edit, get
+    from tl_lab.lab.widgets.int4 import Int4Widget
 
     (tmp_path / "quant.py").write_text(reference_source("quant"))
     w = Int4Widget(yours=load(tmp_path / "quant.py", "yours_quant_i4a"))
@@ -191,7 +191,7 @@ def test_the_tables_headers_are_one_row_of_cells_and_nothing_else():
 def test_show_displays_the_widget_it_returns(monkeypatch):
     import IPython.display
 
-    from tl_lab.widgets import int4
+    from tl_lab.lab.widgets import int4
 
     shown = []
     monkeypatch.setattr(IPython.display, "display", shown.append)
@@ -235,15 +235,15 @@ def test_beside_the_learners_quant_the_display_is_the_references_with_a_workspac
     drew the learner's s09 bytes 0x49 0x02 as the correct scheme's ('every weight is within s/2') right
     above "yours: bytes 49 02 · DIFFERENT from the reference's (94 20)". The display is now the
     reference file's, as the numbers widget, the block map and the sampler playground do."""
-    from tl_lab.exercise.stubs import reference_source
-    from tl_lab.pitfalls import apply_edit, get
+    from tl_lab.lab.exercise.stubs import reference_source
+    from tl_lab.lab.pitfalls import apply_edit, get
 
     src = reference_source("quant")
     for e in get("s09").edits:
         src = apply_edit(src, e, "s09")
     (tmp_path / "quant.py").write_text(src)
     shown = in_workspace(tmp_path, "import re\n"
-                                   "from tl_lab.widgets.int4 import Int4Widget\n"
+                                   "from tl_lab.lab.widgets.int4 import Int4Widget\n"
                                    "w = Int4Widget(yours=exercise.side.yours_or_none('quant'))\n"
                                    "print(re.search(r'packed bytes: ([^<]*)', w.summary.value).group(1))\n")
     assert shown == "0x94 0x20"

@@ -1,4 +1,4 @@
-"""Tests for tl_lab/widgets/numbers.py: typing a number shows its bits and its rounding."""
+"""Tests for tl_lab/lab/widgets/numbers.py: typing a number shows its bits and its rounding."""
 
 import re
 
@@ -6,7 +6,7 @@ import numpy as np
 
 from conftest import in_workspace, joined_text as plain
 from tl_lab.quant import f32_to_bf16, f32_to_f16
-from tl_lab.widgets.numbers import NumbersWidget
+from tl_lab.lab.widgets.numbers import NumbersWidget
 
 
 def test_typing_the_section_3_tie_shows_the_even_result():
@@ -57,10 +57,10 @@ def test_bad_input_shows_a_message_not_a_traceback():
 def test_numbers_widget_shows_the_learners_bits_beside_the_reference(tmp_path):
     """Chapter "your turn": the learner's quant.py rounds x too; a truncating f32_to_f16 (s08) shows
     as a different pattern, a stub as the piece to write."""
-    from tl_lab.exercise.side import load
-    from tl_lab.exercise.stubs import reference_source, stub_source
-    from tl_lab.pitfalls import apply_edit, get
-    from tl_lab.widgets.numbers import NumbersWidget
+    from tl_lab.lab.exercise.side import load
+    from tl_lab.lab.exercise.stubs import reference_source, stub_source
+    from tl_lab.lab.pitfalls import apply_edit, get
+    from tl_lab.lab.widgets.numbers import NumbersWidget
 
     (tmp_path / "quant.py").write_text(reference_source("quant"))
     w = NumbersWidget("0.1", yours=load(tmp_path / "quant.py", "yours_quant_a"))
@@ -105,11 +105,11 @@ def test_beside_the_learners_quant_the_values_stored_are_the_references_with_a_w
     f16_to_f32 that doubles (its f32_to_f16 right), NumbersWidget("0.1", yours=...) showed f16 0x2E66
     with "value stored 0.199951171875, relative error 1" in the reference's display, above "yours:
     f16 0x2E66 (the reference's)". The values stored are now read back by the reference's file too."""
-    from tl_lab.exercise.stubs import reference_source
+    from tl_lab.lab.exercise.stubs import reference_source
 
     (tmp_path / "quant.py").write_text(reference_source("quant") + (
         "\n\n_right = f16_to_f32\n\n\ndef f16_to_f32(bits):\n    return _right(bits) * 2\n"))
-    shown = in_workspace(tmp_path, "from tl_lab.widgets.numbers import NumbersWidget\n"
+    shown = in_workspace(tmp_path, "from tl_lab.lab.widgets.numbers import NumbersWidget\n"
                                    "w = NumbersWidget('0.1', yours=exercise.side.yours_or_none('quant'))\n"
                                    "print('0.199951171875' in w.html.value, '0.0999755859375' in w.html.value)\n")
     assert shown == "False True"

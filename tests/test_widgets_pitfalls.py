@@ -1,4 +1,4 @@
-"""Tests for tl_lab/widgets/pitfalls.py: pick a pitfall, read its edit, run its test, see the symptom."""
+"""Tests for tl_lab/lab/widgets/pitfalls.py: pick a pitfall, read its edit, run its test, see the symptom."""
 
 import functools
 import re
@@ -6,8 +6,8 @@ import re
 import pytest
 
 from conftest import joined_text as plain
-from tl_lab import pitfalls as pf
-from tl_lab.widgets.pitfalls import PitfallLab, diff_html, draw_probe
+from tl_lab.lab import pitfalls as pf
+from tl_lab.lab.widgets.pitfalls import PitfallLab, diff_html, draw_probe
 
 
 def test_the_lab_shows_the_chapters_row_and_the_edit():

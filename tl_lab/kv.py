@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tl_lab.checks import as_int, first_bool, is_int
+from tl_lab.ops.checks import as_int, first_bool, is_int
 from tl_lab.errors import FormatError, KvError
 
 __all__ = [

@@ -28,13 +28,13 @@ from typing import Iterator, Union
 import numpy as np
 
 from tl_lab.errors import ConfigError, FormatError, clip
-from tl_lab.checks import as_float, as_int, is_int, rows_of
-from tl_lab.lazy_kernels import product_f32  # the compiler is imported at the first product, not to read a file
-from tl_lab.paths import open_regular, read_regular
-from tl_lab.schema import CONFIG_SCHEMA_PATH, config_schema, validate_config
-from tl_lab.q8 import Q8Linear
+from tl_lab.ops.checks import as_float, as_int, is_int, rows_of
+from tl_lab.ops.lazy_kernels import product_f32  # the compiler is imported at the first product, not to read a file
+from tl_lab.ops.paths import open_regular, read_regular
+from tl_lab.ops.schema import CONFIG_SCHEMA_PATH, config_schema, validate_config
+from tl_lab.ops.q8 import Q8Linear
 from tl_lab.quant import QLinear, bf16_to_f32, f16_to_f32
-from tl_lab.widening import Arena, Widening, drop_pages, f32_out, widen_all
+from tl_lab.ops.widening import Arena, Widening, drop_pages, f32_out, widen_all
 
 __all__ = [
     "CONFIG_SCHEMA_PATH",
@@ -766,7 +766,7 @@ class SafeTensors:
         """Widen each tensor `name` into `outs[name]`, a C-contiguous float32 array of its stored shape.
 
         Section 2.3, loading: each tensor with the rule of its stored dtype (`_widening`); how the
-        pieces run in parallel and hand their file pages back is given (`tl_lab.widening.widen_all`).
+        pieces run in parallel and hand their file pages back is given (`tl_lab.ops.widening.widen_all`).
         With `finite=True` (a model's weights) a NaN or infinite weight is a FormatError naming the first
         such tensor (in the order of `outs`) and its flat index.
         """
@@ -784,7 +784,7 @@ class SafeTensors:
         return Widening(name, t.data_offsets[0], self.raw(name).reshape(-1), out.reshape(-1), widen)
 
     def _drop_pages(self, begin: int, end: int) -> None:
-        """Hand bytes [begin, end) of the data buffer back to the OS (`tl_lab.widening.drop_pages`)."""
+        """Hand bytes [begin, end) of the data buffer back to the OS (`tl_lab.ops.widening.drop_pages`)."""
         drop_pages(self._mm, self.layout.data_start + begin, self.layout.data_start + end)
 
     def q4(self, name: str, out: int, inp: int, group: int) -> QLinear:
@@ -1103,7 +1103,7 @@ def _check_names(st: SafeTensors, expected: dict, stored: Int4 | None, config: M
 
 
 def _load_llama(st, config, expected, stored: Int4 | None, quant: Int4 | None) -> LlamaWeights:
-    """Every resident float32 tensor is widened into one `tl_lab.widening.Arena` in one parallel pass (`f32_into`),
+    """Every resident float32 tensor is widened into one `tl_lab.ops.widening.Arena` in one parallel pass (`f32_into`),
     in model order, so q, k, v (and gate, up) land end to end and are stacked without a copy. The
     layer linears of an int4 file, or of a float file quantized at load, are read one at a time."""
     f32_linears = stored is None and quant is None

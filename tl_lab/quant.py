@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tl_lab.checks import as_float, as_int, exact_array, f16_scales, finite_matrix, is_int, rows_of
-from tl_lab.lazy_kernels import product_q4  # the compiler is imported at the first product, not to read a file
-from tl_lab.widening import F16_AS_F32
+from tl_lab.ops.checks import as_float, as_int, exact_array, f16_scales, finite_matrix, is_int, rows_of
+from tl_lab.ops.lazy_kernels import product_q4  # the compiler is imported at the first product, not to read a file
+from tl_lab.ops.widening import F16_AS_F32
 
 F16_MAX = 65504.0
 F16_INF = 0x7C00
@@ -234,7 +234,7 @@ def _check_bits(h, name: str) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-_F16_TABLE = F16_AS_F32  # every f16's f32 value, by numpy's exact cast (tl_lab.widening)
+_F16_TABLE = F16_AS_F32  # every f16's f32 value, by numpy's exact cast (tl_lab.ops.widening)
 
 
 def f16_to_f32(h, out: np.ndarray | None = None):

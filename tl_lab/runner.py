@@ -6,7 +6,7 @@ Chapter L10.1, section 2.1 (the three layers) and section 4 (runner.rs), in Pyth
     blocks = runner.pool.alloc(1)
     logits = runner.forward(ForwardBatch([ForwardSeq(b"Hello", 0, blocks)]))
 
-The caller owns the blocks (the engine loop takes them through `runner.blocks`, tl_lab.blocks);
+The caller owns the blocks (the engine loop takes them through its block manager, tl_lab.engine.blocks);
 `forward` writes each new token's K and V into the blocks its table names and reads them back.
 A batch the runner cannot run is refused with BatchError before anything is written.
 
@@ -23,21 +23,21 @@ Decisions where the chapter is silent:
   blocks the same way for both architectures.
 - EngineConfig is the chapter's one config for the whole engine, checked when it is built. The
   runner reads kv, prefix_cache, quant, threads and product; max_batch_tokens, max_seqs and
-  prefill_chunk are the scheduler's, read by tl_lab.generate.Engine from the config it is given
+  prefill_chunk are the scheduler's, read by tl_lab.engine.generate.Engine from the config it is given
   (never through the runner): forward runs whatever batch it is given.
 - KvConfig (the user's choice: how many blocks of how many positions) and KvCfg (tl_lab.kv: the
   pool's whole shape) are the chapter's two names: KvConfig.pool_cfg completes the first into the
   second with the model's KV shape. KvCfg knows nothing of KvConfig.
 - Each kind of weights brings its KV shape and its forward (`ARCHS`, looked up once at load; the
   bigram's pool has one layer, one head, D = 1).
-- The blocks a sequence holds are `tl_lab.blocks`' business: the runner only raises the fill of
+- The blocks a sequence holds are `tl_lab.engine.blocks`' business: the runner only raises the fill of
   the blocks it wrote, and run_once / last_logits borrow temporary blocks from it after checking
   the tokens, so a refused call moves no block.
 - EngineConfig.threads sets the thread count of the compiled kernels (numba's pool) and of BLAS for
   the whole process. The engine's products and attention are compiled loops whose bits do not
   depend on it; BLAS is left to the "plain" product and the numpy references.
 - A long prefill at 2 kernel threads or more runs as two pipelined stages on two Python threads
-  (`tl_lab.pipeline`, engineering around this module: `_run_llama` stays the one call of the
+  (`tl_lab.ops.pipeline`, engineering around this module: `_run_llama` stays the one call of the
   forward, and the stages run your `llama_forward`). The bits are the one step's.
 """
 
@@ -50,16 +50,16 @@ from typing import Callable
 
 import numpy as np
 
-from tl_lab.blocks import BlockManager, blocks_for
-from tl_lab.checks import as_int, first_bool, is_int
+from tl_lab.ops.checks import as_int, first_bool, is_int
 from tl_lab.errors import BatchError
 from tl_lab.forward import Step, bigram_forward, llama_forward
-from tl_lab.products import PRODUCTS, Scratch
-from tl_lab import pipeline
-from tl_lab.kernels import set_threads, threads_for
+from tl_lab.ops.products import PRODUCTS, Scratch
+from tl_lab.ops import pipeline
+from tl_lab.ops.paging import blocks_for, fill_table, temporary_tables
+from tl_lab.ops.kernels import set_threads, threads_for
 from tl_lab.kv import BlockState, KvCfg, KvPool
 from tl_lab.model import Int4, ModelConfig, load_weights
-from tl_lab.tuning import blas_threads, keep_freed_memory, set_blas_threads  # noqa: F401 (blas_threads: notebook 05)
+from tl_lab.ops.tuning import blas_threads, keep_freed_memory, set_blas_threads  # noqa: F401 (blas_threads: notebook 05)
 
 __all__ = [
     "Int4",
@@ -104,7 +104,7 @@ class EngineConfig:
     stored) or Int4(group) to quantize a float checkpoint's layer linears at load; threads: the
     compiled kernels' and BLAS's thread count (None: leave them; numba's default is every core);
     product: "invariant" (the engine) or "plain" (``x @ W.T``, to measure what invariance costs).
-    max_batch_tokens, max_seqs, prefill_chunk: the scheduler's (tl_lab.generate.Engine reads them;
+    max_batch_tokens, max_seqs, prefill_chunk: the scheduler's (tl_lab.engine.generate.Engine reads them;
     the runner never does). A bad value is a ValueError here, naming the field, not a failure at the
     first step.
     """
@@ -188,10 +188,10 @@ def _run_llama(runner: ModelRunner, step: Step, hidden: bool = False):
 
 
 def _run_llama_step(runner: ModelRunner, step: Step, hidden: bool = False):
-    """A Llama step (section 2.4): a long prefill as two pipelined stages (`tl_lab.pipeline`, the
+    """A Llama step (section 2.4): a long prefill as two pipelined stages (`tl_lab.ops.pipeline`, the
     engine's, not a piece of yours), any other step in the one call of `_run_llama`. Same bits
     either way."""
-    return pipeline.run_step(runner, step, hidden, _run_llama)
+    return pipeline.run_step(runner, step, hidden, _run_llama, llama_forward)
 
 
 def _run_bigram(runner: ModelRunner, step: Step, hidden: bool = False):
@@ -210,7 +210,7 @@ class ModelRunner:
     """Weights, the KV pool and the forward of one model (chapter section 2.1).
 
     cfg: the EngineConfig it was built with; arch: what its kind of weights brings (`ARCHS`);
-    pool: the KvPool; blocks: the BlockManager over that pool (tl_lab.blocks).
+    pool: the KvPool (the engine's block manager, tl_lab.engine.blocks, hands its blocks out).
     """
 
     def __init__(self, weights, cfg: EngineConfig):
@@ -226,7 +226,6 @@ class ModelRunner:
         self.arch = ARCHS[weights.config.arch]
         kv = cfg.kv.pool_cfg(*self.arch.kv_shape(weights.config))
         self.pool = KvPool(kv, prefix_cache=cfg.prefix_cache)
-        self.blocks = BlockManager(self.pool)
         self._scratch = Scratch()
 
     @classmethod
@@ -350,7 +349,7 @@ class ModelRunner:
         if self.arch.has_kv:
             for s in range(step.n_seqs):
                 end = int(step.starts[s]) + (step.rows(s).stop - step.rows(s).start)
-                self.blocks.fill(step.tables[s], int(step.starts[s]), end)
+                fill_table(self.pool, step.tables[s], int(step.starts[s]), end)
         return Logits(self.config.vocab_size, logits)
 
     def _run_temporary(self, prompts, hidden: bool):
@@ -359,7 +358,7 @@ class ModelRunner:
         seqs = [ForwardSeq(p, 0) for p in prompts]
         step = self._check(ForwardBatch(seqs), tables=False)
         lengths = np.diff(step.offsets).tolist() if self.arch.has_kv else []
-        with self.blocks.temporary(lengths) as tables:
+        with temporary_tables(self.pool, lengths) as tables:
             for seq, table in zip(seqs, tables):
                 seq.blocks = table
             return self.arch.run(self, self._check(ForwardBatch(seqs)), hidden)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from tl_lab.checks import as_float, first_bool, is_int
+from tl_lab.ops.checks import as_float, first_bool, is_int
 
 __all__ = [
     "GOLDEN_GAMMA",
@@ -271,7 +271,7 @@ def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
 def exp_backend() -> str:
     """Which exp the fast path calls, the first that returns math.exp's bits on the self-check
     battery: "numpy" (np.exp calls the C library here), "compiled" (numpy has its own SIMD exp on
-    this CPU; `tl_lab.kernels.exp_f64` calls the C library's in a compiled loop), else "math"
+    this CPU; `tl_lab.ops.kernels.exp_f64` calls the C library's in a compiled loop), else "math"
     (math.exp per element, a few ms on 49,152 ids)."""
     global _EXP_BACKEND
     if _EXP_BACKEND is None:
@@ -287,7 +287,7 @@ def exp_backend() -> str:
 
 
 def _compiled_exp(x: np.ndarray) -> np.ndarray:
-    from tl_lab.lazy_kernels import exp_f64  # numba is imported here, on the first sample, and only if needed
+    from tl_lab.ops.lazy_kernels import exp_f64  # numba is imported here, on the first sample, and only if needed
 
     return exp_f64(x)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
-from tl_lab.paths import DATA_DIR
+from tl_lab.ops.paths import DATA_DIR
 
 V = 256
 CONFIG = {

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tl_lab.paths import DATA_DIR, GOLDEN_DIR
+from tl_lab.ops.paths import DATA_DIR, GOLDEN_DIR
 
 MODEL_DIR = DATA_DIR / "tiny-llama"
 OUT = GOLDEN_DIR / "tiny_llama_hf.json"

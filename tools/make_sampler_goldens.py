@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 import tl_lab.sample as ts
-from tl_lab.paths import GOLDEN_DIR
+from tl_lab.ops.paths import GOLDEN_DIR
 from tl_lab.sample_reference import sample_reference
 
 STEPS = 12

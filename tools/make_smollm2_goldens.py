@@ -30,9 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
-from tl_lab.fetch import SMOLLM2, downloads_dir, extract_gguf, smollm2_dir
-from tl_lab.paths import GOLDEN_DIR
-from tl_lab.tokenizer import load_tokenizer
+from tl_lab.engine.fetch import SMOLLM2, downloads_dir, extract_gguf, smollm2_dir
+from tl_lab.ops.paths import GOLDEN_DIR
+from tl_lab.engine.tokenizer import load_tokenizer
 
 OUT = GOLDEN_DIR / "smollm2_hf.json"
 REL_BOUND = 1e-3  # of max |logit|: the chapter's f16 bound (section 2.4), the live tests' tolerance
@@ -182,7 +182,7 @@ def make(model_dir: Path | None = None) -> dict:
                              "text": hf_tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen),
                              "ids": list(want["input_ids"] if hasattr(want, "keys") else want)})
     return {
-        "about": "Hugging Face transformers on the fetched SmolLM2-135M-Instruct (tl_lab/fetch.py): "
+        "about": "Hugging Face transformers on the fetched SmolLM2-135M-Instruct (tl_lab/engine/fetch.py): "
                  "LlamaForCausalLM float32 on our BF16 model directory, fed our token ids; its GGUF "
                  "tokenizer as it is and with SmolLM2's pre-tokenizer; made by tools/make_smollm2_goldens.py",
         "rel_bound": REL_BOUND,

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tl_lab.paths import DATA_DIR
+from tl_lab.ops.paths import DATA_DIR
 
 SEED = 37
 EMBED_STD = 0.45

@@ -25,7 +25,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from tl_lab.model import Int4, ModelConfig, SafeTensors, file_quant, tensor_shapes
-from tl_lab.paths import DATA_DIR
+from tl_lab.ops.paths import DATA_DIR
 from tl_lab.quant import QLinear
 
 

@@ -117,45 +117,45 @@ MODULES = {
 
 # (name, file, old text, new text): each a mistake a later refactor of a compiled loop could make.
 KERNEL_MUTANTS = [
-    ("int4 zero point -7 s instead of -8 s (the AVX-512 table)", "tl_lab/lanes.py",
+    ("int4 zero point -7 s instead of -8 s (the AVX-512 table)", "tl_lab/ops/lanes.py",
      "[float(n - 8) for n in range(LANES)]", "[float(n - 7) for n in range(LANES)]"),
-    ("int4 high nibble read with shift 0", "tl_lab/kernels.py",
+    ("int4 high nibble read with shift 0", "tl_lab/ops/kernels.py",
      "return grp * half + c - half, 4", "return grp * half + c - half, 0"),
-    ("softmax without the maximum subtracted", "tl_lab/kernels.py", "vsplat(-top)", "vsplat(np.float32(0.0))"),
-    ("causal mask: each query sees one key too many", "tl_lab/kernels.py",
+    ("softmax without the maximum subtracted", "tl_lab/ops/kernels.py", "vsplat(-top)", "vsplat(np.float32(0.0))"),
+    ("causal mask: each query sees one key too many", "tl_lab/ops/kernels.py",
      "last[i] = starts[s] + (t0 + i - firsts[s])  # q_offset", "last[i] = starts[s] + (t0 + i - firsts[s]) + 1  # q_offset"),
-    ("weighted sum drops the last value", "tl_lab/kernels.py",
+    ("weighted sum drops the last value", "tl_lab/ops/kernels.py",
      "            for j in range(n):\n                r = v0 + j",
      "            for j in range(n - 1):\n                r = v0 + j"),
-    ("the last block of four features repeats the wrong row", "tl_lab/kernels.py",
+    ("the last block of four features repeats the wrong row", "tl_lab/ops/kernels.py",
      "min(n0 + 3, last)", "min(n0 + 2, last)"),
-    ("matvec_f32 skips the last step of sixteen columns", "tl_lab/kernels.py",
+    ("matvec_f32 skips the last step of sixteen columns", "tl_lab/ops/kernels.py",
      "for k in range(0, K, LANES):\n                _prefetch_rows(W, n0 + F32_AHEAD, 4, k)\n                xv = vload(x, m, k)",
      "for k in range(0, K - LANES, LANES):\n                _prefetch_rows(W, n0 + F32_AHEAD, 4, k)\n                xv = vload(x, m, k)"),
-    ("matvec1_f32 skips the last step of sixteen columns", "tl_lab/kernels.py",
+    ("matvec1_f32 skips the last step of sixteen columns", "tl_lab/ops/kernels.py",
      "for k in range(0, K, LANES):\n                a = vfma(vload(x, m, k), vload(W, n, k), a)",
      "for k in range(0, K - LANES, LANES):\n                a = vfma(vload(x, m, k), vload(W, n, k), a)"),
-    ("matvec1_q8 scales every group by the first group's scale", "tl_lab/kernels.py",
+    ("matvec1_q8 scales every group by the first group's scale", "tl_lab/ops/kernels.py",
      "s = _scale(f16, S, n, grp)", "s = _scale(f16, S, n, 0)"),
-    ("scores64 reads its fourth sixteen keys from the third's columns", "tl_lab/kernels.py",
+    ("scores64 reads its fourth sixteen keys from the third's columns", "tl_lab/ops/kernels.py",
      "vload(kT, k0 + d, c + 3 * LANES)", "vload(kT, k0 + d, c + 2 * LANES)"),
-    ("masked loads take one lane too many", "tl_lab/lanes.py",
+    ("masked loads take one lane too many", "tl_lab/ops/lanes.py",
      'builder.icmp_signed("<", lane, ends)', 'builder.icmp_signed("<=", lane, ends)'),
-    ("the fold adds the lower half to itself", "tl_lab/lanes.py",
+    ("the fold adds the lower half to itself", "tl_lab/ops/lanes.py",
      "list(range(n, 2 * n))", "list(range(0, n))"),
-    ("matmul8_f32 in halves: rows 4 .. 7 multiplied by x's rows 0 .. 3", "tl_lab/kernels.py",
+    ("matmul8_f32 in halves: rows 4 .. 7 multiplied by x's rows 0 .. 3", "tl_lab/ops/kernels.py",
      "lo4 = _quad2h(x4, x5, x6, x7,", "lo4 = _quad2h(x0, x1, x2, x3,"),
-    ("matmul8_f32 in halves: the second feature's kept sums read back from the first's rows", "tl_lab/kernels.py",
+    ("matmul8_f32 in halves: the second feature's kept sums read back from the first's rows", "tl_lab/ops/kernels.py",
      "_kept4h(kept, i + 8, h, c0)", "_kept4h(kept, i, h, c0)"),
-    ("matmul8_f32 in halves: each pass skips its last step of sixteen columns", "tl_lab/kernels.py",
+    ("matmul8_f32 in halves: each pass skips its last step of sixteen columns", "tl_lab/ops/kernels.py",
      "for k in range(c0 + h, c1, LANES):", "for k in range(c0 + h, c1 - LANES, LANES):"),
-    ("matmul8_f32's column passes: every pass stores its sums, none kept for the next", "tl_lab/kernels.py",
+    ("matmul8_f32's column passes: every pass stores its sums, none kept for the next", "tl_lab/ops/kernels.py",
      "_keep_or_store82(part, nb, y, n0, a, b, c1 < K)", "_keep_or_store82(part, nb, y, n0, a, b, False)"),
-    ("the next block's keys not prefetched (speed only: an equivalent mutant)", "tl_lab/kernels.py",
+    ("the next block's keys not prefetched (speed only: an equivalent mutant)", "tl_lab/ops/kernels.py",
      "if (blk + 1) * B < L:", "if False:"),
-    ("attention's keys: sixteen transposed straight from a block that holds fewer", "tl_lab/kernels.py",
+    ("attention's keys: sixteen transposed straight from a block that holds fewer", "tl_lab/ops/kernels.py",
      "slot + LANES <= B:", "slot + LANES <= 2 * B:"),
-    ("the transpose reads f16 bits as float32", "tl_lab/lanes.py", "            if bits:", "            if False:"),
+    ("the transpose reads f16 bits as float32", "tl_lab/ops/lanes.py", "            if bits:", "            if False:"),
 ]
 
 
@@ -524,7 +524,7 @@ def _checkout(ref: str, where: Path) -> None:
 
 
 def _source(module: str) -> str:
-    """The file of a module name as MODULES gives it: "kv" -> tl_lab/kv.py, "widgets.int4" -> tl_lab/widgets/int4.py."""
+    """The file of a module name as MODULES gives it: "kv" -> tl_lab/kv.py, "widgets.int4" -> tl_lab/lab/widgets/int4.py."""
     return f"tl_lab/{module.replace('.', '/')}.py"
 
 
