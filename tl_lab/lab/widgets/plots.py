@@ -226,3 +226,134 @@ def decode_profile(profile: list[dict]):
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     return fig
+
+
+# ------------------------------------------------------------------ 00_start_here
+
+
+def step_map():
+    """One call of ModelRunner.forward as a snake of boxes: the top row left to right, the bottom row back;
+    one layer (blue) framed, with the loop back to the next layer. -> (fig, boxes, texts)."""
+    from matplotlib.patches import FancyBboxPatch, Polygon
+
+    plt = _plt()
+    top = ["tokens", "embed", "RMSNorm", "q, k, v", "RoPE at\npos(t)", "write K, V\n(f16) into\nblocks",
+           "attention\nover\nj <= pos(t)"]
+    bottom = ["o W_o +\nresidual", "RMSNorm", "SwiGLU +\nresidual", "final norm\n(last token)", "LM head", "sample"]
+    W_BOX, H_BOX, GAP, Y_TOP = 1.45, 0.95, 0.45, 1.7
+    S = W_BOX + GAP
+    fig, ax = plt.subplots(figsize=(13, 4.2))
+    boxes, texts = [], []
+
+    def box(x, y, label, per_layer):
+        patch = FancyBboxPatch((x, y), W_BOX, H_BOX, boxstyle="round,pad=0.02", fc="#cfe3ff" if per_layer else "#eeeeee",
+                               ec="0.4")
+        ax.add_patch(patch)
+        boxes.append(patch)
+        texts.append(ax.text(x + W_BOX / 2, y + H_BOX / 2, label, ha="center", va="center", fontsize=9))
+        return x, y
+
+    pos_top = [box(i * S, Y_TOP, s, i >= 2) for i, s in enumerate(top)]
+    pos_bottom = [box((len(top) - 1 - i) * S, 0, s, i <= 2) for i, s in enumerate(bottom)]
+    arrow = dict(arrowstyle="-|>", color="0.25", lw=1.3, mutation_scale=14)
+    for (x0, y0), (x1, _) in zip(pos_top, pos_top[1:]):
+        ax.annotate("", xy=(x1, y0 + H_BOX / 2), xytext=(x0 + W_BOX, y0 + H_BOX / 2), arrowprops=arrow)
+    ax.annotate("", xy=(pos_bottom[0][0] + W_BOX / 2, H_BOX), xytext=(pos_top[-1][0] + W_BOX / 2, Y_TOP), arrowprops=arrow)
+    for (x0, y0), (x1, _) in zip(pos_bottom, pos_bottom[1:]):
+        ax.annotate("", xy=(x1 + W_BOX, y0 + H_BOX / 2), xytext=(x0, y0 + H_BOX / 2), arrowprops=arrow)
+    m, mid = 0.15, (H_BOX + Y_TOP) / 2
+    xl_top, xl_bot, xr = pos_top[2][0] - m, pos_bottom[2][0] - m, pos_top[-1][0] + W_BOX + m
+    ax.add_patch(Polygon([(xl_top, Y_TOP + H_BOX + m), (xr, Y_TOP + H_BOX + m), (xr, -m), (xl_bot, -m), (xl_bot, mid),
+                          (xl_top, mid)], closed=True, fill=False, ls="--", ec="#2471a3"))
+    ax.text(xl_top, Y_TOP + H_BOX + m + 0.08, "one layer (blue), repeated num_hidden_layers times", fontsize=9,
+            color="#2471a3")
+    ax.annotate("", xy=(pos_top[2][0] + W_BOX / 2, Y_TOP), xytext=(pos_bottom[2][0] + W_BOX / 2, H_BOX),
+                arrowprops=dict(arrowstyle="-|>", color="#2471a3", lw=1.2, ls=":", mutation_scale=12))
+    ax.text((pos_top[2][0] + pos_bottom[2][0]) / 2 + W_BOX / 2, mid, "to the next layer", fontsize=8, color="#2471a3",
+            ha="center", va="center", bbox=dict(fc="white", ec="none", pad=1))
+    ax.set_xlim(-0.2, len(top) * S)
+    ax.set_ylim(-0.4, Y_TOP + H_BOX + 0.5)
+    ax.axis("off")
+    return fig, boxes, texts
+
+
+# ------------------------------------------------------------------ 03_numbers
+
+
+def relative_error(x, rel16, relbf, overflow, floor: float = 1e-9):
+    """The relative error of storing each f32 x as f16 (top) and bf16 (bottom), with their bounds, the
+    subnormal band, underflow and overflow marked. -> (fig, top axes, the underflow note)."""
+    plt = _plt()
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    shown16 = np.clip(np.where(overflow, 1.0, rel16), floor, 1.0)  # overflow drawn at 1, like underflow
+    for ax, rel, bound, colour, name in ((top, shown16, 2**-11, "tab:blue", "f16"),
+                                         (bottom, np.clip(relbf, floor, 1.0), 2**-8, "tab:orange", "bf16")):
+        ax.loglog(x[::3], rel[::3], ",", color=colour, alpha=0.5)
+        ax.axhline(bound, color="black", ls="--", lw=1)
+        ax.text(2e-9, bound * 1.6, f"bound $2^{{{int(np.log2(bound))}}}$", fontsize=9)
+        ax.set(ylim=(floor, 3), ylabel=f"{name} relative error\n(exact: drawn at 1e-9)")
+    top.axvspan(1e-9, 2**-14, color="tab:blue", alpha=0.08)
+    top.text(3e-8, 3e-8, "subnormals:\nfewer bits", fontsize=9)
+    note = top.annotate("underflow to 0:\nrelative error 1", xy=(6e-9, 1), xytext=(1.2e-9, 4e-6), fontsize=8,
+                        arrowprops=dict(arrowstyle="->", lw=0.8))
+    top.axvspan(65520, 1e6, color="red", alpha=0.1)
+    top.text(7e4, 3e-8, "overflow:\ninf", fontsize=9)
+    bottom.set(xlim=(1e-9, 1e6), xlabel="|x|")
+    top.set_title("Relative error of storing an f32 as f16 (top) or bf16 (bottom)")
+    return fig, top, note
+
+
+# ------------------------------------------------------------------ 06_int4
+
+
+def int4_group(group, W_hat, s_group: float):
+    """One group of 32 weights before (W) and after (W_hat = q s) int4, on the 16 levels, and the error
+    W - W_hat magnified against +-s/2; legends beside the plots. -> (fig, ax, ax_err)."""
+    plt = _plt()
+    fig, (ax, ax_err) = plt.subplots(2, 1, figsize=(10, 5.6), sharex=True, height_ratios=(3, 2))
+    for level in range(-8, 8):
+        ax.axhline(level * s_group, color="0.85", lw=0.8, zorder=0)
+    cols = np.arange(len(group))
+    ax.vlines(cols, group, W_hat, color="tab:red", lw=5, alpha=0.75, zorder=2, label="$W - \\hat W$")
+    ax.plot(cols, group, "o", color="tab:blue", ms=4, zorder=3, label="$W$ (f32)")
+    ax.plot(cols, W_hat, "_", color="black", ms=12, mew=2, label="$\\hat W = q\\,s$")
+    ax.set(ylabel="weight", title=f"One group of {len(group)}, s = {s_group:.6g} (grey: the 16 levels)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    ax_err.bar(cols, group - W_hat, 0.6, color="tab:red", label="$W - \\hat W$")
+    ax_err.axhline(s_group / 2, color="tab:orange", ls="--", label="$\\pm s/2$")
+    ax_err.axhline(-s_group / 2, color="tab:orange", ls="--")
+    ax_err.axhline(0, color="0.5", lw=0.8)
+    ax_err.set(xlabel="column in the group", ylabel="$W - \\hat W$", ylim=(-0.6 * s_group, 0.6 * s_group),
+               title="the same error, magnified: never beyond half a level")
+    ax_err.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    fig.tight_layout()
+    return fig, ax, ax_err
+
+
+# ------------------------------------------------------------------ 12_where_next
+
+
+def rtn_vs_gptq(err_rtn, err_gptq, res: dict, n_cal: int, n_test: int, title: str):
+    """Left: each weight's |W - W_hat| / s for round-to-nearest and GPTQ, as outlines so neither hides the
+    other; right: the layer's output error on calibration and held-out tokens, values written on the bars.
+    -> (fig, ax1, ax2)."""
+    plt = _plt()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.2))
+    bins = np.linspace(0, max(float(err_rtn.max()), float(err_gptq.max())), 61)
+    ax1.hist(err_rtn, bins=bins, histtype="step", lw=1.6, color="tab:blue", label="RTN")
+    ax1.hist(err_gptq, bins=bins, histtype="step", lw=1.6, color="tab:orange", label="GPTQ")
+    ax1.axvline(0.5, color="tab:red", ls="--", label="s / 2")
+    ax1.set(xlabel="|W - W_hat| / s", ylabel="weights", yscale="log", title="error per weight")
+    ax1.legend(fontsize=8)
+    xs = np.arange(2)
+    for i, (name, (cal, test)) in enumerate(res.items()):
+        ax2.bar(xs + (i - 0.5) * 0.38, [cal, test], 0.38, label=name, color=("tab:blue", "tab:orange")[i])
+        for x, v in zip(xs + (i - 0.5) * 0.38, (cal, test)):
+            ax2.text(x, v, f"{v:.4f}", ha="center", va="bottom", fontsize=8)
+    ax2.set_xticks(xs, [f"calibration ({n_cal} tokens)", f"held out ({n_test} tokens)"])
+    ax2.set(ylabel="||X (W_hat - W)^T|| / ||X W^T||", title="error of the layer's output")
+    ax2.set_ylim(0, max(max(v) for v in res.values()) * 1.5)
+    ax2.legend(fontsize=8, loc="upper center", ncol=2)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig, ax1, ax2
