@@ -15,8 +15,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import no_options, report, timeit  # noqa: E402
 
-from tl_lab.sample import SamplingParams, exp_backend, sample, sample_trace, stream  # noqa: E402
-from tl_lab.sample_reference import sample_reference  # noqa: E402
+from tl_lab.ops.fast_sample import exp_backend, sample as fast_sample, trace as fast_trace  # noqa: E402
+from tl_lab.sample import SamplingParams, sample, sample_trace, stream  # noqa: E402
 
 V = 49152
 SETTINGS = {
@@ -44,14 +44,14 @@ def main() -> None:
     base = stream(42, 4)
     rows = []
     for name, params in SETTINGS.items():
-        a = sample(x, params, prompt, output, base.copy())
-        b = sample_reference(x, params, prompt, output, base.copy())
+        a = fast_sample(x, params, prompt, output, base.copy())
+        b = sample(x, params, prompt, output, base.copy())
         assert a[0] == b[0] and a[1].hex() == b[1].hex(), (name, a, b)
-        t_np = timeit(lambda: sample(x, params, prompt, output, base.copy()))
-        t_trace = timeit(lambda: sample_trace(x, params, prompt, output, base.copy()))
-        t_ref = timeit(lambda: sample_reference(x, params, prompt, output, base.copy()), repeat=3, min_time=0.5)
-        rows.append({"setting": name, "vocab": V, "numpy_ms": t_np * 1e3, "trace_ms": t_trace * 1e3,
-                     "reference_ms": t_ref * 1e3, "speedup": t_ref / t_np, "token": a[0]})
+        t_np = timeit(lambda: fast_sample(x, params, prompt, output, base.copy()))
+        t_trace = timeit(lambda: fast_trace(x, params, prompt, output, base.copy()))
+        t_ref = timeit(lambda: sample_trace(x, params, prompt, output, base.copy()), repeat=3, min_time=0.5)
+        rows.append({"setting": name, "vocab": V, "fast_ms": t_np * 1e3, "fast_trace_ms": t_trace * 1e3,
+                     "spec_ms": t_ref * 1e3, "speedup": t_ref / t_np, "token": a[0]})
     report("sampler", rows, notes=f"history: 200 prompt + 100 output ids; exp backend: {exp_backend()}; "
                                   "best of repeats, ms per call")
 

@@ -118,9 +118,9 @@ def test_in_process_cli_parity_runs_the_learners_sample(tmp_path, capsys, monkey
     monkeypatch.delitem(sys.modules, "tl_lab.sample")
     ws = workspace(tmp_path, "reference", ["sample"])
     code, out, _ = _in_process_cli(capsys, "parity", "rng", "rng", "--workspace", str(ws))
-    assert code == 0 and out.splitlines()[0] == (f"your {ws / 'sample.py'} against data/golden/sampler.json, "
-                                                 "data/golden/pcg32.vectors.json")
-    assert len(out.splitlines()) == 2 and out.splitlines()[1].startswith("parity rng: ")  # the suite once
+    assert code == 0 and out.splitlines()[0] == f"your {ws / 'sample.py'}"
+    assert len(out.splitlines()) == 2  # the suite once, naming the golden file it reads
+    assert out.splitlines()[1].startswith("parity rng (against data/golden/pcg32.vectors.json): ")
     assert sys.modules["tl_lab.sample"].__file__ == str(ws / "sample.py")
 
     monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if type(f).__name__ != "WorkspaceFinder"])
@@ -298,18 +298,18 @@ def test_in_process_cli_parity_holds_the_stub_even_when_TL_LAB_WORKSPACE_install
     monkeypatch.setenv(wsm.ENV, str(stub))
     wsm.install_from_env()  # what `import tl_lab` did
     code, out, _ = _in_process_cli(capsys, "parity", "rng")
-    assert code == 1 and out.splitlines()[0].startswith(f"your {stub / 'sample.py'} against ")
+    assert code == 1 and out.splitlines()[0].startswith(f"your {stub / 'sample.py'}")
     assert "raised NotImplementedError: Pcg32.__init__: not written yet" in out
 
     monkeypatch.delitem(sys.modules, "tl_lab.sample")
     mine = workspace(tmp_path / "b", "reference", ["sample"])
     code, out, _ = _in_process_cli(capsys, "parity", "rng", "--workspace", str(mine))
-    assert code == 0 and out.splitlines()[0].startswith(f"your {mine / 'sample.py'} against ")
+    assert code == 0 and out.splitlines()[0].startswith(f"your {mine / 'sample.py'}")
 
 
 def test_in_process_cli_tests_marks_the_results_of_a_file_changed_since(tmp_path, capsys):
     """The catalogue's last column is of the text the check graded: once sample.py changes, its
-    results carry a * and a line says which file (was: "passed" beside a file reset to the stub)."""
+    results say "(old)" and a line says which file (was: "passed" beside a file reset to the stub)."""
     import json
 
     from tl_lab.lab.exercise.grading import STATUS_DIR, file_digest
@@ -326,8 +326,8 @@ def test_in_process_cli_tests_marks_the_results_of_a_file_changed_since(tmp_path
     assert code == 0 and row(out).split()[3] == "passed" and "changed since" not in out
     (ws / "sample.py").write_text(stub_source("sample"), encoding="utf-8")
     code, out, _ = _in_process_cli(capsys, "tests", "--workspace", str(ws))
-    assert row(out).split()[3] == "passed*"
-    assert out.splitlines()[-1] == "*: of an earlier text of sample.py, changed since its last check"
+    assert row(out).split()[3:5] == ["passed", "(old)"] and "*" not in out
+    assert out.splitlines()[-1] == "(old): a result of an earlier text of sample.py, changed since its last check"
 
 
 def _grade_workspaces(tmp_path):

@@ -61,8 +61,8 @@ def test_in_process_grading_reads_a_report_into_the_modules_row(tmp_path):
     assert row.results == {names[0]: "failed", names[1]: "failed", names[2]: "failed"}  # a node failing fails its test
     first, second = row.message.splitlines()
     assert first == f"test_{names[1]}: " + long[:MESSAGE_WIDTH] and second == "line 2"
-    assert row.hint == pitfall_hint("kv", failing[1]["nodeid"], long, 120)
-    assert row.hint.startswith("this is what s18 looks like: evicting the newest prefix instead of the oldest")
+    assert row.hint == pitfall_hint("kv", failing[1]["nodeid"], long, 120, f.parent)
+    assert "s18" not in row.hint  # issue 60: no pitfall guessed from the failing test's name
 
 
 def test_in_process_grading_of_a_row_after_a_test_past_the_limit_says_what_was_not_run(tmp_path):
@@ -102,13 +102,10 @@ def test_in_process_grading_hints_in_the_chapters_words():
         "test_slow[3] ran past the 2.5 s limit: a loop that never ends?")
     assert "ran past the 120 s limit" in pitfall_hint("kv", "t.py::test_y", "it ran longer than allowed")
     where = f"reread {registry.SECTIONS['kv']}"
-    assert pitfall_hint("kv", "tests/test_kv.py::test_kv_pool_rejects_zero_capacity[0]", "AssertionError") == (
-        f"this is what s19 looks like: accepting a zero-block pool; {where}")
-    assert pitfall_hint("kv", "tests/test_kv.py::test_kv_pool_rejects_zero_capacity_too", "x").startswith(
-        "this is what s19 looks like")  # a variant of the pitfall's test
+    # issue 60: a pitfall is named by the learner's output (diagnose.for_module, with the workspace), never
+    # guessed from the failing test's name: without a workspace, the section to reread
+    assert pitfall_hint("kv", "tests/test_kv.py::test_kv_pool_rejects_zero_capacity[0]", "AssertionError") == where
     assert pitfall_hint("kv", "tests/test_kv.py::test_something_else", "AssertionError") == where
-    assert pitfall_hint("sample", "tests/test_kv.py::test_kv_pool_rejects_zero_capacity", "x") == (
-        f"reread {registry.SECTIONS['sample']}")  # s19 edits kv, not sample
 
 
 def test_in_process_grading_of_a_workspace_not_started_saves_every_row(tmp_path):
@@ -177,11 +174,9 @@ def test_in_process_grading_of_a_row_names_each_test_and_passes_the_limit(tmp_pa
     text = "E   ImportError: nope"
     row = _row("kv", f, {}, _report(errors=[{"kind": "collect", "message": text}]), log, 1, 120)
     assert row.hint == "the module fails when imported; the other modules are still checked"
-    both = sorted(p.id for p in PITFALLS.values() if p.test.endswith("::test_penalties_follow_hf_and_openai_semantics"))
+    # issue 60: never "s06 or s07" from the test's name; the diagnosis by symptom names one or none
     hint = pitfall_hint("sample", "tests/test_sample.py::test_penalties_follow_hf_and_openai_semantics", "x")
-    mistakes = [PITFALLS[i].mistake for i in both]
-    assert hint.startswith(f"this is what {' or '.join(both)} looks like: "
-                           f"{mistakes[0][0].lower()}{mistakes[0][1:]}; {mistakes[1][0].lower()}{mistakes[1][1:]}; reread")
+    assert not any(pid in hint for pid in PITFALLS) and hint.startswith("reread section 2.6")
 
 
 def test_in_process_grading_blocks_a_module_whose_dependencies_do_not_pass(tmp_path, monkeypatch):

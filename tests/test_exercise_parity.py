@@ -24,7 +24,7 @@ def test_in_process_parity_of_the_reference_is_every_case():
     got = parity.run(ts, ["sampler", "rng"])
     assert [(v.suite, v.ok, v.first_difference) for v in got] == [("sampler", True, ""), ("rng", True, "")]
     assert got[0].matched == got[0].total == 12 and got[1].matched == got[1].total > 12
-    assert got[0].line() == "parity sampler: 12/12 cases identical"
+    assert got[0].line() == "parity sampler (against data/golden/sampler.json): 12/12 cases identical"
 
 
 def test_in_process_parity_names_the_first_output_that_differs():
@@ -49,7 +49,7 @@ def test_in_process_parity_names_the_first_output_that_differs():
     assert v.first_difference.startswith("next_u32 seed ") and v.first_difference.endswith("(output 2)")
     yours, golden = v.first_difference.split(": yours ")[1].split(" (output")[0].split(", golden ")
     assert int(yours, 16) ^ int(golden, 16) == 1
-    assert v.line() == f"parity rng: 0/{v.total} cases identical\n  first difference: {v.first_difference}"
+    assert v.line() == f"parity rng (against data/golden/pcg32.vectors.json): 0/{v.total} cases identical\n  first difference: {v.first_difference}"
 
     def mix64(x):
         raise ValueError("not written yet")
@@ -76,14 +76,14 @@ def test_in_process_parity_of_the_sampler_is_bit_for_bit():
     yours, golden = (float.fromhex(part.split(" logprob ")[1].split(" ")[0])
                      for part in v.first_difference.split(", golden "))
     assert yours == np.nextafter(golden, -np.inf)
-    assert v.line() == f"parity sampler: 0/12 cases identical\n  first difference: {v.first_difference}"
+    assert v.line() == f"parity sampler (against data/golden/sampler.json): 0/12 cases identical\n  first difference: {v.first_difference}"
 
     def raising(*args):
         raise NotImplementedError("section 2.6")
 
     v = parity.parity_sampler(_Off(sample=raising))
     assert v.first_difference.endswith("token 0: raised NotImplementedError: section 2.6") and v.matched == 0
-    assert v.line() == f"parity sampler: 0/12 cases identical\n  first difference: {v.first_difference}"
+    assert v.line() == f"parity sampler (against data/golden/sampler.json): 0/12 cases identical\n  first difference: {v.first_difference}"
 
 
 def test_in_process_parity_of_the_sampler_names_a_stream_that_raises():

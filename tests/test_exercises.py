@@ -49,7 +49,7 @@ def test_the_catalogue_is_the_chapters_24_each_with_tests():
                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}).stdout.split()
     for g in CATALOGUE:
         assert [n for n in ids if registry.match(n) == g], f"no test of ours for {g.name}"
-    assert all(registry.match(n) is None for n in ids if n.endswith("[reference]"))  # the given twin is not graded
+    assert all(registry.match(n) is None for n in ids if n.endswith("[fast]"))  # the engine's vectorized twin is not graded
 
 
 def test_stubs_are_the_reference_with_only_the_learner_bodies_blanked():
@@ -370,7 +370,7 @@ def test_a_module_whose_test_runs_past_the_limit_runs_none_of_its_later_tests(tm
     stopped = [line for line in log.splitlines() if "ran longer than 10 s" in line and not line.startswith("FAILED ")]
     assert len(stopped) == 1 and stopped[0].startswith("E   tl_lab.lab.exercise.plugin.TestTimeout"), log
     assert f"SKIPPED [{len(names) - 2}] " in log
-    assert f"not run: test_{looping}[numpy] of this module ran past the 10 s limit" in log
+    assert f"not run: test_{looping}[spec] of this module ran past the 10 s limit" in log
 
 
 def test_a_test_whose_code_catches_the_time_out_and_passes_fails_at_the_limit(tmp_path):

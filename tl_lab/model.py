@@ -841,8 +841,11 @@ class Linear:
         return self.w.nbytes
 
     def forward(self, x) -> np.ndarray:
-        """y = x W^T. x: float32 (m, inp) -> y: float32 (m, out), by `kernels.matmul_f32`: equal to
-        x @ w.T within float tolerance, and row-invariant (a row's bits do not depend on the others)."""
+        """y = x W^T. x: float32 (m, inp), or one row (inp,) -> y: float32 (m, out) (or (out,)).
+
+        Given: `rows_of(x, inp)` checks x and gives float32 rows; `product_f32(x, w)` (from
+        tl_lab.ops.lazy_kernels) is the product with the weights (out, inp): equal to x @ w.T within
+        float tolerance, and row-invariant (a row's bits do not depend on the others)."""
         return product_f32(rows_of(x, self.inp), self.w)
 
 

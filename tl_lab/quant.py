@@ -268,6 +268,8 @@ def f32_to_f16(x):
     float -> int (the scalar reference); float array -> uint16 array of the same shape (numpy's
     cast, which rounds the same way; NaNs get the scalar path's quiet pattern). Values are
     taken as float32 first: a Python float or a float64 array is rounded to f32, then to f16.
+    A 0-d array gives a 0-d uint16 array (not an int), an empty one an empty one; the graded
+    tests pass both, and NaN, +-inf and the largest and smallest values.
     """
     if not isinstance(x, np.ndarray):
         return f32_to_f16_scalar(_as_float(x))
@@ -284,9 +286,10 @@ def f32_to_f16(x):
 def f32_to_bf16(x):
     """float32 -> bf16 bits, round to nearest, ties to even; overflow -> inf; NaN -> quiet NaN.
 
-    float -> int; float array -> uint16 array of the same shape. The vector path adds
-    0x7FFF + (bit 16) to the pattern and keeps the top half: below half never carries, above half
-    always does, and a tie carries exactly when the kept part is odd.
+    float -> int; float array -> uint16 array of the same shape (a 0-d array, a NaN one too, gives a
+    0-d uint16 array; an empty one an empty one). The vector path adds 0x7FFF + (bit 16) to the
+    pattern and keeps the top half: below half never carries, above half always does, and a tie
+    carries exactly when the kept part is odd.
     """
     if not isinstance(x, np.ndarray):
         return f32_to_bf16_scalar(_as_float(x))
@@ -352,7 +355,9 @@ def pack_int4(q, rows: int, cols: int) -> np.ndarray:
     """Pack int4 values into bytes. q: rows * cols integers in [-8, 7] -> uint8 (rows, cols // 2).
 
     Chapter L10.1, section 2.5: column 2b goes into the low nibble and 2b + 1 into the high one,
-    each in 4-bit two's complement (-8 is 1000, -1 is 1111). q may be flat or (rows, cols).
+    each in 4-bit two's complement (-8 is 1000, -1 is 1111). q may be flat or (rows, cols);
+    rows = 0 gives a (0, cols // 2) array. Refused with ValueError: odd cols, a size that is not
+    rows * cols, a value outside [-8, 7] (the message names it: q[r, c] = v), a non-integer q.
     """
     rows, cols = as_int(rows, "rows"), as_int(cols, "cols")  # 1.0 and "2" are refused by name
     if rows < 0 or cols < 0:
@@ -378,6 +383,8 @@ def pack_int4(q, rows: int, cols: int) -> np.ndarray:
 def unpack_int4(packed) -> np.ndarray:
     """Unpack bytes into int4 values: uint8 (rows, n) -> int8 (rows, 2n); 1D (n,) -> (2n,).
 
+    `packed` is a uint8 array, or bytes (also bytearray, memoryview: a graded test passes
+    bytes([0x78, 0xF1])), read as a 1-D uint8 array. Another dtype or a 3-D array is a ValueError.
     The inverse of `pack_int4`: the low nibble is the even column, the high nibble the odd one;
     (v ^ 8) - 8 sign-extends a 4-bit two's complement value.
     """
@@ -503,10 +510,16 @@ class QLinear:
         return cls._of_planar(parts[0].group, planar, scales), views
 
     def forward(self, x) -> np.ndarray:
-        """y = x W_hat^T. x: float32 (m, inp) -> y: float32 (m, out), by `kernels.matmul_q4`.
+        """y = x W_hat^T. x: float32 (m, inp), or one row (inp,) -> y: float32 (m, out) (or (out,)).
 
-        Equal to x @ dequantize().T within float tolerance (another order of the same sum), and
-        row-invariant: a row's bits do not depend on the other rows or the thread count.
+        Given helpers (imported above): `rows_of(x, inp)` checks x and gives it as float32 rows (m, inp)
+        (a ValueError naming x for another width); `product_q4(x, planar, scales, f16_table)` (from
+        tl_lab.ops.lazy_kernels) is the product: x the rows, `planar` this layer's nibbles in the
+        kernel's order (`self.planar`, see `to_planar`), `scales` the f16 BITS of the scales
+        (`self.scales`, uint16 (out, inp // group)), `f16_table` the float32 value of every one of the
+        65536 f16 patterns (`_F16_TABLE`), which the kernel looks each scale up in. Equal to
+        x @ dequantize().T within float tolerance (another order of the same sum), and row-invariant:
+        a row's bits do not depend on the other rows or the thread count. x with no rows gives (0, out).
         """
         return product_q4(rows_of(x, self.inp), self.planar, self.scales, _F16_TABLE)
 

@@ -232,7 +232,7 @@ class ModelRunner:
     def load(cls, directory: str | os.PathLike, cfg: EngineConfig | None = None) -> ModelRunner:
         """Load `directory` (config.json + model.safetensors): f32, an int4 file, or f32 quantized
         at load when cfg.quant = Int4(group). The widening of the file's tensors runs on every core
-        (`tl_lab.model.widen_threads`), whatever cfg.threads says: it is bound by the page faults of
+        (widen_all of tl_lab.ops.widening, which the reader's SafeTensors.f32_into runs), whatever cfg.threads says: it is bound by the page faults of
         fresh memory, not by arithmetic, and its bits do not depend on the count."""
         cfg = EngineConfig() if cfg is None else cfg
         if not isinstance(cfg, EngineConfig):  # here, not after the weights: cfg.quant is read first

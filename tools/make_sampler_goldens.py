@@ -3,8 +3,8 @@
     python tools/make_sampler_goldens.py [--out DIR]
 
 The generator vectors come from `Pcg32`, `mix64`, `child_seed` and `stream`. The sampler cases are
-12 autoregressive runs of 12 tokens each: every token is drawn by BOTH `sample_reference` (the plain
-Python reading of docs/spec/sampling.md) and `sample` (the numpy path), and the script refuses to write
+12 autoregressive runs of 12 tokens each: every token is drawn by BOTH `tl_lab.sample.sample` (the plain
+Python reading of docs/spec/sampling.md) and `tl_lab.ops.fast_sample.sample` (the numpy path), and the script refuses to write
 anything unless the two agree on every id, every logprob bit and the generator state after each token.
 All numbers are stored exactly: 64-bit values and u32 outputs as hex, floats as float.hex(), logits as
 float32 bit patterns. Formats: docs/spec/pcg32.md and docs/spec/sampling.md, "Golden files".
@@ -21,7 +21,7 @@ import numpy as np
 
 import tl_lab.sample as ts
 from tl_lab.ops.paths import GOLDEN_DIR
-from tl_lab.sample_reference import sample_reference
+from tl_lab.ops import fast_sample
 
 STEPS = 12
 PCG32_FILE = "pcg32.vectors.json"
@@ -173,8 +173,8 @@ def run_case(rows: np.ndarray, params, seed: int, prompt: list[int], name: str =
     for step in range(STEPS):
         context = prompt + output
         row = rows[context[-1] % len(rows)] if context else rows[0]
-        a = sample_reference(row, params, prompt, output, rng_ref)
-        b = ts.sample(row, params, prompt, output, rng_np)
+        a = ts.sample(row, params, prompt, output, rng_ref)
+        b = fast_sample.sample(row, params, prompt, output, rng_np)
         if a[0] != b[0] or float(a[1]).hex() != float(b[1]).hex() or rng_ref != rng_np:
             raise GoldenMismatch(
                 f"case {name!r} step {step}: reference gives {a} ({float(a[1]).hex()}), numpy gives {b} "

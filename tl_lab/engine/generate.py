@@ -57,10 +57,19 @@ from tl_lab.engine.blocks import BlockManager, SeqBlocks, blocks_for, cacheable
 from tl_lab.ops.checks import as_int, is_int
 from tl_lab.errors import BatchError, KvError
 from tl_lab.runner import EngineConfig, ForwardBatch, ForwardSeq, ModelRunner
-from tl_lab.sample import PURPOSE_SAMPLE, SamplingParams, sample, stream
+import tl_lab.sample as _sampler
+from tl_lab.ops import fast_sample
+from tl_lab.sample import PURPOSE_SAMPLE, SamplingParams, stream
 from tl_lab.engine.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 
 __all__ = ["Request", "RequestError", "TokenEvent", "Result", "StepRow", "StepRecord", "Engine"]
+
+
+def _sample_fn():
+    """The sampler each token is drawn with: `tl_lab.sample.sample` in use (a learner's from a
+    workspace, or one a pitfall edited, runs itself), or, when that is the reference's own file,
+    its vectorized twin `ops.fast_sample.sample` (the same bits, tests/test_sample.py)."""
+    return fast_sample.sample if fast_sample.is_reference(_sampler) else _sampler.sample
 
 
 class RequestError(BatchError, ValueError):
@@ -414,7 +423,7 @@ class Engine:
 
     def _sample(self, s: _Seq, row: np.ndarray) -> TokenEvent:
         req, r = s.req, s.result
-        tok, lp = sample(row, req.params, s.prompt, r.output_ids, s.rng)
+        tok, lp = _sample_fn()(row, req.params, s.prompt, r.output_ids, s.rng)
         s.tokens.append(tok)
         r.output_ids.append(tok)
         r.logprobs.append(lp)

@@ -4,6 +4,7 @@
     python -m tl_lab exercise tests                 the chapter's catalogue, with your last results
     python -m tl_lab exercise check [MODULE ...]    the graded tests on your code; exit 0 = all pass
     python -m tl_lab exercise parity sampler rng    your sampler and PCG32 against the golden files
+    python -m tl_lab exercise try quant.f32_to_f16  one piece alone on its cases, against the reference
     python -m tl_lab exercise hint|status|reset     ... (every command takes --workspace DIR)
 
 The pieces (`registry`), the stubs made from the reference (`stubs`), the import of a workspace
@@ -20,7 +21,15 @@ from tl_lab.lab.exercise.stubs import ExerciseError
 from tl_lab.lab.exercise import side  # noqa: F401 (exercise.side.yours in the notebooks)
 from tl_lab.lab.exercise.workspace import active, install, learners_loaded, origins, resolve
 
-__all__ = ["MODULES", "ExerciseError", "activate", "origins", "active"]
+__all__ = ["MODULES", "ExerciseError", "activate", "origins", "active", "try_piece"]
+
+
+def try_piece(piece: str, workspace=None):
+    """One piece of your module on its cases against the reference (`exercise try PIECE`): a TryResult
+    that shows as a table in a notebook, with `.passed`."""
+    from tl_lab.exercise.tries import try_piece as run
+
+    return run(piece, workspace)
 
 
 def activate(workspace=None, quiet: bool = False) -> dict[str, dict]:

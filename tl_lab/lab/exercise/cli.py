@@ -51,6 +51,8 @@ def add_cli(sub) -> None:
     add("parity", "your sample.py against the golden files (suites: sampler, rng)").add_argument(
         "suites", nargs="*", metavar="SUITE", default=["sampler", "rng"])
     add("hint", "what to write in MODULE, piece by piece, with what is still missing").add_argument("module")
+    add("try", "run one PIECE of your module (e.g. quant.f32_to_f16) on its cases against the reference").add_argument(
+        "piece", metavar="PIECE")
     add("status", "your progress: each module's file, pieces written, last check")
     add("reset", "a fresh stub of MODULE; your file is kept as a backup beside it").add_argument("module")
     g = cmds.add_parser("grade", help="for instructors: check each workspace in turn, a CSV row each",
@@ -189,15 +191,17 @@ def _tests(args) -> int:
     print(f"{'chapter test':<46} {'kind':<20} {'module':<8} {'last':<8} our test")
     for g in CATALOGUE:
         last = status.get(g.module, {}).get("results", {}).get(g.name, "-")
-        last += "*" if g.module in changed and last != "-" else ""
-        print(f"{g.name:<46} {g.kind:<20} {g.module:<8} {last:<8} {g.file}::test_{g.name}*")
+        last += " (old)" if g.module in changed and last != "-" else ""
+        print(f"{g.name:<46} {g.kind:<20} {g.module:<8} {last:<8} {g.file}::test_{g.name}")
         print(f"{'':<46} checks: {g.checks}")
         print(f"{'':<46} why: {g.why}")
         if g.also:
             print(f"{'':<46} with: {', '.join(g.also)}")
-    print(f"{len(CATALOGUE)} tests; you write no graded tests here (rung R0)")
+    print(f"{len(CATALOGUE)} tests; you write no graded tests here (rung R0). Our test of each is the pytest function "
+          f"named, with its variants test_<name>_<case> when it has some")
     if changed:
-        print(f"*: of an earlier text of {', '.join(f'{m}.py' for m in MODULES if m in changed)}, changed since its last check")
+        print(f"(old): a result of an earlier text of {', '.join(f'{m}.py' for m in MODULES if m in changed)}, "
+              f"changed since its last check")
     return EXIT_OK
 
 
@@ -262,7 +266,7 @@ def _parity(args) -> int:
     if ts.__file__ != str(f):  # never the reference held to the golden files in the learner's place
         raise ExerciseError(f"tl_lab.sample was loaded from {ts.__file__}, not your {f}: run parity in a fresh process")
     verdicts = run(ts, list(dict.fromkeys(args.suites)))
-    print(f"your {ts.__file__} against {', '.join('data/golden/' + n for n in ('sampler.json', 'pcg32.vectors.json'))}")
+    print(f"your {ts.__file__}")
     for v in verdicts:
         print(v.line())
     return EXIT_OK if all(v.ok for v in verdicts) else EXIT_FAILED
@@ -317,5 +321,13 @@ def _reset(args) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"start": _start, "tests": _tests, "check": _check, "parity": _parity, "hint": _hint, "status": _status,
+def _try(args) -> int:
+    from tl_lab.exercise.tries import try_piece
+
+    result = try_piece(args.piece, args.workspace)
+    print(result)
+    return EXIT_OK if result.passed else EXIT_FAILED
+
+
+COMMANDS = {"try": _try, "start": _start, "tests": _tests, "check": _check, "parity": _parity, "hint": _hint, "status": _status,
             "reset": _reset, "grade": _grade}

@@ -99,26 +99,26 @@ def _not_started(module: str, f: Path, named: bool = False) -> Row | None:
     return None
 
 
-def pitfall_hint(module: str, nodeid: str, message: str, timeout: float = DEFAULT_TIMEOUT) -> str:
+def pitfall_hint(module: str, nodeid: str, message: str, timeout: float = DEFAULT_TIMEOUT, workspace=None) -> str:
     """The hint for a failure of test `nodeid` in `module`: the piece not written yet, the time limit,
-    or the pitfall the chapter says this test catches (section 5), with the section to reread."""
+    or, with the learner's `workspace`, the diagnosis by symptom (`tl_lab.lab.exercise.diagnose`: each
+    written piece tried alone against the reference; a pitfall named only when the learner's output is
+    that pitfall's), then the section to reread. Never a pitfall guessed from the test's name."""
     m = re.search(r"NotImplementedError: (\S+): " + NOT_WRITTEN + r" \(section ([^:]+): (.*)\)", message)
     if m:
         return f"{m.group(1)} is not written yet: reread section {m.group(2)} ({m.group(3)})"
     if "TestTimeout" in message or "ran longer than" in message:
         return f"{nodeid.split('::')[-1]} ran past the {timeout:g} s limit: a loop that never ends?"
-    from tl_lab.lab.pitfalls import PITFALLS
-
-    func = nodeid.split("::")[-1].split("[")[0]
-    mine = [p for p in PITFALLS.values() if any(e.module == f"tl_lab.{module}" for e in p.edits)]
-    same = [p for p in mine if p.test.split("::")[-1] == func] or [
-        p for p in mine if func.startswith(p.test.split("::")[-1].split("[")[0])]
     where = f"reread {SECTIONS[module]}"
-    if not same:
+    if workspace is None:
         return where
-    ids = " or ".join(p.id for p in same)
-    what = "; ".join(p.mistake[0].lower() + p.mistake[1:] for p in same)
-    return f"this is what {ids} looks like: {what}; {where}"
+    from tl_lab.lab.exercise.diagnose import for_module
+
+    try:
+        lines = for_module(module, workspace)
+    except ExerciseError as exc:
+        lines = [f"(no diagnosis: {exc})"]
+    return "; ".join(lines) if lines else f"each piece agrees with the reference on its own cases: {where}"
 
 
 def _env(workspace: Path, module: str, use: list[str], report: Path, timeout: float) -> dict:
@@ -208,7 +208,7 @@ def _row(module: str, f: Path, uses: dict, data: dict | None, log: Path, seconds
     if not_run:
         row.message += (f"\nnot run after it: {not_run} of its chapter tests "
                         f"(a module's first test past the limit ends its check)")
-    row.hint = pitfall_hint(module, failing["nodeid"], failing["message"], timeout)
+    row.hint = pitfall_hint(module, failing["nodeid"], failing["message"], timeout, f.parent)
     return row
 
 

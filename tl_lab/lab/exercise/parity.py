@@ -20,6 +20,7 @@ from tl_lab.ops.paths import GOLDEN_DIR
 __all__ = ["SUITES", "CASE_SECONDS", "CaseTimeout", "Verdict", "limited", "parity_rng", "parity_sampler", "run"]
 
 SUITES = ("sampler", "rng")
+GOLDEN = {"sampler": "data/golden/sampler.json", "rng": "data/golden/pcg32.vectors.json"}  # the file each suite reads
 CASE_SECONDS = 30.0  # one call of the learner's code takes milliseconds here; a loop that never ends stops at this
 
 
@@ -54,7 +55,7 @@ class Verdict:
         return self.matched == self.total and not self.first_difference
 
     def line(self) -> str:
-        head = f"parity {self.suite}: {self.matched}/{self.total} cases identical"
+        head = f"parity {self.suite} (against {GOLDEN[self.suite]}): {self.matched}/{self.total} cases identical"
         return head if self.ok else f"{head}\n  first difference: {self.first_difference}"
 
 

@@ -14,7 +14,8 @@ __all__ = ["MODULES", "DEPS", "HARNESS", "Piece", "PIECES", "Graded", "CATALOGUE
            "graded_for", "match"]
 
 MODULES = ("kv", "quant", "model", "forward", "runner", "sample")
-"""The six modules a learner writes (the chapter's kv.rs, quant.rs, model.rs, forward.rs, runner.rs, sample.rs)."""
+"""The six modules a learner writes: kv.py, quant.py, model.py, forward.py, runner.py and sample.py in the
+workspace (the chapter names them kv.rs ... sample.rs, for its Rust engine)."""
 
 DEPS: dict[str, tuple[str, ...]] = {
     "kv": (),
@@ -32,13 +33,15 @@ HARNESS: dict[str, tuple[str, ...]] = {"forward": ("runner",)}
 the layer through ModelRunner, which is the reference's until the learner's runner passes."""
 
 SECTIONS = {
-    "kv": "section 2.2 (Rust-owned state) and section 4, kv.rs",
-    "quant": "sections 2.5 (int4) and 3 (the worked f16 and int4 examples), section 4, quant.rs",
-    "model": "section 2.3 (the model directory) and section 4, model.rs",
-    "forward": "section 2.4 (the Llama forward, one step) and section 4, forward.rs",
-    "runner": "sections 2.1 (three layers) and 2.4, section 4, runner.rs",
-    "sample": "section 2.6 (the sampler and PCG32), section 3 and section 4, sample.rs",
+    "kv": "section 2.2 (the pool's own state) and section 4 (kv.py); docs/formats/kv-block.md",
+    "quant": "sections 2.5 (int4) and 3 (the worked f16 and int4 examples), section 4 (quant.py)",
+    "model": "section 2.3 (the model directory) and section 4 (model.py); docs/formats/safetensors.md",
+    "forward": "section 2.4 (the Llama forward, one step) and section 4 (forward.py)",
+    "runner": "sections 2.1 (three layers) and 2.4, section 4 (runner.py)",
+    "sample": "section 2.6 (the sampler and PCG32), section 3 and section 4 (sample.py); docs/spec/pcg32.md, docs/spec/sampling.md",
 }
+"""Where to read for each module: the chapter's sections (written for its Rust engine: its kv.rs is your
+kv.py, its "Rust-owned state" the pool's own state) and the specs in docs/."""
 
 
 @dataclass(frozen=True)
@@ -50,10 +53,18 @@ class Piece:
     qualname: str
     section: str
     hint: str
+    formula: str = ""
+    """The hint's formula as a Python expression over the reference module's names (and the variables
+    its hint names), word for word in the hint: tests/test_exercise_hints.py evaluates it against the
+    reference on a few values, so a hint cannot state another formula than the code and the spec."""
 
 
 def _pieces(module: str, rows) -> tuple[Piece, ...]:
-    return tuple(Piece(module, q, s, h) for q, s, h in rows)
+    out = []
+    for q, s, h, *f in rows:
+        formula = f[0] if f else ""
+        out.append(Piece(module, q, s, h.replace("{formula}", f"`{formula}`"), formula))
+    return tuple(out)
 
 
 PIECES: dict[str, tuple[Piece, ...]] = {
@@ -88,17 +99,18 @@ PIECES: dict[str, tuple[Piece, ...]] = {
         ("f32_to_f16_scalar", "3", "the bits of explain_f32_to_f16"),
         ("f32_to_bf16_scalar", "3", "the bits of explain_f32_to_bf16"),
         ("f16_to_f32_scalar", "2.5", "sign, 5 exponent bits biased by 15, 10 significand bits; exponent 0 is subnormal, 31 is inf or NaN"),
-        ("bf16_to_f32_scalar", "2.5", "the f32 whose bits are h << 16"),
+        ("bf16_to_f32_scalar", "2.5", "the f32 whose bits are {formula}", "h << 16"),
         ("f16_to_f32", "2.5", "scalars through the scalar path; arrays to float32 of the same shape (into out when given)"),
         ("bf16_to_f32", "2.5", "scalars through the scalar path; arrays: h << 16 as the f32's bits"),
         ("f32_to_f16", "3", "round to nearest even (numpy's float16 cast does), NaN quiet like the scalar path"),
-        ("f32_to_bf16", "3", "add 0x7FFF plus the lowest kept bit, keep the top half; NaN quiet"),
+        ("f32_to_bf16", "3", "of the f32 bits u: {formula} (0x7FFF plus the lowest kept bit, keep the top half); NaN quiet; a 0-d array in, a 0-d array out", "(u + 0x7FFF + ((u >> 16) & 1)) >> 16"),
         ("pack_int4", "2.5", "column 2b in the LOW nibble, 2b + 1 in the high one, 4-bit two's complement (the odd column low is s09)"),
-        ("unpack_int4", "2.5", "the inverse of pack_int4: low nibble the even column, (v ^ 8) - 8 sign-extends"),
-        ("_group_scales", "2.5", "per group s = f16(max|w| / 7), the division in float32; a scale past f16's range is refused"),
+        ("unpack_int4", "2.5", "the inverse of pack_int4: low nibble the even column; a nibble v sign-extends as {formula}; packed may be bytes (a graded test passes them) or a uint8 array", "(v ^ 8) - 8"),
+        ("_group_scales", "2.5", "per group s = {formula}, the division in float32; a scale past f16's range is refused",
+         "f32_to_f16(np.abs(Wg).max(axis=2) / np.float32(7))"),
         ("QLinear.quantize", "2.5", "round w / s with the f16 scale actually STORED, not the f32 one (s10); an all-zero group is s = 0, q = 0"),
         ("QLinear.dequantize", "2.5", "W_hat = q s, exact in float32"),
-        ("QLinear.forward", "2.5", "y = x W_hat^T through the given kernel (kernels.product_q4), reading the nibbles where they are"),
+        ("QLinear.forward", "2.5", "y = x W_hat^T through the given `product_q4(x, planar, scales, f16_table)` (imported from tl_lab.ops.lazy_kernels): x float32 (m, inp) via `rows_of(x, inp)`, the nibbles where they are (self.planar), the f16 scale bits (self.scales) and `_F16_TABLE`, the f32 value of every f16 pattern"),
     ]),
     "model": _pieces("model", [
         ("ModelConfig.__post_init__", "2.3", "the field types, then the Llama's cross-field rules"),
@@ -120,7 +132,7 @@ PIECES: dict[str, tuple[Piece, ...]] = {
         ("SafeTensors.f32_into", "2.3", "the jobs of _widening, run by the given tl_lab.ops.widening.widen_all"),
         ("SafeTensors._widening", "2.3", "F16 and BF16 each widened AS ITSELF (reading BF16 as F16 is s12)"),
         ("SafeTensors.q4", "2.5", "<name>.qweight U8 and <name>.scales F16 with the shapes of the group, metadata quant matching"),
-        ("Linear.forward", "2.4", "y = x W^T through the given kernel (kernels.product_f32)"),
+        ("Linear.forward", "2.4", "y = x W^T through the given `product_f32` (imported from tl_lab.ops.lazy_kernels)"),
         ("stack_linears", "2.4", "q, k, v (and gate, up) as one linear whose rows are the parts', without a copy when they lie end to end"),
         ("tensor_shapes", "2.3", "every tensor a config implies, with its shape, in model order"),
         ("_iter_shapes", "2.3", "embed, per layer the norms and linears, the final norm, lm_head unless tied"),
@@ -133,15 +145,16 @@ PIECES: dict[str, tuple[Piece, ...]] = {
     "forward": _pieces("forward", [
         ("rms_norm", "2.4", "x / sqrt(mean(x^2) + eps) * w, row by row, in float32"),
         ("silu", "2.4", "x * sigmoid(x)"),
-        ("rope_inv_freq", "2.4", "theta^(-2i/D) for i = 0 .. D/2 - 1, FALLING (reversed is s20)"),
+        ("rope_inv_freq", "2.4", "{formula} for i = 0 .. D/2 - 1, float32, FALLING (reversed is s20)",
+         "np.float32(1) / np.float32(theta) ** (np.arange(0, D, 2).astype(np.float32) / np.float32(D))"),
         ("rope_cos_sin", "2.4", "cos and sin of pos * inv_freq at ABSOLUTE positions, each half repeated"),
         ("rotate_half", "2.4", "(-x2, x1): pairs i and i + D/2"),
         ("rope", "2.4", "x cos + rotate_half(x) sin"),
-        ("kv_location", "2.4", "position j lands in block table[j // B], slot j % B"),
+        ("kv_location", "2.4", "position j lands in block {formula}, slot j % B (the given `key_location` of kv.py computes both)", "table[j // B]"),
         ("write_kv", "2.4", "k into slab 0, v into slab 1 (K into the V slab is s15), as f16"),
         ("Step.of", "2.4", "flatten the sequences: tokens, absolute positions start .. start + n - 1, row offsets, tables"),
         ("PoolKv.write", "2.4", "the step's k and v into the pool, at the places __init__ computed"),
-        ("linear_rows", "2.4", "QLinear.forward for int4, the given kernels.product_f32 for float32"),
+        ("linear_rows", "2.4", "QLinear.forward for int4, the given `product_f32` (imported from tl_lab.ops.kernels) for float32"),
         ("llama_layer", "2.4", "RMSNorm, q k v, RoPE, write K and V, attention over the visible keys, o_proj, RMSNorm, SwiGLU with silu on the GATE (s22)"),
         ("lm_head", "2.4", "the FINAL NORM (skipping it is s16), then the head: an int4 model's int8 weights.head_q8 when it has one, else head_weight (the embedding when tied)"),
         ("llama_forward", "2.4", "RoPE at absolute pos(t) = start + i (relative to the step is s13), every layer, the last row of each sequence to the head"),
@@ -162,19 +175,23 @@ PIECES: dict[str, tuple[Piece, ...]] = {
     "sample": _pieces("sample", [
         ("Pcg32.__init__", "2.6", "pcg-c-basic's seeding: inc = (seq << 1) | 1, state 0, step, add the seed, step"),
         ("Pcg32.next_u32", "2.6", "the LCG step and the XSH RR output of the OLD state"),
-        ("Pcg32.uniform_f64", "2.6", "two draws a, b: ((a >> 5) * 2^26 + (b >> 6)) / 2^53 (the shifts swapped is s01)"),
+        ("Pcg32.uniform_f64", "2.6", "two draws a = next_u32(), then b = next_u32(): {formula} (the shifts swapped is s01)",
+         "((a >> 5) * 2**26 + (b >> 6)) / 2**53"),
         ("mix64", "2.6", "splitmix64's finaliser"),
-        ("child_seed", "2.6", "mix64(seed + GOLDEN_GAMMA * (purpose + 1)) mod 2^64"),
-        ("stream", "2.6", "Pcg32(child_seed(seed, purpose), purpose): the sequence IS the purpose id (54 is s02)"),
-        ("sample", "2.6", "penalties, the logprob BEFORE temperature (s03), then T, top-k, top-p, min-p and one draw"),
+        ("child_seed", "2.6", "{formula}: the sum mod 2^64 (docs/spec/pcg32.md); child_seed(0, 4) is 0xF88BB8A8724C81EC",
+         "mix64((seed + purpose * GOLDEN_GAMMA) % 2**64)"),
+        ("stream", "2.6", "{formula}: the sequence IS the purpose id (54 is s02)", "Pcg32(child_seed(seed, purpose), purpose)"),
+        ("sample", "2.6", "sample_trace's token and logprob: one code path for both"),
+        ("sample_trace", "2.6", "steps 1 to 9 of docs/spec/sampling.md in order; the logprob from the PENALISED logits, BEFORE temperature (s03)"),
         ("_penalise", "2.6", "repetition over prompt AND output divides positives, MULTIPLIES negatives (s07); presence and frequency over the OUTPUT only (s06)"),
-        ("_top_ids", "2.6", "the k largest of q, ties to the lower id"),
+        ("_scale", "2.6", "q = l / T, refusing a q past LOGIT_LIMIT by its id"),
         ("_by_q_desc", "2.6", "ids in (q descending, id ascending) order"),
-        ("_top_k", "2.6", "the k largest, returned in ascending id order"),
-        ("_nucleus", "2.6", "walk q descending until the running sum reaches p: >= keeps the crossing id (> is s04)"),
-        ("_weights", "2.6", "w = exp(q - max q) over the kept ids"),
-        ("_softmax_over", "2.6", "probabilities over a kept set, a left-to-right sum"),
-        ("_run", "2.6", "every step of docs/spec/sampling.md in f64; the CDF walked in ASCENDING ID order (probability order is s05)"),
+        ("_top_k", "2.6", "the first k ids in (q desc, id asc) order, returned in ascending id order; k = 0 or k >= V keeps all"),
+        ("_top_p", "2.6", "walk q descending adding w / Z_k until the running sum reaches p: >= keeps the crossing id (> is s04)"),
+        ("_min_p", "2.6", "keep the ids whose weight w_i is at least m"),
+        ("_softmax", "2.6", "w_i / Z over the ids, Z a left-to-right sum"),
+        ("_draw", "2.6", "the first id whose running sum exceeds u, walked in ASCENDING ID order (probability order is s05)"),
+        ("_lsum", "2.6", "((x0 + x1) + x2) + ...: the left-to-right sum the spec asks for"),
     ]),
 }
 
@@ -200,7 +217,7 @@ def _g(name, kind, checks, why, module, file, exclude=(), also=()) -> Graded:
     return Graded(name, kind, checks, why, module, f"tests/test_{file}.py", tuple(exclude), tuple(also))
 
 
-_REF = ("[reference]",)  # the sampler tests' second parameter runs the given twin, not the learner's sample
+_REF = ("[fast]",)  # the sampler tests' second parameter runs the engine's vectorized twin (ops.fast_sample), not the learner's sample
 CATALOGUE: tuple[Graded, ...] = (
     _g("hand_example_sampling", "unit", "section 3: top-k 3 and top-p 0.8 keep ids 1 and 3, u = 0.80209, token 3 with logprob -0.92487", "the spec's worked example, end to end", "sample", "sample", _REF),
     _g("pcg32_reference_vectors", "golden", "pcg32(42) demo line, uniform_f64, child_seed, stream outputs from pcg32.vectors.json", "one generator in every language (D10)", "sample", "sample"),

@@ -1,0 +1,105 @@
+"""Diagnosis by symptom, tried on learner mistakes written into a learner's own workspace module.
+
+Issue 60: a pitfall is named only when the learner's output is that pitfall's output; an error in the
+learner's code is its file, line and error; any other mistake is the first difference with its input
+and the section to reread. Half of these mistakes are chapter pitfalls (each must be named, alone),
+half are not (no pitfall may be named for them). Each is written into a workspace copy of the
+reference, the file a learner would have, and tried with `exercise try` (`try_piece`).
+"""
+
+import re
+
+import pytest
+
+from tl_lab.lab.exercise.diagnose import Difference, explain
+from tl_lab.lab.exercise.stubs import reference_source
+from tl_lab.lab.exercise.tries import try_piece
+
+# (name, module, piece tried, the correct text, the learner's text, the pitfall it is or None)
+MISTAKES = [
+    ("s08 truncating to f16", "quant", "f32_to_f16",
+     "        h = x.astype(np.float16).view(np.uint16)\n",
+     "        h = x.astype(np.float16).view(np.uint16)\n        h -= np.abs(h.view(np.float16).astype(np.float32)) > np.abs(x)\n", "s08"),
+    ("s09 the odd column low", "quant", "pack_int4",
+     "return nibbles[:, 0::2] | (nibbles[:, 1::2] << 4)", "return nibbles[:, 1::2] | (nibbles[:, 0::2] << 4)", "s09"),
+    ("s01 the shifts swapped", "sample", "Pcg32.uniform_f64",
+     "return ((a >> 5) * 67108864 + (b >> 6))", "return ((a >> 6) * 67108864 + (b >> 5))", "s01"),
+    ("s02 sequence 54", "sample", "stream",
+     'return Pcg32(child_seed(seed, purpose), _u64(purpose, "purpose"))', "return Pcg32(child_seed(seed, purpose), 54)", "s02"),
+    ("s18 evicting the newest", "kv", "KvPool.alloc",
+     "b, _ = self._lru.popitem(last=False)", "b, _ = self._lru.popitem(last=True)", "s18"),
+    ("s04 > in the nucleus walk", "sample", "_nucleus", "hit = cum >= p", "hit = cum > p", "s04"),
+    ("s19 a zero-block pool let through", "kv", "KvCfg.validate",
+     'as_int(self.n_blocks, "KvCfg.n_blocks", lo=1, error=KvError)', 'as_int(self.n_blocks, "KvCfg.n_blocks", lo=0, error=KvError)', "s19"),
+    # not pitfalls of the chapter
+    ("the old hint's child_seed", "sample", "child_seed",
+     "return mix64((seed + purpose * GOLDEN_GAMMA) & MASK64)", "return mix64((seed + GOLDEN_GAMMA * (purpose + 1)) & MASK64)", None),
+    ("a NameError", "sample", "mix64",
+     "    return z ^ (z >> 31)\n", "    return z ^ (zz >> 31)\n", None),
+    ("a pairwise sum", "sample", "_softmax_over", "return wk / _lsum(wk)", "return wk / np.sum(wk)", None),
+    ("bytes not handled by unpack_int4", "quant", "unpack_int4",
+     "    if isinstance(packed, (bytes, bytearray, memoryview)):\n        packed = np.frombuffer(packed, dtype=np.uint8)\n", "", None),
+    ("an off-by-one subnormal shift", "quant", "explain_f32_to_f16",
+     "n_drop, field = min(13 + (-14 - e), 25), 0", "n_drop, field = min(14 + (-14 - e), 25), 0", None),
+    ("int4 ties rounded up, not to even", "quant", "QLinear.quantize",
+     "q = np.clip(np.rint(Wg / s), INT4_MIN, INT4_MAX)", "q = np.clip(np.floor(Wg / s + 0.5), INT4_MIN, INT4_MAX)", None),
+    ("a 0-d array into f32_to_bf16 taken as a float", "quant", "f32_to_bf16",
+     "    if not isinstance(x, np.ndarray):\n        return f32_to_bf16_scalar",
+     "    if not isinstance(x, np.ndarray) or x.ndim == 0:\n        return f32_to_bf16_scalar", None),
+]
+
+
+def learner_workspace(tmp_path, module, old, new):
+    src = reference_source(module)
+    assert src.count(old) == 1, old
+    (tmp_path / f"{module}.py").write_text(src.replace(old, new), encoding="utf-8")
+    return tmp_path
+
+
+@pytest.mark.parametrize("name, module, piece, old, new, pitfall", MISTAKES, ids=[m[0] for m in MISTAKES])
+def test_a_mistake_is_diagnosed_by_its_symptom(tmp_path, name, module, piece, old, new, pitfall):
+    ws = learner_workspace(tmp_path, module, old, new)
+    res = try_piece(f"{module}.{piece}", ws)
+    assert not res.passed, res
+    text = "\n".join(res.diagnosis)
+    named = set(re.findall(r"\bs\d\d\b", text))
+    if pitfall:
+        assert res.diagnosis[0].startswith(f"this is pitfall {pitfall} "), res
+        assert named == {pitfall}, res  # alone
+    else:
+        assert not named and "pitfall s" not in text, res
+        assert "differs from the reference" in text or " raised " in text, res
+        assert "reread section" in text
+
+
+def test_an_error_in_the_learners_code_is_its_file_line_and_error(tmp_path):
+    ws = learner_workspace(tmp_path, "sample", "    return z ^ (z >> 31)\n", "    return z ^ (zz >> 31)\n")
+    res = try_piece("sample.mix64", ws)
+    line = (ws / "sample.py").read_text().splitlines().index("    return z ^ (zz >> 31)") + 1
+    assert res.diagnosis[0] == f"sample.mix64 raised NameError at {ws / 'sample.py'}:{line}: name 'zz' is not defined"
+
+
+def test_a_piece_not_written_says_so_and_no_workspace_says_how_to_start(tmp_path):
+    from tl_lab.lab.exercise.cli import start
+
+    start(tmp_path / "ws", ["quant"])
+    res = try_piece("quant.f32_to_f16", tmp_path / "ws")
+    assert not res.passed and "f32_to_f16 is not written yet" in repr(res)
+    none = try_piece("quant.f32_to_f16", tmp_path / "nothing")
+    assert not none.passed and repr(none).splitlines()[-1].startswith(f"no {tmp_path / 'nothing' / 'quant.py'}: start one with ")
+
+
+def test_explain_a_difference_names_the_pitfall_whose_output_it_is():
+    import numpy as np
+
+    from tl_lab.quant import f32_to_f16
+
+    x = np.array([1.00048828125, 65520.0, 0.1], np.float32)
+    trunc = np.array([0x3C00, 0x7BFF, 0x2E66], np.uint16)  # what s08's truncation gives
+    lines = explain(Difference("t", "quant.f32_to_f16", (x,), trunc, f32_to_f16(x)))
+    assert lines[0].startswith("this is pitfall s08 ")
+    other = np.array([0x3C00, 0x7C00, 0x2E67], np.uint16)  # not s08's
+    lines = explain(Difference("t", "quant.f32_to_f16", (x,), other, f32_to_f16(x)))
+    assert "this is pitfall" not in lines[0] and "index [2]: yours 0x2E67, the reference 0x2E66" in lines[0]
+    lines = explain(Difference("t", "quant.f32_to_f16", (x,), None, None, ("ValueError", "bad", "/w/quant.py", 7)))
+    assert lines[0] == "quant.f32_to_f16 raised ValueError at /w/quant.py:7: bad"
