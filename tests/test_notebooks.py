@@ -468,3 +468,47 @@ def test_00s_walkthrough_names_the_pitfalls_each_notebook_has_a_section_on():
         text = " ".join(c.source for c in notebook(f"{name}.ipynb").cells if c.cell_type == "markdown")
         named = set(re.findall(r"\bpitfalls? \**(s(?:0[1-9]|1[0-9]|2[0-2]))\b", text))
         assert named <= set(pitfalls), f"{name} teaches {sorted(named - set(pitfalls))}, 00 does not list it"
+
+
+# ------------------------------------------------------------------ two orders a learner took (issue 59)
+
+
+def cell_index(nb, starts: str) -> int:
+    """The index of the first code cell of `nb` whose source contains `starts`."""
+    return next(i for i, c in enumerate(nb.cells) if c.cell_type == "code" and starts in c.source)
+
+
+def test_01_runs_section_2_and_3_again_after_the_engine_is_loaded_again():
+    """Was: re-running the engine's load cell, then section 2's cells, failed on `cached_blocks` (the new
+    engine's pool had no cached prefix) until Restart & Run All."""
+    from nbclient.exceptions import CellExecutionError
+
+    need("nbformat")
+    need("nbclient")
+    with NotebookKernel("01_why_now.ipynb") as k:
+        k.run_all()
+        nb = k.nb
+        load = cell_index(nb, "engine = Engine.load(")
+        after = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and i > load]
+        for index in [load, *after]:
+            try:
+                k.run_again(index)
+            except CellExecutionError as exc:
+                pytest.fail(f"cell {index} ({first_line(nb.cells[index])[:60]!r}) after the load cell again: {error_line(exc)}")
+
+
+def test_07_reset_cell_runs_again_after_another_prompt_was_typed():
+    """Was: typing another prompt into the model playground, then re-running the cell that presses
+    `reset`, failed on "The capital of" (the cell took the typed prompt)."""
+    from nbclient.exceptions import CellExecutionError
+
+    need("nbformat")
+    need("nbclient")
+    with NotebookKernel("07_sampler.ipynb") as k:
+        k.run_all()
+        k.helper('mp.prompt.value = "Name three rivers in Europe."')
+        index = cell_index(k.nb, "mp.reset_button.click()")
+        try:
+            k.run_again(index)
+        except CellExecutionError as exc:
+            pytest.fail(f"the reset cell after another prompt: {error_line(exc)}")

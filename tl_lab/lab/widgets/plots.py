@@ -357,3 +357,39 @@ def rtn_vs_gptq(err_rtn, err_gptq, res: dict, n_cal: int, n_test: int, title: st
     fig.suptitle(title)
     fig.tight_layout()
     return fig, ax1, ax2
+
+
+# ------------------------------------------------------------------ 04_kv_pool
+
+
+def contiguous_vs_blocks(lengths: dict[str, int], max_len: int, tables: dict[str, list[int]], B: int, capacity: int):
+    """The same requests in two caches of `capacity` positions: top, one contiguous region of `max_len`
+    per request (its tokens coloured, the room it holds for tokens it may never have hatched); bottom,
+    blocks of B from one pool, each coloured by the request whose table holds it (a block's unused
+    slots lighter), free blocks white."""
+    from matplotlib.patches import Rectangle
+
+    plt = _plt()
+    colours = dict(zip(lengths, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+    fig, ax = plt.subplots(figsize=(11, 2.6))
+    for i, (r, n) in enumerate(lengths.items()):
+        x0 = i * max_len
+        ax.add_patch(Rectangle((x0, 1.2), n, 0.8, color=colours[r]))
+        ax.add_patch(Rectangle((x0 + n, 1.2), max_len - n, 0.8, fc="none", ec="0.6", hatch="///", lw=0))
+        ax.text(x0 + 1, 1.6, f"{r}: {n}", va="center", fontsize=8, color="white")
+    owner = {b: r for r, t in tables.items() for b in t}
+    for b in range(capacity // B):
+        x0 = b * B
+        if b in owner:
+            r = owner[b]
+            k = tables[r].index(b)
+            filled = min(B, lengths[r] - k * B)
+            ax.add_patch(Rectangle((x0, 0), filled, 0.8, color=colours[r]))
+            ax.add_patch(Rectangle((x0 + filled, 0), B - filled, 0.8, color=colours[r], alpha=0.3))
+        ax.add_patch(Rectangle((x0, 0), B, 0.8, fc="none", ec="0.3", lw=0.5))
+    ax.set_xlim(0, capacity)
+    ax.set_ylim(-0.1, 2.1)
+    ax.set_yticks([0.4, 1.6], [f"blocks of {B}", f"contiguous, {max_len} each"])
+    ax.set_xlabel("position in the cache's memory (hatched: held, never written; white: free)")
+    fig.tight_layout()
+    return fig
