@@ -512,3 +512,23 @@ def test_07_reset_cell_runs_again_after_another_prompt_was_typed():
             k.run_again(index)
         except CellExecutionError as exc:
             pytest.fail(f"the reset cell after another prompt: {error_line(exc)}")
+
+
+# ------------------------------------------------------------------ the learner writes each piece beside its lesson
+
+SECTION_NOTEBOOKS = {"02_model_directory.ipynb": "model", "03_numbers.ipynb": "quant", "04_kv_pool.ipynb": "kv",
+                     "05_forward.ipynb": "forward", "06_int4.ipynb": "quant", "07_sampler.ipynb": "sample"}
+
+
+@pytest.mark.parametrize("name", SECTION_NOTEBOOKS)
+def test_each_section_notebook_checks_the_learners_pieces_inline(name):
+    """A section ends with the pieces of the learner's module it covers and a cell that tries each
+    (exercise.try_piece); every piece named is one of the registry's."""
+    from tl_lab.lab.exercise.registry import PIECES
+
+    known = {f"{m}.{p.qualname}" for m, ps in PIECES.items() for p in ps}
+    cells = [c.source for c in notebook(name).cells if c.cell_type == "code" and "exercise.try_piece(" in c.source]
+    named = [p for src in cells for p in re.findall(r'"((?:kv|quant|model|forward|runner|sample)\.[\w.]+)"', src)]
+    assert len(cells) >= 3 and named, f"{name}: {len(cells)} cells try the learner's pieces"
+    assert set(named) <= known, f"{name} tries pieces the registry does not have: {sorted(set(named) - known)}"
+    assert any(p.startswith(SECTION_NOTEBOOKS[name] + ".") for p in named), name

@@ -225,8 +225,9 @@ PITFALLS: dict[str, Pitfall] = {p.id: p for p in [
        "decode tokens all at position 0; output degrades after the prompt",
        "incremental_decode_equals_full_prefill", _T_RUNNER + "incremental_decode_equals_full_prefill",
        [(_F, "llama_forward",
-         "cos, sin = rope_cos_sin(step.pos, c.head_dim, c.rope_theta)",
-         "cos, sin = rope_cos_sin(step.pos - np.repeat(step.starts, np.diff(step.offsets)), c.head_dim, c.rope_theta)")],
+         "cos, sin = rope_cos_sin(step.pos, c.head_dim, c.rope_theta)  # (N, D): RoPE at absolute pos(t)",
+         "cos, sin = rope_cos_sin(step.pos - np.repeat(step.starts, np.diff(step.offsets)), c.head_dim, c.rope_theta)"
+         "  # (N, D): RoPE at the position inside the step")],
        "05_forward", "7. Batch and chunk invariance (and 2. One layer, 5. The f16 bound, 6. the runner against Hugging Face)",
        probe="decode_vs_prefill"),
     _p("s14", "q_offset 0 for a decode step",
