@@ -126,7 +126,13 @@ def main(argv=None) -> None:
         print(rows[-1], flush=True)
     if wanted:  # the other notebooks keep their rows from the last full run
         rows = merged(rows)
-    report("notebooks", rows, notes=f"{RUNS} Run Alls per notebook in one kernel; first_s: the first (a fresh "
+    import json
+
+    from _common import RESULTS
+
+    path = RESULTS / "notebooks.json"
+    kept = {k: v for k, v in (json.loads(path.read_text()) if path.exists() else {}).items() if k == "first_run"}
+    report("notebooks", rows, extra=kept, notes=f"{RUNS} Run Alls per notebook in one kernel; first_s: the first (a fresh "
            "kernel), again_s: the faster of the next two; kernel_mb: the fresh kernel's resident memory before "
            "the first cell (the floor: python, IPython, ipykernel); rss_mb: the resident memory after each Run "
            "All, as a resource meter shows it; live_mb: after each, once gc.collect() and glibc's malloc_trim(0) "

@@ -26,7 +26,7 @@ from tl_lab.engine.fetch import smollm2_dir
 from tl_lab.ops.paths import REPO_ROOT
 
 FIRST_NOTEBOOK = "/lab/tree/notebooks/00_start_here.ipynb"
-START_SECONDS = 60 + 3 * 60  # the fetch check, the kernels' compile the first time (tl_lab.ops.warm: about 60 s; a
+START_SECONDS = 60 + 3 * 60  # the fetch check, the kernels' compile the first time (tl_lab.ops.warm: about 90 s; a
 # stamp skips it after), then JupyterLab's start: a few seconds on a quiet machine once compiled
 
 
