@@ -130,7 +130,7 @@ _M = "tl_lab.model"
 _F = "tl_lab.forward"
 _R = "tl_lab.runner"
 _K = "tl_lab.kv"
-_B = "tl_lab.engine.blocks"
+_P = "tl_lab.ops.paging"
 _KE = "tl_lab.ops.kernels"
 _T_SAMPLE = "tests/test_sample.py::test_"
 _T_RUNNER = "tests/test_runner.py::test_"
@@ -257,7 +257,7 @@ PITFALLS: dict[str, Pitfall] = {p.id: p for p in [
     _p("s17", "Not giving temporary blocks back",
        "the pool drains a little per embedding call",
        "run_once_returns_its_blocks", _T_RUNNER + "run_once_returns_its_blocks",
-       [("tl_lab.ops.paging", "temporary_tables",
+       [(_P, "temporary_tables",
          "give_back(pool, table)  # temporary blocks go back to the pool, every time",
          "pass  # the temporary blocks are kept: nobody gives them back")],
        "05_forward", "8. Refusals, and blocks that come back (run_once)",
