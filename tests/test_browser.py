@@ -31,7 +31,7 @@ NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb
 # its observer removed fails its row: the watched text would not change)
 WIDGETS = {
     "01_why_now.ipynb": [
-        Act("bm = show(engine.pool", "type", "position", "20", watch=".tl-where"),
+        Act("bm = show(cache.pool", "type", "position", "20", watch=".tl-where"),
     ],
     "02_model_directory.ipynb": [
         Act("view = CheckpointView()", "select", "checkpoint", "tiny Llama (int4)", watch=".widget-html",

@@ -604,7 +604,7 @@ def test_a_notebook_whose_learner_module_raises_shows_the_error_and_hint_and_run
         assert f"{ws / f'{m}.py'}:{line[m]} in " in first and what in first, first
     assert "hint: every step of docs/spec/sampling.md" in first  # the piece it raised in: sample's _run
     assert "python -m tl_lab exercise hint kv" in first
-    assert f"model    learner   {ws / 'model.py'}" in first  # the modules that run stay the learner's
+    assert f"workspace {ws}: yours run for " in first and "model" in first.split("yours run for ")[1].split(";")[0]  # the modules that run stay the learner's
 
     p = _nbval(ws, "04_kv_pool", "07_sampler")
     assert p.returncode == 0, p.stdout[-3000:]
@@ -744,7 +744,7 @@ def test_05_holds_the_learners_forward_against_hf_and_the_reference(tmp_path, mo
     code = [c for c in nbformat.read(REPO_ROOT / "notebooks" / "05_forward.ipynb", 4).cells if c.cell_type == "code"]
     claim = next(i for i, c in enumerate(code) if c.source.startswith("cases = hf_golden_cases()"))
     (first, _), (_, err), (text, claim_err) = _run_cells(ws, "05_forward", monkeypatch, (0, 1, claim))
-    assert f"forward  learner   {ws / 'forward.py'}" in first and err is None
+    assert f"workspace {ws}: yours run for " in first and "forward" in first.split("yours run for ")[1] and err is None
     lines = [s for s in text.splitlines() if " tokens: yours " in s]
     assert len(lines) == 6 and all(s.endswith("OUTSIDE") for s in lines), text
     ref = [float(s.split("the reference's ")[1].split(",")[0]) for s in lines]

@@ -21,6 +21,7 @@ a learner sees next. Times are printed (`-s`); benchmarks/bench_notebooks.py mea
 from __future__ import annotations
 
 import json
+import re
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ import platform
 
 from conftest import need
 from tl_lab.ops.machine import cores
-from notebook_kernel import NOTEBOOKS, NotebookKernel, error_line, first_line
+from notebook_kernel import NB_DIR, NOTEBOOKS, NotebookKernel, error_line, first_line
 
 RUN_ONCE = "# run once"  # a cell's first line starting so is not re-run (none today)
 
@@ -344,3 +345,190 @@ def test_the_kernels_a_run_starts_write_their_temporary_folders_inside_the_runs_
                            capture_output=True, text=True, check=True).stdout.strip()
     assert child == os.environ["TMPDIR"] and os.path.basename(child).startswith("tl_lab-run-"), child
     assert tempfile.gettempdir() != child
+
+
+# ------------------------------------------------------------------ the rules a notebook is written to
+# (issue 59, docs/dev/conventions.md): read from the .ipynb files, nothing run. A cell keeps one assert per
+# fact it teaches, with a message that says what went wrong and what to re-run; a figure's layout is
+# checked in tests/test_plots.py through the plot helpers, not in the cell; a visible code cell is short
+# (drawing code goes into tl_lab.lab.widgets.plots or a cell marked source_hidden); a notebook is read in one
+# sitting; the engineering under the runner is in one optional notebook.
+
+MAX_CELL_LINES = 25
+MAX_WORDS = 1500
+UNDER_THE_HOOD = "14_under_the_hood.ipynb"
+# The words of the engineering (kernels, threads, bandwidth, the machine): only 14 uses them. "kernel" alone
+# is Jupyter's (restart the kernel); the compiled ones are "kernels", "a compiled kernel" or tl_lab.ops.kernels.
+ENGINEERING = re.compile(r"GFLOP/s|bandwidth|sgemm|roofline|\bBLAS\b|OpenBLAS|blas_threads|\bAVX|\bL1\b|\bL2\b|"
+                         r"prefetch|numba|processor|\bthreads?\b|\bkernels\b|compiled kernel|attend_paged|matvec|"
+                         r"matmul8|\bLLVM\b|cpu_model", re.I)
+LAYOUT = re.compile(r"get_window_extent|canvas\.draw\(\)|\.overlaps\(|count_contains")
+
+
+def notebook(name: str):
+    import nbformat
+
+    return nbformat.read(NB_DIR / name, as_version=4)
+
+
+def visible(cell) -> bool:
+    return not cell.get("metadata", {}).get("jupyter", {}).get("source_hidden", False)
+
+
+def python_of(cell) -> str:
+    """A code cell's source as Python: IPython's %magics and !shell lines blanked."""
+    return "\n".join("" if s.lstrip().startswith(("%", "!")) else s for s in cell.source.splitlines())
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_every_assert_in_a_notebook_says_what_went_wrong(name):
+    import ast
+
+    bare = []
+    for index, cell in enumerate(notebook(name).cells):
+        if cell.cell_type == "code":
+            for node in ast.walk(ast.parse(python_of(cell))):
+                if isinstance(node, ast.Assert) and node.msg is None:
+                    bare.append(f"cell {index} line {node.lineno}: {ast.unparse(node.test)[:80]}")
+    assert not bare, f"{name}: {len(bare)} asserts without a message:\n" + "\n".join(bare)
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_no_notebook_cell_checks_a_figures_layout(name):
+    found = [f"cell {i}: {m.group()}" for i, c in enumerate(notebook(name).cells) if c.cell_type == "code"
+             for m in [LAYOUT.search(c.source)] if m]
+    assert not found, f"{name}: layout checks belong in tests/test_plots.py: {found}"
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_every_visible_code_cell_is_short(name):
+    long = [f"cell {i} ({first_line(c)[:50]!r}): {len(c.source.splitlines())} lines"
+            for i, c in enumerate(notebook(name).cells)
+            if c.cell_type == "code" and visible(c) and len(c.source.splitlines()) > MAX_CELL_LINES]
+    assert not long, f"{name}: visible code cells over {MAX_CELL_LINES} lines:\n" + "\n".join(long)
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_a_notebook_is_read_in_one_sitting(name):
+    words = sum(len(c.source.split()) for c in notebook(name).cells if c.cell_type == "markdown")
+    assert words <= MAX_WORDS, f"{name}: {words} words of markdown (at most {MAX_WORDS})"
+
+
+@pytest.mark.parametrize("name", [n for n in NOTEBOOKS if n != UNDER_THE_HOOD])
+def test_only_the_notebook_under_the_hood_speaks_of_the_engineering(name):
+    found = sorted({m.group() for c in notebook(name).cells for m in ENGINEERING.finditer(c.source)})
+    assert not found, f"{name} says {found}: that belongs in {UNDER_THE_HOOD}"
+
+
+def test_05_and_12_link_the_notebook_under_the_hood():
+    for name in ("05_forward.ipynb", "12_where_next.ipynb"):
+        text = " ".join(c.source for c in notebook(name).cells if c.cell_type == "markdown")
+        assert f"]({UNDER_THE_HOOD})" in text, name
+
+
+# ------------------------------------------------------------------ 00's walkthrough, against the folder
+
+
+def walkthrough() -> list[tuple]:
+    """00_start_here's WALKTHROUGH: (notebook, chapter section, what you will see, pitfalls explained)."""
+    import ast
+
+    for cell in notebook("00_start_here.ipynb").cells:
+        for node in ast.parse(python_of(cell)).body if cell.cell_type == "code" else []:
+            if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "WALKTHROUGH":
+                return eval(compile(ast.Expression(node.value), "00_start_here", "eval"), {})
+    raise AssertionError("00_start_here has no WALKTHROUGH")
+
+
+def test_00s_walkthrough_lists_every_notebook_in_the_folder():
+    listed = [name for name, *_ in walkthrough()]
+    on_disk = [n.removesuffix(".ipynb") for n in NOTEBOOKS if n != "00_start_here.ipynb"]
+    assert listed == on_disk, f"00 lists {listed}, the folder holds {on_disk}"
+
+
+def test_each_notebook_names_the_pitfalls_00_says_it_explains():
+    """Outside the pitfall lab (which lists its 22 from tl_lab's registry), a notebook names each pitfall
+    00's table gives it, and every one of the 22 is explained where its section is taught."""
+    rows = walkthrough()
+    for name, _, _, pitfalls in rows:
+        if name == "10_pitfalls":
+            continue
+        text = " ".join(c.source for c in notebook(f"{name}.ipynb").cells)
+        named = set(re.findall(r"\bs(?:0[1-9]|1[0-9]|2[0-2])\b", text))
+        assert set(pitfalls) <= named, f"{name} does not name {sorted(set(pitfalls) - named)}"
+    assert {p for name, *_, ps in rows if name != "10_pitfalls" for p in ps} == {f"s{i:02d}" for i in range(1, 23)}
+
+
+def test_00s_walkthrough_names_the_pitfalls_each_notebook_has_a_section_on():
+    """Was: 03 showed '-' while it has a section on s08. Every pitfall a notebook's headings or its
+    "pitfall sNN" lines name is in its row."""
+    for name, _, _, pitfalls in walkthrough():
+        if name == "10_pitfalls":
+            continue
+        text = " ".join(c.source for c in notebook(f"{name}.ipynb").cells if c.cell_type == "markdown")
+        named = set(re.findall(r"\bpitfalls? \**(s(?:0[1-9]|1[0-9]|2[0-2]))\b", text))
+        assert named <= set(pitfalls), f"{name} teaches {sorted(named - set(pitfalls))}, 00 does not list it"
+
+
+# ------------------------------------------------------------------ two orders a learner took (issue 59)
+
+
+def cell_index(nb, starts: str) -> int:
+    """The index of the first code cell of `nb` whose source contains `starts`."""
+    return next(i for i, c in enumerate(nb.cells) if c.cell_type == "code" and starts in c.source)
+
+
+def test_01_runs_section_2_and_3_again_after_the_engine_is_loaded_again():
+    """Was: re-running the engine's load cell, then section 2's cells, failed on `cached_blocks` (the new
+    engine's pool had no cached prefix) until Restart & Run All."""
+    from nbclient.exceptions import CellExecutionError
+
+    need("nbformat")
+    need("nbclient")
+    with NotebookKernel("01_why_now.ipynb") as k:
+        k.run_all()
+        nb = k.nb
+        load = cell_index(nb, "engine = Engine.load(")
+        after = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and i > load]
+        for index in [load, *after]:
+            try:
+                k.run_again(index)
+            except CellExecutionError as exc:
+                pytest.fail(f"cell {index} ({first_line(nb.cells[index])[:60]!r}) after the load cell again: {error_line(exc)}")
+
+
+def test_07_reset_cell_runs_again_after_another_prompt_was_typed():
+    """Was: typing another prompt into the model playground, then re-running the cell that presses
+    `reset`, failed on "The capital of" (the cell took the typed prompt)."""
+    from nbclient.exceptions import CellExecutionError
+
+    need("nbformat")
+    need("nbclient")
+    with NotebookKernel("07_sampler.ipynb") as k:
+        k.run_all()
+        k.helper('mp.prompt.value = "Name three rivers in Europe."')
+        index = cell_index(k.nb, "mp.reset_button.click()")
+        try:
+            k.run_again(index)
+        except CellExecutionError as exc:
+            pytest.fail(f"the reset cell after another prompt: {error_line(exc)}")
+
+
+# ------------------------------------------------------------------ the learner writes each piece beside its lesson
+
+SECTION_NOTEBOOKS = {"02_model_directory.ipynb": "model", "03_numbers.ipynb": "quant", "04_kv_pool.ipynb": "kv",
+                     "05_forward.ipynb": "forward", "06_int4.ipynb": "quant", "07_sampler.ipynb": "sample"}
+
+
+@pytest.mark.parametrize("name", SECTION_NOTEBOOKS)
+def test_each_section_notebook_checks_the_learners_pieces_inline(name):
+    """A section ends with the pieces of the learner's module it covers and a cell that tries each
+    (exercise.try_piece); every piece named is one of the registry's."""
+    from tl_lab.lab.exercise.registry import PIECES
+
+    known = {f"{m}.{p.qualname}" for m, ps in PIECES.items() for p in ps}
+    cells = [c.source for c in notebook(name).cells if c.cell_type == "code" and "exercise.try_piece(" in c.source]
+    named = [p for src in cells for p in re.findall(r'"((?:kv|quant|model|forward|runner|sample)\.[\w.]+)"', src)]
+    assert len(cells) >= 3 and named, f"{name}: {len(cells)} cells try the learner's pieces"
+    assert set(named) <= known, f"{name} tries pieces the registry does not have: {sorted(set(named) - known)}"
+    assert any(p.startswith(SECTION_NOTEBOOKS[name] + ".") for p in named), name

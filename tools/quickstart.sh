@@ -50,11 +50,26 @@ step "fetching SmolLM2-135M-Instruct into the user cache (once)"
 python -m tl_lab fetch smollm2
 
 if [ "$mode" = lab ]; then
+    # the kernels compile for this processor the first time they run: here, with a line saying so, not in
+    # silence under the first notebook (a stamp in tl_lab/ops/__pycache__ skips it the next time)
+    step "the engine's compiled kernels"
+    python -m tl_lab.ops.warm
+    # no "get notified about official Jupyter news?" pop-up over the widgets: news and update checks off
+    # in this venv's JupyterLab (its settings overrides), as tests/lab_harness.py has them
+    python - "$VENV/share/jupyter/lab/settings/overrides.json" <<'PY'
+import json, pathlib, sys
+path = pathlib.Path(sys.argv[1])
+path.parent.mkdir(parents=True, exist_ok=True)
+old = json.loads(path.read_text()) if path.exists() else {}
+old["@jupyterlab/apputils-extension:notification"] = {"fetchNews": "false", "checkForUpdates": False}
+path.write_text(json.dumps(old, indent=2))
+PY
     step "opening the walkthrough (Ctrl-C stops JupyterLab)"
     ROOT_FLAG=(); [ "$(id -u)" = 0 ] && ROOT_FLAG=(--allow-root)  # JupyterLab refuses root without it
     # Rooted at the repository (tl_lab/, docs/, tests/ in the file browser; terminals start here),
     # opening the first notebook. A notebook path as an argument would root the lab at notebooks/.
-    exec jupyter lab "${ROOT_FLAG[@]}" --ServerApp.root_dir="$PWD" \
+    exec jupyter lab "${ROOT_FLAG[@]}" --ServerApp.root_dir="$PWD" --LabApp.news_url=None \
+        --LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate \
         --LabApp.default_url=/lab/tree/notebooks/00_start_here.ipynb "${@:2}"
 fi
 

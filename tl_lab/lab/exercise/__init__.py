@@ -64,17 +64,29 @@ def activate(workspace=None, quiet: bool = False) -> dict[str, dict]:
     if bad is not None:
         print(f"error: {bad}; this notebook runs the reference's modules (fix it, then restart the kernel)")
     if not quiet:
-        where = "no workspace: every module is the reference's" if active() is None else f"workspace {active().workspace}"
-        if pitfall and not bad and not off and resolve().is_dir():
-            where = (f"no workspace: TL_LAB_PITFALL={pitfall} is on, and a pitfall edits the reference, so every "
-                     f"module is the reference's (your {resolve()} is not used)")
-        print(where)
-        for m, o in out.items():
-            print(f"  {m:<8} {o['origin']:<9} {o['file']}  ({o['why']})")
+        print(_one_line(out, pitfall if not bad and not off and resolve().is_dir() else ""))
+        from tl_lab.ops.warm import note  # a notebook that will still compile the kernels says so first
+
+        if (cold := note()) is not None:
+            print(cold)
     for fault in faults.values():
         print("\n".join(fault.lines()))
     _name_yours_after_a_failed_assert()
     return out
+
+
+def _one_line(out: dict[str, dict], pitfall: str = "") -> str:
+    """What runs, in one line (a notebook's first output): the workspace and which modules are yours;
+    `exercise.origins()` has each module's file and why."""
+    if pitfall:
+        return (f"no workspace: TL_LAB_PITFALL={pitfall} is on and edits the reference, so every module is the "
+                f"reference's (your {resolve()} is not used)")
+    if active() is None:
+        return "no workspace: every module is the reference's (write your own: python -m tl_lab exercise start)"
+    yours = [m for m, o in out.items() if o["origin"] == "learner"]
+    rest = [m for m in out if m not in yours]
+    return (f"workspace {active().workspace}: yours run for {', '.join(yours) or 'no module yet'}"
+            + (f"; the reference's for {', '.join(rest)}" if rest else "") + " (exercise.origins() says why)")
 
 
 def _pitfalls_on() -> tuple[str, ...]:

@@ -246,7 +246,7 @@ CATALOGUE: tuple[Graded, ...] = (
              "test_int4_file_equals_quantize_of_the_f32_weights", "test_load_weights_refuses_tensors_that_do_not_fit")),
     _g("config_refuses_what_the_engine_cannot_run", "boundary", "scaled RoPE, sliding window, unknown arch, missing tokenizer refused at load", "wrong models fail loudly at start", "model", "model"),
     _g("bigram_checkpoint_still_serves", "conformance", "the tracer checkpoint loads and greedy continues bcd", "the Pass 1 smoke stays green (D32)", "forward", "runner"),
-    _g("tiny_llama_logits_match_hf", "golden", "last-token logits within 2e-2 of HF's float32 forward", "the whole graph: GQA, tied embeddings, BF16 file", "forward", "runner"),
+    _g("tiny_llama_logits_match_hf", "golden", "last-token logits within the f16 bound (1e-3 of the largest logit) of HF's float32 forward", "the whole graph: GQA, tied embeddings, BF16 file", "forward", "runner"),
     _g("tiny_llama_greedy_matches_hf", "golden", "32 greedy tokens per prompt equal HF's under the near-tie rule", "what MS-L10 compares with your Python", "forward", "runner"),
     _g("incremental_decode_equals_full_prefill", "differential", "prefill then one token per step equals one prefill, within floating-point tolerance", "chunked prefill and preemption by recompute", "forward", "runner"),
     _g("batched_forward_equals_single", "differential", "two sequences in one step agree with their alone logits within float tolerance", "continuous batching changes nothing", "forward", "runner"),
