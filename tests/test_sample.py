@@ -396,6 +396,15 @@ def calls(draw):
 # The hard cases of the sampler, run every time (issue 62): ties at every filter's edge, one id,
 # the nucleus past its first 64 candidates, min_p exactly at a weight, the widest logits.
 _TIES = np.array([1, 1, 1, 0, 0, -1], np.float32)
+def examples(cases):
+    """Each of `cases` as an explicit @example of a property test: the known hard cases run every time."""
+    def wrap(test):
+        for case in reversed(cases):
+            test = example(case)(test)
+        return test
+    return wrap
+
+
 SAMPLER_HARD_CASES = [
     (_TIES, SamplingParams(top_k=2), [], [], 7),  # a tie at the top-k edge: the lower ids win
     (_TIES, SamplingParams(top_k=3, top_p=2 / 3), [], [], 11),  # cum reaches p exactly at the 2nd id
@@ -411,27 +420,14 @@ SAMPLER_HARD_CASES = [
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(calls())
-@example(SAMPLER_HARD_CASES[0])
-@example(SAMPLER_HARD_CASES[1])
-@example(SAMPLER_HARD_CASES[2])
-@example(SAMPLER_HARD_CASES[3])
-@example(SAMPLER_HARD_CASES[4])
-@example(SAMPLER_HARD_CASES[5])
-@example(SAMPLER_HARD_CASES[6])
-@example(SAMPLER_HARD_CASES[7])
-@example(SAMPLER_HARD_CASES[8])
+@examples(SAMPLER_HARD_CASES)
 def test_fast_path_matches_reference_bit_for_bit(call):
     _agree(*call)
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(calls())
-@example(SAMPLER_HARD_CASES[0])
-@example(SAMPLER_HARD_CASES[1])
-@example(SAMPLER_HARD_CASES[2])
-@example(SAMPLER_HARD_CASES[3])
-@example(SAMPLER_HARD_CASES[4])
-@example(SAMPLER_HARD_CASES[7])
+@examples([SAMPLER_HARD_CASES[i] for i in (0, 1, 2, 3, 4, 7)])
 def test_trace_properties(call):
     x, params, prompt, output, seed = call
     tr = sample_trace(x, params, prompt, output, stream(seed, 4))

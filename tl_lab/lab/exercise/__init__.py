@@ -65,7 +65,7 @@ def activate(workspace=None, quiet: bool = False) -> dict[str, dict]:
         print(f"error: {bad}; this notebook runs the reference's modules (fix it, then restart the kernel)")
     if not quiet:
         print(_one_line(out, pitfall if not bad and not off and resolve().is_dir() else ""))
-        from tl_lab.ops.warm import note  # a notebook that will still compile the kernels says so first
+        from tl_lab.lab.warm import note  # a notebook that will still compile the kernels says so first
 
         if (cold := note()) is not None:
             print(cold)
