@@ -496,7 +496,10 @@ def test_a_pitfall_in_the_workspace_copy_fails_its_test(tmp_path, pid):
     assert outcomes(data) and all(v == "failed" for v in outcomes(data).values()), data
     assert data["origins"][m]["loaded"].startswith(str(tmp_path))
     failing = data["results"][0]
-    assert f"this is what {pid}" in pitfall_hint(m, failing["nodeid"], failing["message"])
+    # by symptom: the learner's file tried piece by piece; the pitfall named alone, only from the workspace
+    hint = pitfall_hint(m, failing["nodeid"], failing["message"], workspace=ws)
+    assert f"this is pitfall {pid}" in hint and hint.count("this is pitfall") == 1, hint
+    assert "this is pitfall" not in pitfall_hint(m, failing["nodeid"], failing["message"])  # no name from a test's name
 
 
 @pytest.mark.exercise_slow

@@ -1,34 +1,36 @@
 """tl_lab/sample.py's filters and checks at every limit (issue 62): top_k, top_p and min_p each tested
 exactly at their edge, one under and one over, on logits whose weights are exact (ties: w = 1 for
 every id at the top, so each running sum is a sum of exact quarters or eighths), and the parameter and
-input ranges at their edges. What a filter keeps is read from `sample_trace` (the engine's path);
-the reference twin agrees bit for bit (tests/test_sample.py).
+input ranges at their edges. What a filter keeps is read from `sample_trace` (the learner's file);
+the engine's vectorized twin, tl_lab/ops/fast_sample.py, must give the same (compared here, and bit
+for bit in tests/test_sample.py).
 
 The comparisons (file:function: the comparison), each pinned by the test named after it:
 
-    sample.py:SamplingParams: top_k >= 0                                  test_parameters_at_their_edges
-    sample.py:SamplingParams: temperature >= 0                            test_parameters_at_their_edges
-    sample.py:SamplingParams: 0 < top_p <= 1                              test_parameters_at_their_edges
-    sample.py:SamplingParams: 0 <= min_p <= 1                             test_parameters_at_their_edges
-    sample.py:SamplingParams: repetition_penalty > 0                      test_parameters_at_their_edges
-    sample.py:_widen: |x| <= LOGIT_LIMIT (2**1000)                        test_logits_at_the_size_limit
-    sample.py:_widen: size == 0                                           test_logits_at_the_size_limit
-    sample.py:_ids: 0 <= id < V (prompt, output)                          test_history_ids_at_the_vocabulary_edges
-    sample.py:_run: 0 < k < V (top_k on)                                  test_top_k_at_the_vocabulary_size
-    sample.py:_top_ids: n >= q.size; q >= edge (ties at the edge)         test_top_k_at_a_tie
-    sample.py:_top_k: cand.size == k                                      test_top_k_at_a_tie
-    sample.py:_nucleus: cum >= p (the id that reaches p is kept)          test_top_p_at_a_running_sum
-    sample.py:_nucleus: n = min(n_all, 64); cand.size == n_all; n *= 8    test_top_p_past_the_first_64_candidates
-    sample.py:_run: top_p != 1.0 (the step is skipped at 1)               test_top_p_at_a_running_sum
-    sample.py:_run: w >= min_p (a weight equal to min_p is kept)          test_min_p_at_a_weight
-    sample.py:_run: min_p != 0.0 (the step is skipped at 0)               test_min_p_at_a_weight
-    sample.py:_run: searchsorted(side="right"): u < c_j picks j           test_the_draw_at_a_cdf_step
-    sample.py:_run: j == cdf.size (rounding): last kept id with p > 0     test_the_draw_past_a_rounded_total
+    ops/sampler_checks.py:check_params: top_k >= 0                       test_parameters_at_their_edges
+    ops/sampler_checks.py:check_params: temperature >= 0                 test_parameters_at_their_edges
+    ops/sampler_checks.py:check_params: 0 < top_p <= 1                   test_parameters_at_their_edges
+    ops/sampler_checks.py:check_params: 0 <= min_p <= 1                  test_parameters_at_their_edges
+    ops/sampler_checks.py:check_params: repetition_penalty > 0           test_parameters_at_their_edges
+    ops/sampler_checks.py:widen_logits: |x| <= LOGIT_LIMIT (2**1000)     test_logits_at_the_size_limit
+    ops/sampler_checks.py:widen_logits: size == 0                        test_logits_at_the_size_limit
+    ops/sampler_checks.py:token_ids: 0 <= id < V (prompt, output)        test_history_ids_at_the_vocabulary_edges
+    sample.py:_top_k: 0 < k < V (top_k on)                               test_top_k_at_the_vocabulary_size
+    fast_sample.py:_top_ids: n >= q.size; q >= edge (ties at the edge)   test_top_k_at_a_tie
+    fast_sample.py:_top_k: cand.size == k                                test_top_k_at_a_tie
+    sample.py:_top_p: c >= p (the id that reaches p is kept)             test_top_p_at_a_running_sum
+    fast_sample.py:_nucleus: cum >= p                                    test_top_p_at_a_running_sum
+    fast_sample.py:_nucleus: n = min(n_all, 64); cand.size == n_all      test_top_p_past_the_first_64_candidates
+    sample.py:sample_trace: top_p != 1.0 (the step is skipped at 1)      test_top_p_at_a_running_sum
+    sample.py:_min_p: w >= m (a weight equal to min_p is kept)           test_min_p_at_a_weight
+    sample.py:_min_p: m == 0.0 (the step is skipped at 0)                test_min_p_at_a_weight
+    sample.py:_draw: u < c_j picks j                                     test_the_draw_at_a_cdf_step
+    sample.py:_draw: the total at or below u: last kept id with p > 0    test_the_draw_past_a_rounded_total
 
-Three comparisons no test can tell apart, found equivalent (docs/dev/mutation.md): `_top_ids`'s
-`n >= q.size` as `>` (at n == size the partition's edge is the minimum, and every id is kept either
-way), `0 < k < V` as `<= V` (top_k = V keeps every id either way), and the nucleus's first look of 64
-candidates as any other count (the walk widens until it reaches p; the count is speed, not result).
+Three comparisons no test can tell apart, found equivalent (docs/dev/mutation.md): fast_sample's
+`_top_ids` `n >= q.size` as `>` (at n == size the partition's edge is the minimum, and every id is kept
+either way), `0 < k < V` as `<= V` (top_k = V keeps every id either way), and the nucleus's first look
+of 64 candidates as any other count (the walk widens until it reaches p; the count is speed, not result).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ import numpy as np
 import pytest
 
 from tl_lab.sample import LOGIT_LIMIT, Pcg32, SamplingParams, sample, sample_trace, stream
-from tl_lab.sample_reference import sample_reference
+from tl_lab.ops.fast_sample import sample as fast_sample
 
 
 def kept(logits, **params) -> list[int]:
@@ -122,7 +124,7 @@ def test_top_p_past_the_first_64_candidates(V, n, over, p):
     want = min(n + over, V)  # past the last id's sum: the whole set
     assert kept(x, top_p=p) == list(range(want))
     a = sample(x, SamplingParams(top_p=p), [], [], stream(3, 4))
-    assert a == sample_reference(x, SamplingParams(top_p=p), [], [], stream(3, 4))
+    assert a == fast_sample(x, SamplingParams(top_p=p), [], [], stream(3, 4))
 
 
 E1 = math.exp(-1.0)  # the weight of logit -1 under a best of 0: exactly what the sampler computes
@@ -164,7 +166,7 @@ def test_the_draw_at_a_cdf_step(u, token):
     """Four tied ids, cdf 0.25, 0.5, 0.75, 1.0: the draw u picks the first id whose c exceeds it."""
     params = SamplingParams()
     got = sample(np.zeros(4, np.float32), params, [], [], FixedDraw(u))
-    ref = sample_reference(np.zeros(4, np.float32), params, [], [], FixedDraw(u))
+    ref = fast_sample(np.zeros(4, np.float32), params, [], [], FixedDraw(u))
     assert got[0] == token == ref[0]
 
 
@@ -178,7 +180,7 @@ def test_the_draw_past_a_rounded_total():
     assert u >= tr.cdf[-1]  # the case this test is about
     for draw in (u, float(tr.cdf[-1]), float(tr.cdf[-2]), math.nextafter(float(tr.cdf[-2]), 0.0)):
         got = sample(x, SamplingParams(), [], [], FixedDraw(draw))
-        assert got == sample_reference(x, SamplingParams(), [], [], FixedDraw(draw))
+        assert got == fast_sample(x, SamplingParams(), [], [], FixedDraw(draw))
         assert got[0] == 9
 
 

@@ -230,7 +230,9 @@ CATALOGUE: tuple[Graded, ...] = (
     _g("top_p_keeps_the_crossing_token", "boundary", "mass exactly at p keeps the crossing id", "nucleus edge, the most common sampler bug", "sample", "sample", _REF),
     _g("penalties_follow_hf_and_openai_semantics", "unit", "repetition divides positives and multiplies negatives over prompt and output; presence and frequency over output only", "the OpenAI request fields mean what clients expect", "sample", "sample", _REF),
     _g("seeded_sampling_matches_the_distribution", "statistical", "4000 draws fit 0.4, 0.3, 0.2, 0.1 (chi-square below 16.27); a seed repeats", "the sampler draws from the right distribution", "sample", "sample", _REF),
-    _g("kv_pool_bounds_and_cache_lifecycle", "boundary", "capacity is all-or-nothing, refs balance, full blocks register, release caches, lookup reacquires", "scheduler and prefix cache share one pool", "kv", "kv"),
+    # where a position lands (section 3's worked example) is the pool's rule too: graded with its bounds
+    _g("kv_pool_bounds_and_cache_lifecycle", "boundary", "capacity is all-or-nothing, refs balance, full blocks register, release caches, lookup reacquires", "scheduler and prefix cache share one pool", "kv", "kv",
+       also=("test_key_location_is_one_rule_for_scalars_and_arrays",)),
     _g("kv_pool_evicts_the_oldest_cached_block", "boundary", "exhausted allocation evicts the oldest cached prefix", "cache policy preserves recent prefixes", "kv", "kv"),
     _g("kv_pool_rejects_zero_capacity", "boundary", "zero blocks is rejected during construction", "invalid engine configuration fails early", "kv", "kv"),
     _g("kv_pool_exports_and_imports_rust_owned_blocks", "differential", "a written f16 value survives an export/import round trip", "disaggregated decode resumes with the same cache", "kv", "kv"),
