@@ -103,3 +103,36 @@ def test_explain_a_difference_names_the_pitfall_whose_output_it_is():
     assert "this is pitfall" not in lines[0] and "index [2]: yours 0x2E67, the reference 0x2E66" in lines[0]
     lines = explain(Difference("t", "quant.f32_to_f16", (x,), None, None, ("ValueError", "bad", "/w/quant.py", 7)))
     assert lines[0] == "quant.f32_to_f16 raised ValueError at /w/quant.py:7: bad"
+
+
+def _call(piece, args, kwargs, learner):
+    import base64
+    import pickle
+
+    from tl_lab.lab.exercise.tries import encode
+
+    return {"piece": piece, "args": base64.b64encode(pickle.dumps((args, kwargs))).decode(),
+            "learner": learner if isinstance(learner, list) else encode(learner)}
+
+
+def test_a_checks_failure_is_the_first_call_whose_answer_differs_from_the_references():
+    """What the proxy logged (`remote.Connection.record`): calls that agree are passed over, an error of
+    the reference's type agrees (the sentence may be the learner's); the first differing call is explained
+    with the reference's answer computed on the grader's side, in hex."""
+    import numpy as np
+
+    from tl_lab.lab.exercise.diagnose import first_differing, from_calls, reference_answers
+
+    x = np.array([1.0, 65520.0, 0.1], np.float32)
+    calls = [_call("quant.f32_to_f16", (np.float32(1.0),), {}, np.uint16(0x3C00)),
+             _call("quant.f32_to_f16", (x,), {}, np.array([0x3C00, 0x7C00, 0x2E67], np.uint16)),
+             _call("quant.f32_to_f16", ("a string",), {}, ["raised", "TypeError", "no", "", 0, ["TypeError"]])]
+    answers = reference_answers(calls)
+    assert answers[0] == calls[0]["learner"]
+    d = first_differing("t", calls, answers)
+    assert d.piece == "quant.f32_to_f16" and d.raised is None and d.args[0].tolist() == x.tolist()
+    lines = from_calls("quant", "t", calls)
+    assert "no pitfall" in lines[0] and "index [2]: yours 0x2E67, the reference 0x2E66" in lines[0], lines
+    raised = ["raised", "NameError", "name 'h' is not defined", "/w/quant.py", 12, ["NameError"]]
+    lines = from_calls("quant", "t", [_call("quant.f32_to_f16", (x,), {}, raised)])
+    assert lines[0] == "quant.f32_to_f16 raised NameError at /w/quant.py:12: name 'h' is not defined", lines
