@@ -151,10 +151,10 @@ def _pitfalls_on_args(piece, args, mine, kwargs=None) -> list[str]:
     import sys
     import tempfile
 
-    from tl_lab.lab.exercise.tries import _env, candidates, same
+    from tl_lab.lab.exercise.tries import _env, same
     from tl_lab.ops.paths import REPO_ROOT
 
-    pids = candidates(piece.module, piece.qualname)
+    pids = module_candidates(piece.module)  # the called piece may call the one the pitfall edits (a helper)
     if not pids:
         return []
     with tempfile.NamedTemporaryFile(suffix=".pkl", delete=False) as f:
@@ -176,6 +176,14 @@ def _pitfalls_on_args(piece, args, mine, kwargs=None) -> list[str]:
     return [pid for pid in pids if not same(got["reference"], got[pid]) and same(mine, got[pid])]
 
 
+def module_candidates(module: str) -> list[str]:
+    """The chapter's pitfalls with an edit in `module` (any of its functions): a check's logged call
+    (`sample_trace`) runs the helper a pitfall edits (`_penalise`)."""
+    from tl_lab.lab.pitfalls import PITFALLS
+
+    return [p.id for p in PITFALLS.values() if any(e.module == f"tl_lab.{module}" for e in p.edits)]
+
+
 def _call_child(path: str) -> dict:
     """In a child: the piece called on the args with the reference and with each pitfall's edit."""
     import pickle
@@ -190,7 +198,7 @@ def _call_child(path: str) -> dict:
         source = reference_source(module)
         if label != "reference":
             for e in get(label).edits:
-                if e.module == f"tl_lab.{module}" and e.function == qualname:
+                if e.module == f"tl_lab.{module}":
                     source = apply_edit(source, e, label)
         m = _fresh(module, compile(source, f"<{module} {label}>", "exec"), f"<{module} {label}>")
         try:
