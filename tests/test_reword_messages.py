@@ -32,3 +32,14 @@ def test_every_module_reworded_still_compiles_and_differs(tmp_path):
         text = (tmp_path / f"{m}.py").read_text()
         compile(text, m, "exec")
         assert text != (ROOT / "tl_lab" / f"{m}.py").read_text()
+
+
+def test_a_refusal_is_held_to_its_fields_not_its_sentence():
+    """tests/refusal.py: the reworded sentence passes, a message that leaves out a field or value fails."""
+    from refusal import names_all
+
+    text = "alloc(4): only 3 blocks available"
+    assert names_all("alloc(4): ONLY 3 blocks available", text) == []
+    assert names_all("alloc: ONLY 3 blocks available", text) == ["alloc(4)"]
+    assert names_all("block id 5 is out of range (n_blocks 4)", "block id 4 is out of range (n_blocks 4)") == []
+    assert "n_blocks" in names_all("block 4 is out of range", "block id 4 is out of range (n_blocks 4)")
