@@ -25,10 +25,10 @@ MISTAKES = [
     ("s01 the shifts swapped", "sample", "Pcg32.uniform_f64",
      "return ((a >> 5) * 67108864 + (b >> 6))", "return ((a >> 6) * 67108864 + (b >> 5))", "s01"),
     ("s02 sequence 54", "sample", "stream",
-     'return Pcg32(child_seed(seed, purpose), _u64(purpose, "purpose"))', "return Pcg32(child_seed(seed, purpose), 54)", "s02"),
+     'return Pcg32(child_seed(seed, purpose), u64(purpose, "purpose"))', "return Pcg32(child_seed(seed, purpose), 54)", "s02"),
     ("s18 evicting the newest", "kv", "KvPool.alloc",
      "b, _ = self._lru.popitem(last=False)", "b, _ = self._lru.popitem(last=True)", "s18"),
-    ("s04 > in the nucleus walk", "sample", "_nucleus", "hit = cum >= p", "hit = cum > p", "s04"),
+    ("s04 > in the nucleus walk", "sample", "_top_p", "if c >= p:", "if c > p:", "s04"),
     ("s19 a zero-block pool let through", "kv", "KvCfg.validate",
      'as_int(self.n_blocks, "KvCfg.n_blocks", lo=1, error=KvError)', 'as_int(self.n_blocks, "KvCfg.n_blocks", lo=0, error=KvError)', "s19"),
     # not pitfalls of the chapter
@@ -36,7 +36,8 @@ MISTAKES = [
      "return mix64((seed + purpose * GOLDEN_GAMMA) & MASK64)", "return mix64((seed + GOLDEN_GAMMA * (purpose + 1)) & MASK64)", None),
     ("a NameError", "sample", "mix64",
      "    return z ^ (z >> 31)\n", "    return z ^ (zz >> 31)\n", None),
-    ("a pairwise sum", "sample", "_softmax_over", "return wk / _lsum(wk)", "return wk / np.sum(wk)", None),
+    ("top-k kept in q order, not id order", "sample", "_top_k",
+     "return sorted(_by_q_desc(q, range(len(q)))[:k])", "return _by_q_desc(q, range(len(q)))[:k]", None),
     ("bytes not handled by unpack_int4", "quant", "unpack_int4",
      "    if isinstance(packed, (bytes, bytearray, memoryview)):\n        packed = np.frombuffer(packed, dtype=np.uint8)\n", "", None),
     ("an off-by-one subnormal shift", "quant", "explain_f32_to_f16",
@@ -199,6 +200,7 @@ def test_a_mistake_in_the_learners_module_is_diagnosed_by_check(tmp_path, name, 
         assert "differs from the reference" in row.hint or " raised " in row.hint, row.hint
 
 
+@pytest.mark.exercise_slow  # a minute or more on a busy machine: the unit of from_calls above is the quick one
 def test_one_mistake_through_check_quickly(tmp_path):
     """The unmarked one: a quant mistake that is no pitfall, through `exercise check`: the call the proxy
     saw and the reference's answer to it (hex), no pitfall."""
