@@ -7,6 +7,7 @@ are in test_runner.py; here are the building blocks (the numpy products: test_pr
 import numpy as np
 import pytest
 
+from refusal import names_all, raises_naming
 from tl_lab.forward import (
     Step,
     attend,
@@ -281,5 +282,5 @@ def test_stacked_linears_give_each_part_its_own_bits(quant):
         assert layer.up_proj.w.ctypes.data == layer.gate_up.w.ctypes.data + layer.gate_proj.w.nbytes
     again = LlamaLayer(**{f: getattr(layer, f) for f in LlamaLayer.__dataclass_fields__ if f not in ("qkv", "gate_up")})
     assert again.qkv is not layer.qkv  # a new layer stacks its own linears
-    with pytest.raises(ValueError, match="all float32 or all int4"):
+    with raises_naming(ValueError, "all float32 or all int4", "forward"):
         stack_linears([Linear(np.ones((4, 8), np.float32)), QLinear.quantize(np.ones((4, 8), np.float32), 8)])

@@ -32,6 +32,7 @@ import numpy as np
 import pytest
 
 import tl_lab.kv as kv
+from refusal import names_all, raises_naming
 from tl_lab.errors import FormatError, KvError
 from tl_lab.kv import KvCfg, KvPool, key_location, prefix_hash, prefix_hashes
 
@@ -51,7 +52,7 @@ def test_pool_dimensions_at_their_floor(field, value, ok):
     if ok:
         assert KvPool(cfg).cfg == cfg
     else:
-        with pytest.raises(KvError, match=rf"KvCfg\.{field}"):
+        with raises_naming(KvError, rf"KvCfg\.{field}"):
             KvPool(cfg)
 
 
@@ -63,7 +64,7 @@ def test_pool_size_at_the_machines_memory(monkeypatch, spare, ok):
     if ok:
         cfg.validate()
     else:
-        with pytest.raises(KvError, match="more than this machine's"):
+        with raises_naming(KvError, "more than this machine's"):
             cfg.validate()
 
 
@@ -72,7 +73,7 @@ def test_prefix_hash_parent_at_the_u64_edges(parent, ok):
     if ok:
         assert 0 <= prefix_hash(parent, [1, 2]) < U64
     else:
-        with pytest.raises(ValueError, match="parent must be None or a u64"):
+        with raises_naming(ValueError, "parent must be None or a u64"):
             prefix_hash(parent, [1, 2])
 
 
@@ -83,7 +84,7 @@ def test_prefix_hash_tokens_at_the_u32_edges(token, ok, as_array):
     if ok:
         assert prefix_hash(None, tokens) == prefix_hash(None, [5, token])
     else:
-        with pytest.raises(ValueError, match="u32"):
+        with raises_naming(ValueError, "u32"):
             prefix_hash(None, tokens)
 
 
@@ -105,9 +106,9 @@ def test_key_location_at_the_tables_edges(position, ok):
         index, block, slot = key_location(table, np.array([0, position]), B)
         assert (int(index[1]), int(block[1]), int(slot[1])) == want
     else:
-        with pytest.raises(KvError, match="outside the block table's 12 positions"):
+        with raises_naming(KvError, "outside the block table's 12 positions"):
             key_location(table, position, B)
-        with pytest.raises(KvError, match="inside the block table's 12 positions"):
+        with raises_naming(KvError, "inside the block table's 12 positions"):
             key_location(table, np.array([0, position]), B)
 
 
@@ -117,7 +118,7 @@ def test_block_ids_at_the_pools_edges(id, ok):
     if ok:
         assert p.ref(id) == 0 and p.state(id) == "free"
     else:
-        with pytest.raises(KvError, match=rf"block id {id} is out of range \(n_blocks 4\)"):
+        with raises_naming(KvError, rf"block id {id} is out of range \(n_blocks 4\)"):
             p.ref(id)
 
 
@@ -128,13 +129,13 @@ def test_slab_layer_and_is_v_at_their_edges(layer, ok, is_v):
     if ok:
         assert p.slab(0, layer, is_v).shape == (1, B, 2)
     else:
-        with pytest.raises(KvError, match=r"layer .* is out of range \(n_layers 2\)"):
+        with raises_naming(KvError, r"layer .* is out of range \(n_layers 2\)"):
             p.slab(0, layer, is_v)
 
 
 @pytest.mark.parametrize("is_v", [-1, 2])
 def test_slab_is_v_past_its_edges(is_v):
-    with pytest.raises(KvError, match="is_v must be a bool"):
+    with raises_naming(KvError, "is_v must be a bool"):
         pool().slab(0, 0, is_v)
 
 
@@ -146,7 +147,7 @@ def test_alloc_at_what_is_available(n, ok):
     if ok:
         assert len(p.alloc(n)) == n and p.available() == 3 - n
     else:
-        with pytest.raises(KvError, match=r"alloc\(4\): only 3 blocks available"):
+        with raises_naming(KvError, r"alloc\(4\): only 3 blocks available"):
             p.alloc(n)
         assert p.available() == 3 and p.stats()["in_use"] == 1
 
@@ -187,7 +188,7 @@ def test_set_fill_at_its_edges(n, ok):
         p.set_fill(b, n)
         assert p.fill(b) == n
     else:
-        with pytest.raises(KvError, match=rf"fill must be an int in 0\.\.{B}"):
+        with raises_naming(KvError, rf"fill must be an int in 0\.\.{B}"):
             p.set_fill(b, n)
         assert p.fill(b) == 0
 
@@ -201,11 +202,11 @@ def test_register_at_a_full_block_and_the_u64_edge(fill, h, ok):
     if ok:
         assert p.register(b, h) is True and p.lookup(h) == b
     else:
-        with pytest.raises(KvError, match="not full" if fill < B else "the hash must be a u64"):
+        with raises_naming(KvError, "not full" if fill < B else "the hash must be a u64"):
             p.register(b, h)
         assert p.hash_of(b) is None
         if fill == B:
-            with pytest.raises(KvError, match="the hash must be a u64"):
+            with raises_naming(KvError, "the hash must be a u64"):
                 p.lookup(h)
 
 
@@ -226,7 +227,7 @@ def test_import_at_what_is_available(n, ok):
     if ok:
         assert len(p.import_(buf)) == n
     else:
-        with pytest.raises(KvError, match=r"the envelope holds 4 blocks, only 3 available"):
+        with raises_naming(KvError, r"the envelope holds 4 blocks, only 3 available"):
             p.import_(buf)
         assert p.available() == 3
 
@@ -234,13 +235,13 @@ def test_import_at_what_is_available(n, ok):
 def test_envelope_length_at_its_edges():
     good = envelope(1)
     assert len(pool().import_(good)) == 1
-    with pytest.raises(FormatError, match="truncated"):
+    with raises_naming(FormatError, "truncated"):
         pool().import_(good[:-1])
-    with pytest.raises(FormatError, match="has trailing bytes"):
+    with raises_naming(FormatError, "has trailing bytes"):
         pool().import_(good + b"\0")
     empty = envelope(0)
     assert len(empty) == kv._HEADER.size + kv._CRC.size and pool().import_(empty) == []
-    with pytest.raises(FormatError, match="the header alone is"):
+    with raises_naming(FormatError, "the header alone is"):
         pool().import_(empty[:-1])
 
 
@@ -255,5 +256,5 @@ def test_envelope_fill_at_its_edge(fill, ok):
         (b,) = p.import_(bytes(buf))
         assert p.fill(b) == fill and p.hash_of(b) is None
     else:
-        with pytest.raises(FormatError, match=f"fill {fill}"):
+        with raises_naming(FormatError, f"fill {fill}"):
             pool().import_(bytes(buf))

@@ -334,7 +334,7 @@ def test_quantize_and_qlinear_refuse_bad_input():
     bad[1, 2] = np.nan
     with pytest.raises(ValueError, match=r"finite, got w\[1, 2\] = nan"):
         QLinear.quantize(bad, group=4)
-    with pytest.raises(ValueError, match="too large for an f16 scale"):
+    with pytest.raises(ValueError, match=r"\bf16\b"):
         QLinear.quantize(w * 1e6, group=4)
     with pytest.raises(ValueError, match="2D"):
         QLinear.quantize(np.ones(8, dtype=np.float32), group=4)
@@ -375,17 +375,17 @@ def test_widening_into_out_names_an_out_it_cannot_write():
 
 
 def test_int4_packing_refuses_bad_input():
-    with pytest.raises(ValueError, match="even column count, got cols=3"):
+    with pytest.raises(ValueError, match=r"\bcols=3\b"):
         pack_int4(np.zeros(6, dtype=np.int8), rows=2, cols=3)
-    with pytest.raises(ValueError, match=r"out of range \[-8, 7\]: q\[0, 1\] = 8"):
+    with pytest.raises(ValueError, match=r"\[-8, 7\].*q\[0, 1\] = 8"):
         pack_int4([0, 8, 0, 0], rows=1, cols=4)
-    with pytest.raises(ValueError, match=r"out of range \[-8, 7\]: q\[1, 0\] = -9"):
+    with pytest.raises(ValueError, match=r"\[-8, 7\].*q\[1, 0\] = -9"):
         pack_int4([[0, 0], [-9, 0]], rows=2, cols=2)
-    with pytest.raises(ValueError, match="size mismatch: q has 6 values, rows \\* cols = 8"):
+    with pytest.raises(ValueError, match=r"\b6\b.*rows \* cols = 8"):
         pack_int4(np.zeros(6, dtype=np.int8), rows=2, cols=4)
-    with pytest.raises(ValueError, match="integers"):
+    with pytest.raises(ValueError, match=r"\bdtype\b"):
         pack_int4([0.5, 1.0], rows=1, cols=2)
-    with pytest.raises(ValueError, match="must be uint8"):
+    with pytest.raises(ValueError, match=r"\buint8\b"):
         unpack_int4(np.zeros(4, dtype=np.int8))
 
 
@@ -531,13 +531,13 @@ def test_int4_sizes_must_be_positive_and_the_refusal_names_which(out, inp, group
 def test_a_scale_too_large_for_f16_names_the_first_group_holding_it():
     w = np.ones((3, 8), dtype=np.float32)
     w[1, 5] = w[2, 1] = 1e6  # row 1 group 1 comes before row 2 group 0
-    with pytest.raises(ValueError, match=r"row 1, group 1\b"):
+    with pytest.raises(ValueError, match=r"(?i)\brow 1\b.*\bgroup 1\b"):
         QLinear.quantize(w, group=4)
 
 
 def test_pack_int4_refuses_a_negative_row_or_column_count():
     for rows, cols in ((-1, 2), (1, -2)):
-        with pytest.raises(ValueError, match="non-negative"):
+        with pytest.raises(ValueError, match=r"\b(rows|cols)=-"):
             pack_int4([], rows, cols)
 
 
@@ -574,5 +574,5 @@ def test_qlinear_stack_is_one_product_of_its_parts():
         assert np.shares_memory(view.planar, stacked.planar) and np.shares_memory(view.scales, stacked.scales)
         assert (view.out, view.inp, view.group) == (part.out, 64, 32)
         assert np.array_equal(view.dequantize(), part.dequantize())
-    with pytest.raises(ValueError, match="stacked int4 linears need one input size and group"):
+    with pytest.raises(ValueError, match=r"\bgroup\b"):
         QLinear.stack([parts[0], QLinear.quantize(np.ones((4, 32), np.float32), 32)])

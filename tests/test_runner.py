@@ -10,6 +10,7 @@ import re
 import numpy as np
 import pytest
 
+from refusal import names_all, raises_naming
 from tl_lab.lab.compare import hf_golden_cases
 from tl_lab.errors import BatchError, KvError
 from tl_lab.ops import paging
@@ -425,10 +426,10 @@ def test_forward_refuses_bad_batches():
         with pytest.raises(BatchError) as exc:
             runner.forward(ForwardBatch([ok, seq]))
         for w in words:
-            assert w in str(exc.value), f"{what}: {w!r} not in {str(exc.value)!r}"
+            assert not names_all(str(exc.value), w, "runner"), f"{what}: {w!r} not named in {str(exc.value)!r}"
         assert snapshot(runner) == before, f"{what}: the pool changed"
     before = snapshot(runner)
-    with pytest.raises(BatchError, match="empty batch.*ForwardBatch"):
+    with raises_naming(BatchError, "empty batch.*ForwardBatch", "runner"):
         runner.forward(ForwardBatch([]))
     assert snapshot(runner) == before
     out = runner.forward(ForwardBatch([ok]))  # the good sequence alone runs, and writes
@@ -460,7 +461,7 @@ def test_forward_refuses_batches_of_the_wrong_types_and_starts_past_what_the_blo
     }
     for what, (batch, words) in bad.items():
         before = snapshot(runner)
-        with pytest.raises(BatchError, match=re.escape(words)):
+        with raises_naming(BatchError, re.escape(words), "runner"):
             runner.forward(batch)
         assert snapshot(runner) == before, what
     runner.forward(ForwardBatch([ForwardSeq([1], 20, blocks)]))  # right after what they hold: fine
@@ -469,7 +470,7 @@ def test_forward_refuses_batches_of_the_wrong_types_and_starts_past_what_the_blo
     taken = runner.pool.alloc(runner.pool.available())
     again = [b for b in taken if b in blocks]  # the same blocks, the old K and V still in their bytes
     assert sorted(again) == sorted(blocks) and runner.pool.fill(again[0]) == 0
-    with pytest.raises(BatchError, match=f"block {again[0]} .table entry 0. holds 0 of the 16 positions"):
+    with raises_naming(BatchError, f"block {again[0]} .table entry 0. holds 0 of the 16 positions", "runner"):
         runner.forward(ForwardBatch([ForwardSeq([1], 20, again)]))
 
 
@@ -481,10 +482,10 @@ def test_forward_names_a_batch_that_is_not_a_forward_batch():
     seq = ForwardSeq([1, 2], 0, blocks)
     for batch, name in (([seq], "list"), (seq, "ForwardSeq"), (None, "NoneType")):
         before = snapshot(runner)
-        with pytest.raises(BatchError, match=f"forward needs a ForwardBatch, got {name}$"):
+        with raises_naming(BatchError, f"forward needs a ForwardBatch, got {name}$", "runner"):
             runner.forward(batch)
         assert snapshot(runner) == before
-    with pytest.raises(BatchError, match="ForwardBatch.seqs must be a list of ForwardSeq, got NoneType"):
+    with raises_naming(BatchError, "ForwardBatch.seqs must be a list of ForwardSeq, got NoneType", "runner"):
         runner.forward(ForwardBatch(None))
 
 
@@ -510,7 +511,7 @@ def test_bigram_checkpoint_still_serves():
     assert hidden.shape == (2, 0) and hidden.dtype == np.float32 and int(np.argmax(z)) == ord("c")
     two = runner.forward(ForwardBatch([ForwardSeq(b"xa", 0, []), ForwardSeq(b"b", 5, [3])]))
     assert [int(np.argmax(two.row(i))) for i in range(2)] == [ord("b"), ord("c")]
-    with pytest.raises(BatchError, match="seq 0"):
+    with raises_naming(BatchError, "seq 0", "runner"):
         runner.forward(ForwardBatch([ForwardSeq([256], 0, [])]))
 
 
@@ -550,11 +551,11 @@ def test_a_refused_run_once_changes_nothing():
         with pytest.raises(exc) as info:
             runner.run_once(tokens)
         for w in words:
-            assert w in str(info.value), (tokens, w, str(info.value))
+            assert not names_all(str(info.value), w, "runner"), (tokens, w, str(info.value))
         assert pool_state(runner) == before, f"{tokens!r}: the pool changed"
     assert runner.pool.free_list() == [0, 1, 2, 3]
     before = pool_state(runner)
-    with pytest.raises(BatchError, match="seq 1"):
+    with raises_naming(BatchError, "seq 1", "runner"):
         runner.last_logits([[1, 2], [999]])
     assert pool_state(runner) == before
 
@@ -566,8 +567,8 @@ def test_forward_seq_tokens_that_are_not_ids_are_named():
                           (np.zeros((2, 3), dtype=np.int64), ["1-D", "(2, 3)"]), ([], ["no tokens"])]:
         with pytest.raises(BatchError) as info:
             runner.forward(ForwardBatch([ForwardSeq(tokens, 0, blocks)]))
-        assert all(w in str(info.value) for w in words), (tokens, str(info.value))
-    with pytest.raises(BatchError, match="start"):
+        assert not any(names_all(str(info.value), w, "runner") for w in words), (tokens, str(info.value))
+    with raises_naming(BatchError, "start", "runner"):
         runner.forward(ForwardBatch([ForwardSeq([1], True, blocks)]))  # a bool is not a position
 
 
@@ -578,10 +579,10 @@ def test_forward_refuses_a_bool_among_token_ids():
     blocks = runner.pool.alloc(1)
     for tokens, words in (([True, 5], "token True at index 0 is a bool"), ((5, np.bool_(False)), "token np.False_ at index 1")):
         before = snapshot(runner)
-        with pytest.raises(BatchError, match=f"^seq 0: {words}"):
+        with raises_naming(BatchError, f"^seq 0: {words}", "runner"):
             runner.forward(ForwardBatch([ForwardSeq(tokens, 0, blocks)]))
         assert snapshot(runner) == before
-    with pytest.raises(BatchError, match="is a bool"):
+    with raises_naming(BatchError, "is a bool", "runner"):
         runner.run_once([1, True])
 
 
@@ -591,7 +592,7 @@ def test_forward_refuses_a_bool_among_token_ids():
     ("quant", 32), ("prefix_cache", "no"), ("prefix_cache", None), ("prefix_cache", 0),
 ])
 def test_engine_config_refuses_bad_values_at_construction(field, value):
-    with pytest.raises(ValueError, match=field):
+    with raises_naming(ValueError, field, "runner"):
         EngineConfig(**{field: value})
 
 
@@ -602,7 +603,7 @@ def test_last_logits_names_prompts_that_are_not_a_list_of_prompts():
     runner = tiny(n_blocks=4)
     before = snapshot(runner)
     for prompts, words in ((5, "got int"), ("abc", "got str"), ([1, 2, 3], "got a list of token ids: one prompt is [ids]")):
-        with pytest.raises(BatchError, match=re.escape(f"last_logits takes a list of prompts{'' if '[ids]' in words else ' (token lists)'}, {words}")):
+        with raises_naming(BatchError, re.escape(f"last_logits takes a list of prompts{'' if '[ids]' in words else ' (token lists)'}, {words}"), "runner"):
             runner.last_logits(prompts)
         assert snapshot(runner) == before
     assert runner.last_logits(iter([[1, 2, 3]])).shape == (1, runner.config.vocab_size)
@@ -615,7 +616,7 @@ def test_load_names_a_config_that_is_not_an_engine_config():
 
     for cfg in (KvConfig(64), {"kv": KvConfig(64)}):
         for load in (ModelRunner.load, Engine.load):
-            with pytest.raises(ValueError, match=f"^ModelRunner needs an EngineConfig, got {type(cfg).__name__}$"):
+            with raises_naming(ValueError, f"^ModelRunner needs an EngineConfig, got {type(cfg).__name__}$", "runner"):
                 load(TINY, cfg)
 
 
@@ -626,7 +627,7 @@ def test_load_names_a_config_that_is_not_an_engine_config():
 def test_kv_config_refuses_bad_sizes_at_construction(field, value):
     """KvConfig(n_blocks=0) was accepted and refused only when the runner built its pool, after the
     weights were loaded (1.5 s and half a GB for SmolLM2). Now a ValueError naming the field when built."""
-    with pytest.raises(ValueError, match=f"^KvConfig.{field} must be"):
+    with raises_naming(ValueError, f"^KvConfig.{field} must be", "runner"):
         KvConfig(**{field: value})
 
 

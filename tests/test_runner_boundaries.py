@@ -26,6 +26,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from refusal import names_all, raises_naming
 from tl_lab.errors import BatchError
 from tl_lab.model import load_weights
 from tl_lab.ops.paths import DATA_DIR
@@ -62,7 +63,7 @@ def test_config_counts_at_their_floor(make, field, value, ok):
     if ok:
         make(value)
     else:
-        with pytest.raises(ValueError, match=field):
+        with raises_naming(ValueError, field, "runner"):
             make(value)
 
 
@@ -72,7 +73,7 @@ def test_threads_at_their_edges(threads, ok):
     if ok:
         assert EngineConfig(threads=threads).threads == threads
     else:
-        with pytest.raises(ValueError, match="EngineConfig.threads"):
+        with raises_naming(ValueError, "EngineConfig.threads", "runner"):
             EngineConfig(threads=threads)
 
 
@@ -83,9 +84,9 @@ def test_token_count_at_its_floor(n, ok):
     if ok:
         assert r.forward(batch((list(range(65, 65 + n)), 0, table))).rows() == 1
     else:
-        with pytest.raises(BatchError, match="seq 0: no tokens"):
+        with raises_naming(BatchError, "seq 0: no tokens", "runner"):
             r.forward(batch(([], 0, table)))
-        with pytest.raises(BatchError, match="empty batch"):
+        with raises_naming(BatchError, "empty batch", "runner"):
             r.forward(ForwardBatch([]))
         assert untouched(r, table)
 
@@ -98,7 +99,7 @@ def test_token_ids_at_the_vocabulary_edges(token, ok):
         z = r.forward(batch(([65, token], 0, table))).row(0)
         assert z.shape == (256,) and np.isfinite(z).all()
     else:
-        with pytest.raises(BatchError, match=rf"seq 0: token {token} at index 1 is outside the vocabulary \[0, 256\)"):
+        with raises_naming(BatchError, rf"seq 0: token {token} at index 1 is outside the vocabulary \[0, 256\)", "runner"):
             r.forward(batch(([65, token], 0, table)))
         assert untouched(r, table)
 
@@ -113,7 +114,7 @@ def test_start_at_its_floor(start, ok):
         r.forward(batch(([66], start, table)))
         assert r.pool.fill(table[0]) == start + 1
     else:
-        with pytest.raises(BatchError, match="seq 0: start"):
+        with raises_naming(BatchError, "seq 0: start", "runner"):
             r.forward(batch(([66], start, table)))
         assert untouched(r, table)
 
@@ -127,7 +128,7 @@ def test_last_position_at_the_context(n, ok):
     if ok:
         r.forward(batch((toks, 0, table)))
     else:
-        with pytest.raises(BatchError, match=r"seq 0: position 12 is past the context \(max_position_embeddings 12\)"):
+        with raises_naming(BatchError, r"seq 0: position 12 is past the context \(max_position_embeddings 12\)", "runner"):
             r.forward(batch((toks, 0, table)))
         assert untouched(r, table)
 
@@ -146,7 +147,7 @@ def test_table_length_at_what_the_positions_need(n, blocks, ok):
         r.forward(batch(([65] * n, 0, table)))
         assert [r.pool.fill(b) for b in table] == [min(B, max(0, n - j * B)) for j in range(blocks)]
     else:
-        with pytest.raises(BatchError, match=rf"seq 0: block table has {blocks} blocks, positions up to {n - 1} need"):
+        with raises_naming(BatchError, rf"seq 0: block table has {blocks} blocks, positions up to {n - 1} need", "runner"):
             r.forward(batch(([65] * n, 0, table)))
         assert untouched(r, table)
 
@@ -159,7 +160,7 @@ def test_table_entries_at_the_pools_edges(entry, ok):
     if ok:
         r.forward(batch(([65], 0, [entry])))
     else:
-        with pytest.raises(BatchError, match=rf"seq 0: block table entry 0 = {entry} is not a block id \(n_blocks 8\)"):
+        with raises_naming(BatchError, rf"seq 0: block table entry 0 = {entry} is not a block id \(n_blocks 8\)", "runner"):
             r.forward(batch(([65], 0, [entry])))
 
 
@@ -178,7 +179,7 @@ def test_start_at_what_the_blocks_hold(start, written, ok):
     if ok:
         r.forward(batch(([66], start, table)))
     else:
-        with pytest.raises(BatchError, match=rf"seq 0: start {start} is past what its blocks hold"):
+        with raises_naming(BatchError, rf"seq 0: start {start} is past what its blocks hold", "runner"):
             r.forward(batch(([66], start, table)))
         assert [r.pool.fill(b) for b in table] == fills
 
@@ -199,7 +200,7 @@ def test_a_shared_block_read_or_written_at_the_boundary(start_b, ok):
     if ok:
         assert r.forward(batch(*seqs)).rows() == 2
     else:
-        with pytest.raises(BatchError, match=rf"block {shared} is written by seq 1 and also used by seq 0"):
+        with raises_naming(BatchError, rf"block {shared} is written by seq 1 and also used by seq 0", "runner"):
             r.forward(batch(*seqs))
 
 
@@ -213,5 +214,5 @@ def test_only_the_used_part_of_a_table_counts(n, ok):
     if ok:
         assert r.forward(batch(*seqs)).rows() == 2
     else:
-        with pytest.raises(BatchError, match=rf"block {x} is written by seq 0 and also used by seq 1"):
+        with raises_naming(BatchError, rf"block {x} is written by seq 0 and also used by seq 1", "runner"):
             r.forward(batch(*seqs))

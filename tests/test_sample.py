@@ -632,9 +632,9 @@ def test_a_scaled_logit_exactly_at_the_limit_is_sampled(fn):
 
 @pytest.mark.parametrize("fn", SAMPLERS)
 def test_out_of_range_arithmetic_is_refused(fn):
-    with pytest.raises(ValueError, match=r"temperature 1e-300 is too small: the scaled logit of id 1"):
+    with pytest.raises(ValueError, match=r"\btemperature 1e-300\b.*\b1\b"):
         fn(np.array([0.0, 1e30], np.float32), SamplingParams(temperature=1e-300), [], [], stream(0, 4))
-    with pytest.raises(ValueError, match=r"penalised logit of id 1 is inf, beyond the sampler's range of 2\*\*1000"):
+    with pytest.raises(ValueError, match=r"(?i)\bid 1\b.*\binf\b.*2\*\*1000"):
         fn(np.array([0.0, 1e30], np.float32), SamplingParams(repetition_penalty=1e-300), [1], [], stream(0, 4))
     with pytest.raises(ValueError, match=r"^z must be an integer in \[0, 2\*\*64\), got -1$"):  # mutation testing
         mix64(-1)

@@ -107,11 +107,14 @@ def _not_started(module: str, f: Path, named: bool = False) -> Row | None:
     return None
 
 
-def pitfall_hint(module: str, nodeid: str, message: str, timeout: float = DEFAULT_TIMEOUT, workspace=None) -> str:
+def pitfall_hint(module: str, nodeid: str, message: str, timeout: float = DEFAULT_TIMEOUT, workspace=None,
+                 calls=None) -> str:
     """The hint for a failure of test `nodeid` in `module`: the piece not written yet, the time limit,
     or, with the learner's `workspace`, the diagnosis by symptom (`tl_lab.lab.exercise.diagnose`: each
     written piece tried alone against the reference; a pitfall named only when the learner's output is
-    that pitfall's), then the section to reread. Never a pitfall guessed from the test's name."""
+    that pitfall's), then the section to reread. Never a pitfall guessed from the test's name. `calls`: the
+    test's calls of the learner's functions as the proxy saw them (the plugin's report): the first whose
+    answer differs from the reference's is the diagnosis; the pieces tried alone only when there is none."""
     m = re.search(r"NotImplementedError: (\S+): " + NOT_WRITTEN + r" \(section ([^:]+): (.*)\)", message)
     if m:
         return f"{m.group(1)} is not written yet: reread section {m.group(2)} ({m.group(3)})"
@@ -120,10 +123,10 @@ def pitfall_hint(module: str, nodeid: str, message: str, timeout: float = DEFAUL
     where = f"reread {SECTIONS[module]}"
     if workspace is None:
         return where
-    from tl_lab.lab.exercise.diagnose import for_module
+    from tl_lab.lab.exercise.diagnose import for_module, from_calls
 
     try:
-        lines = for_module(module, workspace)
+        lines = from_calls(module, nodeid.split("::")[-1], calls or [], workspace) or for_module(module, workspace)
     except ExerciseError as exc:
         lines = [f"(no diagnosis: {exc})"]
     return "; ".join(lines) if lines else f"each piece agrees with the reference on its own cases: {where}"
@@ -223,7 +226,8 @@ def _row(module: str, f: Path, uses: dict, data: dict | None, log: Path, seconds
     if not_run:
         row.message += (f"\nnot run after it: {not_run} of its chapter tests "
                         f"(a module's first test past the limit ends its check)")
-    row.hint = pitfall_hint(module, failing["nodeid"], failing["message"], timeout, f.parent)
+    row.hint = pitfall_hint(module, failing["nodeid"], failing["message"], timeout, f.parent,
+                            (data.get("calls") or {}).get(failing["nodeid"]))
     return row
 
 

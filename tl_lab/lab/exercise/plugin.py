@@ -129,7 +129,10 @@ def pytest_runtest_call(item):
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     """After a test past the limit, the module's others are not run (the rule in the module's docstring):
-    code that never returned once will most likely not return for the next test either."""
+    code that never returned once will most likely not return for the next test either. Else the log of
+    the test's calls of the learner's functions starts (the failure report's first difference)."""
+    if _conn is not None:
+        _conn.record(True)
     if _past_limit:
         why = f"not run: {_past_limit.split('::')[-1]} of this module ran past the {TIMEOUT:g} s limit"
         _not_run[item.nodeid] = why
@@ -174,11 +177,33 @@ def pytest_runtest_makereport(item, call):
     the limit, and the module's later tests are not run because of it, so it cannot be the module's pass."""
     outcome = yield
     report = outcome.get_result()
+    if _conn is not None and call.when == "call":
+        calls = _conn.record(False)
+        if call.excinfo is not None and not _calls_kept:
+            _calls_kept[item.nodeid] = _kept(calls)
     if call.excinfo is not None:
         report.learner_at = getattr(call.excinfo.value, "learner_at", "") or _learner_at(call.excinfo.tb)
     if call.when == "call" and _rang and report.passed:
         report.outcome = "failed"
         report.longrepr = caught_message(TIMEOUT)
+
+
+_calls_kept: dict[str, list] = {}  # the first failing test's calls of the learner's functions
+CALLS_BYTES = 32 << 20  # of them in the report
+
+
+def _kept(calls: list[dict]) -> list[dict]:
+    """The calls as JSON (arguments pickled, base64), at most CALLS_BYTES of them."""
+    import base64
+
+    out, total = [], 0
+    for c in calls:
+        a = base64.b64encode(c["args"]).decode()
+        total += len(a)
+        if total > CALLS_BYTES:
+            break
+        out.append({"piece": c["piece"], "args": a, "learner": c["learner"]})
+    return out
 
 
 def caught_message(seconds: float) -> str:
@@ -227,7 +252,8 @@ def _write() -> None:
     else:
         found, extra = origins(), {}
     with open(REPORT, "w", encoding="utf-8") as f:
-        json.dump({"grade": GRADE, "results": _results, "errors": _errors, "origins": found, **extra}, f, indent=1)
+        json.dump({"grade": GRADE, "results": _results, "errors": _errors, "origins": found, "calls": _calls_kept,
+                   **extra}, f, indent=1)
 
 
 def pytest_sessionfinish(session, exitstatus):

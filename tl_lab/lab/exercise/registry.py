@@ -239,7 +239,8 @@ CATALOGUE: tuple[Graded, ...] = (
     # bf16 is f16's twin in the reader's widening (section 2.3): its rounding and round trip are graded here
     _g("f16_rounds_to_nearest_even", "boundary", "ties, overflow, subnormals, NaN; every f16 pattern round-trips", "the KV cache stores f16", "quant", "quant",
        also=("test_bf16_round_trips_every_pattern", "test_bf16_rounds_to_nearest_even")),
-    _g("int4_hand_example", "unit", "section 3: nibble order and the stored-scale rule", "int4 files written by your Python load here", "quant", "quant"),
+    _g("int4_hand_example", "unit", "section 3: nibble order and the stored-scale rule", "int4 files written by your Python load here", "quant", "quant",
+       also=("test_quantize_zero_groups_and_exact_ties",)),  # ties to even in QLinear.quantize (issue 60: floor(x + 0.5) passed)
     _g("q4_linear_matches_its_dequantized_weights", "differential", "the product equals x times the dequantized weights within float tolerance", "the packed layout means what the format says", "quant", "quant"),
     # the weights the reader gives (section 4: Linear, Weights, SafeTensors.q4) are graded with it
     _g("safetensors_reader_rules", "boundary", "offsets from the data buffer, F16 and BF16 widening, gaps and trailing bytes refused", "every checkpoint goes through this reader", "model", "model",

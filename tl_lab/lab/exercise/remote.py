@@ -50,6 +50,18 @@ MAX_MIRRORED = 2 << 30     # bytes of the child's arrays mirrored here at once
 MESSAGE_CHARS = 4000
 _HEAD = struct.Struct("<QI")
 _LEN = struct.Struct("<Q")
+CALLS_KEPT = 200           # calls of a test logged for the failure report
+CALL_BYTES = 8 << 20       # of one call's pickled arguments
+
+
+def _holds_remote(x, depth: int = 0) -> bool:
+    if isinstance(x, (Remote, RemoteModule)):
+        return True
+    if depth < 6 and isinstance(x, (list, tuple, set, frozenset)):
+        return any(_holds_remote(v, depth + 1) for v in x)
+    if depth < 6 and isinstance(x, dict):
+        return any(_holds_remote(v, depth + 1) for v in x.values())
+    return False
 
 
 class ProtocolError(Exception):
@@ -423,6 +435,64 @@ class Connection:
         self._detached: dict = {}
         self._vals: list = []
         self.arrays: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self.pieces: dict[int, str] = {}  # handle id -> "module.function" of a learner module's function
+        self.calls: list[dict] | None = None  # the running test's calls of those functions (`record`), or None
+
+    # -- the calls the tests made, for the failure report (tl_lab.lab.exercise.diagnose.from_calls)
+    def request(self, *req):
+        out = exc = None
+        pre = None
+        if self.calls is not None and req and req[0] == "call" and len(req) == 4:
+            try:  # the arguments as given, before the call's copy-back; a Remote refuses: not kept
+                pre = pickle.dumps((req[2], req[3]), protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception:  # noqa: BLE001
+                pre = None
+        try:
+            out = self._request(*req)
+        except BaseException as e:
+            exc = e
+        try:
+            self._record(req, out, exc, pre)
+        except Exception:  # noqa: BLE001: the log is for the report, never the verdict
+            pass
+        if exc is not None:
+            raise exc
+        return out
+
+    def _record(self, req, out, exc, args) -> None:
+        """A learner module's function (`modattr` of the learner's module) called with plain arguments: the
+        piece, the arguments (pickled here, before the call's copy-back), and the answer (plain data only) or
+        the error. At most CALLS_KEPT calls a test; arguments of more than CALL_BYTES are not kept."""
+        if req[0] == "modattr" and isinstance(out, Remote) and not isinstance(out, RemoteClass):
+            self.pieces[object.__getattribute__(out, "_hid")] = f"{req[1]}.{req[2]}"
+            return
+        if self.calls is None or req[0] != "call" or not isinstance(req[1], Remote) or len(self.calls) >= CALLS_KEPT:
+            return
+        piece = self.pieces.get(object.__getattribute__(req[1], "_hid"))
+        if piece is None or isinstance(exc, (LearnerGone, ProtocolError)):
+            return
+        if args is None or len(args) > CALL_BYTES or _holds_remote(out):
+            return
+        from tl_lab.lab.exercise.tries import encode
+
+        if exc is not None:
+            at = str(getattr(exc, "learner_at", "") or "")
+            file, _, rest = at.partition(":")
+            line = int(rest.split()[0]) if rest.split() and rest.split()[0].isdigit() else 0
+            text = str(exc)
+            name = type(exc).__name__
+            if isinstance(exc, LearnerError):
+                name, _, text = text.partition(": ")
+                text = text[: -len(f" at {at}")] if at and text.endswith(f" at {at}") else text
+            answer = ["raised", name, text[:400], file, line, [c.__name__ for c in type(exc).__mro__]]
+        else:
+            answer = encode(out)
+        self.calls.append({"piece": piece, "args": args, "learner": answer})
+
+    def record(self, on: bool) -> list[dict]:
+        """Start (on) or stop the log of calls -> the calls logged since the last start."""
+        got, self.calls = self.calls or [], ([] if on else None)
+        return got
 
     # -- the child
     def start(self) -> None:
@@ -511,7 +581,7 @@ class Connection:
                 self._output.join(timeout=5)
 
     # -- one request
-    def request(self, *req):
+    def _request(self, *req):
         with self.lock:
             if self.dead:
                 raise LearnerGone(f"the learner's process is gone ({self.dead})")

@@ -1025,14 +1025,10 @@ def _child_main(spec_path: str) -> None:
     results = []
     for side in spec["sides"]:
         qualname = side["qualname"]
-        if side["kind"] == "learner":
-            text = Path(side["file"]).read_text(encoding="utf-8")
-            try:
-                code = hybrid_source(text, module, qualname, side["file"])
-            except SyntaxError as exc:
-                results.append({"label": side["label"], "import_error": ["raised", "SyntaxError", exc.msg, side["file"],
-                                                                         exc.lineno or 0, ["SyntaxError"]], "cases": []})
-                continue
+        if side["kind"] == "learner":  # in the sandbox: the code object the parent compiled (`_learner_job`)
+            import marshal
+
+            code = marshal.loads(Path(side["code"]).read_bytes())
             results.append(_side(module, qualname, side["label"], code, side["file"], side["file"]))
         else:
             from tl_lab.lab.pitfalls import apply_edit, get
@@ -1103,24 +1099,102 @@ def run_sides(module: str, qualname, learner_file: str | None, pitfalls=(), seco
     quals = list(qualname) if many else [qualname]
     tag = (lambda label, q: f"{label}:{q}") if many else (lambda label, q: label)
     by_piece = pitfalls if isinstance(pitfalls, dict) else {q: list(pitfalls) for q in quals}
-    jobs = []
-    if learner_file is not None:
-        jobs.append(_spawn({"module": module, "sides": [
-            {"kind": "learner", "label": tag("yours", q), "qualname": q, "file": str(learner_file)} for q in quals]}, seconds))
+    budget = seconds * max(1, len(quals) // 4)
+    learner = _learner_job(module, quals, tag, learner_file, budget) if learner_file is not None else None
     ref_sides = [{"kind": "reference", "label": tag("reference", q), "qualname": q} for q in quals] + [
         {"kind": "reference", "label": tag(pid, q), "qualname": q, "pitfalls": [pid]} for q in quals for pid in by_piece.get(q, ())]
-    budget = seconds * max(1, len(quals) // 4)
-    jobs.append(_spawn({"module": module, "sides": ref_sides}, budget))
+    p, path = _spawn({"module": module, "sides": ref_sides}, budget)
     out, err = {}, ""
-    for i, (p, path) in enumerate(jobs):
-        got, why = _collect(p, path, budget)
-        if got is None:
-            if i == 0 and learner_file is not None:
-                err = why
-                continue
-            raise ExerciseError(f"exercise try: the reference's run of {module}.{qualname} failed: {why}")
-        out.update({s["label"]: s for s in got})
+    got, why = _collect(p, path, budget)
+    if got is None:
+        if learner is not None:
+            learner()
+        raise ExerciseError(f"exercise try: the reference's run of {module}.{qualname} failed: {why}")
+    out.update({s["label"]: s for s in got})
+    if learner is not None:
+        got, err = learner()
+        out.update({s["label"]: s for s in got or []})
     return out, err
+
+
+LEARNER_OUTPUT = 64 << 20  # bytes of the learner child's output kept: its verdict's JSON (large arrays) and its prints
+
+
+def _learner_job(module: str, quals: list[str], tag, learner_file, seconds: float):
+    """Start the learner's side of `exercise try`: each piece's module (the learner's piece, the reference's
+    others: `hybrid_source`) compiled HERE, run in a child through the sandbox (`sandbox.run`: bubblewrap
+    where it works, the file tree read-only, no network; rlimits on memory, processes, files; `seconds` of
+    wall clock; the output capped) -> a function that waits for it -> (its sides or None, the error or "")."""
+    import marshal
+    import threading
+
+    from tl_lab.lab.exercise import sandbox
+    from tl_lab.ops.paths import REPO_ROOT
+
+    learner_file = str(learner_file)
+    text = Path(learner_file).read_text(encoding="utf-8")
+    tmp = Path(tempfile.mkdtemp(prefix="tl-try-"))
+    sides, ready = [], []
+    for q in quals:
+        try:
+            code = hybrid_source(text, module, q, learner_file)
+        except SyntaxError as exc:
+            ready.append({"label": tag("yours", q), "import_error": ["raised", "SyntaxError", exc.msg, learner_file,
+                                                                     exc.lineno or 0, ["SyntaxError"]], "cases": []})
+            continue
+        (tmp / f"{len(sides)}.code").write_bytes(marshal.dumps(code))
+        sides.append({"kind": "learner", "label": tag("yours", q), "qualname": q, "file": learner_file,
+                      "code": str(tmp / f"{len(sides)}.code")})
+    (tmp / "spec.json").write_text(json.dumps({"module": module, "sides": sides}))
+    ws = Path(learner_file).parent
+    cache = ws / ".tl_lab" / "numba-cache"
+    writable = []
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        if not cache.is_symlink():
+            writable.append(cache)
+    except OSError:
+        pass
+    env = {**_env(), "NUMBA_CACHE_DIR": str(cache), "PYTHONDONTWRITEBYTECODE": "1", "TMPDIR": "/tmp"}
+    box: dict = {}
+
+    def go():
+        if not sides:
+            return
+        try:
+            box["r"] = sandbox.run([sys.executable, "-c", "from tl_lab.lab.exercise.tries import _child_main; "
+                                                          f"_child_main({str(tmp / 'spec.json')!r})"],
+                                   workspace=ws, writable=writable, readable=[tmp], timeout=seconds, env=env,
+                                   cwd=REPO_ROOT, output_cap=LEARNER_OUTPUT)
+        except Exception as exc:  # noqa: BLE001: said as the learner's side's error
+            box["error"] = f"{type(exc).__name__}: {exc}"
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+
+    def wait():
+        t.join()
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not sides:
+            return ready, ""
+        if "error" in box:
+            return None, box["error"]
+        r = box["r"]
+        if r.timed_out:
+            return None, f"ran longer than {seconds:g} s (a loop that never ends?)"
+        if "@@tl_lab-try@@" not in r.stdout:
+            tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
+            why = f"exit code {r.returncode}" + (" (the memory limit?)" if r.returncode and r.returncode < 0 else "")
+            return None, f"the run ended without a verdict ({why}): " + " | ".join(tail)
+        try:
+            got = json.loads(r.stdout.rsplit("@@tl_lab-try@@", 1)[1])
+        except ValueError:
+            return None, "the run's verdict could not be read (its output past the cap?)"
+        return ready + got, ""
+
+    return wait
 
 
 # ---------------------------------------------------------------------------------------------------
