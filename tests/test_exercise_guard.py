@@ -134,3 +134,20 @@ def test_in_process_guard_reads_the_verdict_after_a_print_without_a_newline(tmp_
     monkeypatch.setattr(guard.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(
         cmd, 0, stdout=f"trying sample\n.{guard.MARK}{verdict}\n", stderr=""))
     assert guard._one_trial(tmp_path, ["sample"]) == fault
+
+
+def test_in_process_guard_trial_takes_a_learners_sys_exit_as_its_fault(tmp_path, monkeypatch, capsys):
+    """Issue #61: a SystemExit in the learner's module ended the trial process with no verdict ("the process
+    ended: no output", no line); it is now the module's fault like any error."""
+    import json
+
+    from tl_lab.lab.exercise import guard
+
+    def bye():
+        raise SystemExit(0)
+
+    monkeypatch.setitem(guard.TRIALS, "quant", bye)
+    assert guard._main([str(tmp_path), "quant"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    verdict = json.loads(out[-1][len(guard.MARK):])
+    assert (verdict["module"], verdict["error"]) == ("quant", "SystemExit: 0")

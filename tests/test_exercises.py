@@ -808,3 +808,25 @@ def test_the_tests_command_lists_the_catalogue_row_by_row(tmp_path, capsys):
         assert lines[i].split() == [g.name, *g.kind.split(), g.module, "-", f"{g.file}::test_{g.name}*"]
         assert lines[i + 1].strip() == f"checks: {g.checks}" and lines[i + 2].strip() == f"why: {g.why}"
         assert (lines[i + 3].strip() == f"with: {', '.join(g.also)}") == bool(g.also)
+
+
+@pytest.mark.parametrize("mode,says", [
+    ("exit", "in sample: SystemExit: 0"),
+    ("mem", "in sample: MemoryError: mine"),
+    ("os", "in sample: FileNotFoundError: "),
+    ("id", "returned token id 1000000000, outside the vocabulary (0 .. 255)"),
+])
+def test_generate_names_the_learners_sample_for_whatever_it_raises_or_returns(tmp_path, mode, says):
+    """Issue #61: with TL_LAB_WORKSPACE, a sys.exit in the learner's sample() was exit 0 with no output; their
+    MemoryError said "try a smaller model", their OSError a bare strerror, an id outside the vocabulary blamed
+    the prompt (exit 2). Each is now exit 4, one line naming their sample.py."""
+    ws = workspace(tmp_path, "reference", ["sample"])
+    with (ws / "sample.py").open("a", encoding="utf-8") as f:
+        f.write("\n\n_real = sample\n\n\ndef sample(*a, **k):\n    import os\n    mode = os.environ['PROBE']\n"
+                "    if mode == 'exit':\n        raise SystemExit(0)\n    if mode == 'mem':\n        raise MemoryError('mine')\n"
+                "    if mode == 'os':\n        raise OSError(2, 'No such file', '/nope')\n    return 10**9, 0.0\n")
+    p = subprocess.run([sys.executable, "-m", "tl_lab", "generate", "--model", "tiny-llama", "--prompt", "hi",
+                        "--max-tokens", "2"], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "TL_LAB_WORKSPACE": str(ws), "PROBE": mode})
+    assert p.returncode == 4 and len(p.stderr.splitlines()) == 1, p.stderr
+    assert str(ws / "sample.py") in p.stderr and says in p.stderr, p.stderr

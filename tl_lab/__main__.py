@@ -592,8 +592,12 @@ def _main(argv: list[str] | None) -> int:
     except KeyboardInterrupt:
         _err("interrupted")
         return EXIT_INTERRUPTED
-    except SystemExit:  # argparse: --help (0) or a usage error it has already printed (2)
-        raise
+    except SystemExit as exc:  # argparse: --help (0) or a usage error it has already printed (2)
+        learner = _learners_fault(exc)  # ... or a learner's sys.exit under TL_LAB_WORKSPACE: never a silent exit 0
+        if learner is None:
+            raise
+        _err(f"error: {clip(learner)}")
+        return EXIT_BUG
     except Exception as exc:  # noqa: BLE001: the one place every other failure becomes a line
         code, message = _classify(exc)
         if os.environ.get("TL_LAB_TRACEBACK") and code == EXIT_BUG:
@@ -628,8 +632,31 @@ def _workspace_env(args) -> None:
 _NOT_LOADED = ("failed to map segment from shared object", "Could not find/load shared object file")
 
 
+def _learners_fault(exc: BaseException) -> str | None:
+    """The line naming the learner's file and line when `exc` came from a module of TL_LAB_WORKSPACE's
+    (`guard.culprit`), else None."""
+    workspace = sys.modules.get("tl_lab.lab.exercise.workspace")
+    finder = workspace.active() if workspace is not None else None
+    if finder is None:
+        return None
+    from tl_lab.lab.exercise.guard import culprit
+    from tl_lab.lab.exercise.workspace import command
+
+    fault = culprit(exc, finder.workspace)
+    if fault is None:
+        return None
+    return (f"{fault.sentence()}; it is TL_LAB_WORKSPACE's code, not tl_lab's: "
+            f"{command('check', fault.module, workspace=finder.workspace)} says more, TL_LAB_TRACEBACK=1 shows the traceback")
+
+
 def _classify(exc: Exception) -> tuple[int, str]:
     """(exit code, one-line message) for an exception that ended a command."""
+    from tl_lab.engine.generate import SamplerAnswerError
+
+    if isinstance(exc, SamplerAnswerError):
+        return EXIT_BUG, str(exc)
+    if isinstance(exc, (MemoryError, OSError)) and (learner := _learners_fault(exc)) is not None:
+        return EXIT_BUG, learner  # their MemoryError or OSError: not "try a smaller model" (issue #61)
     if isinstance(exc, UsageError):
         return EXIT_USAGE, str(exc)
     if isinstance(exc, OutputError):

@@ -211,9 +211,7 @@ def _grade(args) -> int:
 
 
 def _parity(args) -> int:
-    from tl_lab.lab.exercise.guard import blame
-    from tl_lab.lab.exercise.parity import SUITES, limited, run
-    from tl_lab.lab.exercise.workspace import active, install
+    from tl_lab.lab.exercise.parity import SUITES, in_child
 
     bad = [s for s in args.suites if s not in SUITES]
     if bad:
@@ -222,25 +220,13 @@ def _parity(args) -> int:
     f = ws / "sample.py"
     if not f.is_file():
         raise ExerciseError(f"no {f}: {command('start', 'sample', workspace=ws, named=args.workspace is not None)}")
-    if "tl_lab.sample" in sys.modules:
-        raise ExerciseError("tl_lab.sample is already imported in this process: run parity in a fresh one")
-    if (finder := active()) is not None:  # TL_LAB_WORKSPACE's, from `import tl_lab`: its plan takes an untouched
-        sys.meta_path.remove(finder)       # stub for the reference, and --workspace may name another folder
-    install(ws, use={"sample"})
-    try:
-        with limited():  # a loop at the top level of sample.py too
-            import tl_lab.sample as ts
-    except Exception as exc:  # noqa: BLE001: the learner's module does not import
-        # blame's place: a SyntaxError has no frame in sample.py, its line is the error's own (was: no line)
-        print(f"parity: {blame(exc, ws, 'sample').at}: {type(exc).__name__}: {exc}")
-        return EXIT_FAILED
-    if ts.__file__ != str(f):  # never the reference held to the golden files in the learner's place
-        raise ExerciseError(f"tl_lab.sample was loaded from {ts.__file__}, not your {f}: run parity in a fresh process")
-    verdicts = run(ts, list(dict.fromkeys(args.suites)))
-    print(f"your {ts.__file__}")
-    for v in verdicts:
-        print(v.line())
-    return EXIT_OK if all(v.ok for v in verdicts) else EXIT_FAILED
+    # in a child (issue #61): the learner's SystemExit, os._exit or a loop at import is a failure here, never exit 0
+    code, lines = in_child(ws, list(dict.fromkeys(args.suites)))
+    if code == EXIT_USAGE:
+        raise ExerciseError(lines[-1].removeprefix("parity: ") if lines else "parity could not run")
+    for line in lines:
+        print(line)
+    return code
 
 
 def _hint(args) -> int:

@@ -192,7 +192,7 @@ def _main(argv: list[str]) -> int:
         try:
             __import__(f"tl_lab.{m}")
             TRIALS[m]()
-        except Exception as exc:  # noqa: BLE001: the learner's code; what it raised is the verdict
+        except BaseException as exc:  # noqa: BLE001: the learner's code; what it raised (SystemExit too) is the verdict
             verdict = asdict(blame(exc, workspace, m))
             break
     print(MARK + json.dumps(verdict), flush=True)
