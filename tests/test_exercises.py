@@ -698,6 +698,10 @@ def test_the_guard_stops_a_loop_and_survives_an_exit(tmp_path, monkeypatch):
     assert list(faults) == ["sample"] and faults["sample"].error == "ran longer than 20 s", faults
     (ws / "kv.py").write_text(reference_source("kv") + "\nimport sys\nsys.exit(3)\n")
     (ws / "sample.py").write_text(reference_source("sample"))
+    faults = guard.trial(ws, ["kv", "sample"])  # a SystemExit is a fault at its line (issue #61: was "the process ended")
+    assert list(faults) == ["kv"] and faults["kv"].error == "SystemExit: 3", faults
+    assert faults["kv"].line == reference_source("kv").count("\n") + 3
+    (ws / "kv.py").write_text(reference_source("kv") + "\nimport os\nos._exit(3)\n")
     faults = guard.trial(ws, ["kv", "sample"])
     assert list(faults) == ["kv"] and faults["kv"].error.startswith("the process ended"), faults
 
