@@ -434,3 +434,84 @@ def test_in_process_grade_checks_all_six_with_the_options_given(tmp_path, monkey
     rows = gradebook.grade([bob, ann], tmp_path / "g.csv", timeout=7.5, ref_deps=True, say=lambda line: None)
     assert calls == [(w, list(MODULES), {"ref_deps": True, "timeout": 7.5, "named": True}) for w in (bob, ann)]
     assert [r["verdict"] for r in rows] == ["passed", "passed"]
+
+
+def test_reset_and_start_are_all_or_nothing_with_unique_temporary_names(tmp_path, capsys, monkeypatch):
+    """Issue #61: a folder named .kv.py.new made reset move kv.py to the backup and then fail (no kv.py); a
+    dangling-link kv.py was "wrote a fresh stub" with none written; two `start kv` at once collided on
+    .kv.py.new; a kv.py that is a folder was a bare "error: Is a directory", exit 1. Now: the stub is written
+    under a unique name first, the old file kept, then renamed over; every OS error names its file, exit 2."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tl_lab.lab.exercise import workspace as wsm
+    from tl_lab.lab.exercise.cli import reset, start
+
+    ws = tmp_path / "ws"
+    start(ws, ["kv"])
+    (ws / "kv.py").write_text("mine\n", encoding="utf-8")
+    (ws / ".kv.py.new").mkdir()
+    code, out, err = _in_process_cli(capsys, "reset", "kv", "--workspace", str(ws))
+    assert code == 0 and (ws / "kv.py").read_text(encoding="utf-8") == stub_source("kv")
+    backup = next(ws.glob("kv.py.bak-*"))
+    assert backup.read_text(encoding="utf-8") == "mine\n" and (ws / ".kv.py.new").is_dir()
+    (ws / "kv.py").unlink()
+    (ws / "kv.py").symlink_to(tmp_path / "nowhere")  # dangling: kept as the backup, the stub written
+    code, out, err = _in_process_cli(capsys, "reset", "kv", "--workspace", str(ws))
+    assert code == 0 and not (ws / "kv.py").is_symlink() and (ws / "kv.py").read_text(encoding="utf-8") == stub_source("kv")
+    assert any(b.is_symlink() for b in ws.glob("kv.py.bak-*"))
+    (ws / "kv.py").unlink()
+    (ws / "kv.py").mkdir()
+    code, out, err = _in_process_cli(capsys, "reset", "kv", "--workspace", str(ws))
+    assert (code, out) == (2, "") and err == f"error: {ws / 'kv.py'}: a folder, not a file: move it away first\n"
+    assert (ws / "kv.py").is_dir() and len(list(ws.glob("kv.py.bak-*"))) == 2  # nothing moved
+    assert not [p for p in os.listdir(ws) if p.endswith(".new") and p != ".kv.py.new"]  # no temporary left
+
+    two = tmp_path / "two"
+    two.mkdir()
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _: start(two, ["kv"]), range(24)))
+    assert sum(r == [("kv.py", "wrote")] for r in results) == 1  # one wrote, the others saw it
+    assert (two / "kv.py").read_text(encoding="utf-8") == stub_source("kv") and os.listdir(two) == ["kv.py"]
+
+    repo = tmp_path / "repo"
+    (repo / "tl_lab").mkdir(parents=True)
+    (repo / "tl_lab" / "kv.py").write_text("the reference\n", encoding="utf-8")
+    monkeypatch.setattr(wsm, "REPO_ROOT", repo)
+    with pytest.raises(ExerciseError, match="inside the repository"):
+        reset(repo / "tl_lab", "kv")
+    assert os.listdir(repo / "tl_lab") == ["kv.py"]
+
+
+def test_names_with_terminal_escapes_are_shown_escaped_and_a_null_byte_has_its_line(tmp_path, capsys):
+    from tl_lab.lab.exercise import guard
+    from tl_lab.lab.exercise.workspace import NotUtf8Error, read_source
+
+    ws = tmp_path / "w\x1b[2J\x07"
+    code, out, err = _in_process_cli(capsys, "status", "--workspace", str(ws))
+    assert code == 2 and "\x1b" not in err and "\x07" not in err and "w\\x1b[2J\\x07" in err
+    ws.mkdir()
+    (ws / "kv.py").write_bytes(b"x = 1\r\ny = 2\n\x00\n")
+    with pytest.raises(NotUtf8Error) as got:
+        read_source(ws / "kv.py")
+    fault = guard.blame(got.value, ws, "kv")
+    assert fault.at == f"{ws / 'kv.py'}:3" and "null byte" in fault.error and "remove the null byte at line 3" in fault.hint
+
+
+def test_status_and_hint_read_a_huge_learner_file_bounded(tmp_path, capsys, monkeypatch):
+    """Issue #61: a 100 MB kv.py was read whole and parsed (26-38 s) by status and hint."""
+    import ast
+
+    from tl_lab.lab.exercise.stubs import written
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    with open(ws / "kv.py", "wb") as f:
+        f.truncate(100 << 20)  # sparse: 100 MB
+    real = ast.parse
+    monkeypatch.setattr(ast, "parse", lambda src, *a, **k: pytest.fail("parsed the learner's file")
+                        if len(src) > 1 << 20 else real(src, *a, **k))
+    assert not any(written(ws, "kv").values())
+    for argv in (["status"], ["hint", "kv"]):
+        code, out, err = _in_process_cli(capsys, *argv, "--workspace", str(ws))
+        assert code == 0 and err == "", argv

@@ -184,6 +184,8 @@ def blame(exc: BaseException, workspace: Path, tried: str) -> Fault:
         hint = "a piece still the stub (its message says what to write)"  # the stub's message has the hint
     if isinstance(exc, NotUtf8Error):
         hint = f"save {Path(file).name} as UTF-8 (the character at line {line})"
+        if "null byte" in str(exc):
+            hint = f"remove the null byte at line {line} of {Path(file).name}"
     if len(error) > MESSAGE_CHARS:
         error = error[:MESSAGE_CHARS] + " ..."
     return Fault(module, file, line, function, error, f"{hint}; {command('hint', module, workspace=workspace)}")
@@ -244,8 +246,18 @@ def _one_trial(workspace: Path, modules: list[str]) -> Fault | None:
     env.pop("TL_LAB_PITFALL", None)
     cmd = [sys.executable, "-m", "tl_lab.lab.exercise.guard", str(workspace), *modules]
     # sandboxed and bounded (issue #61): its whole process group ended, its output capped (was: 1 GB of a
-    # learner's prints held in the kernel)
-    r = sandbox.run(cmd, workspace=workspace, env=env, timeout=TIMEOUT)
+    # learner's prints held in the kernel); numba's cache the one place it writes, as in a check
+    cache = workspace / ".tl_lab" / "numba-cache"
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        if cache.is_symlink():
+            raise OSError("a link")
+    except OSError:
+        import tempfile
+
+        cache = Path(tempfile.mkdtemp(prefix="tl_lab-numba-"))
+    env.update({"NUMBA_CACHE_DIR": str(cache), "PYTHONDONTWRITEBYTECODE": "1"})
+    r = sandbox.run(cmd, workspace=workspace, env=env, timeout=TIMEOUT, writable=[cache])
     out, err = r.stdout, r.stderr
     if r.timed_out:
         m = _last_tried(out, modules)
