@@ -515,3 +515,26 @@ def test_status_and_hint_read_a_huge_learner_file_bounded(tmp_path, capsys, monk
     for argv in (["status"], ["hint", "kv"]):
         code, out, err = _in_process_cli(capsys, *argv, "--workspace", str(ws))
         assert code == 0 and err == "", argv
+
+
+def test_in_process_grade_writes_a_row_for_each_learner_whatever_happens_to_another(tmp_path, monkeypatch):
+    """Issue #61: a workspace removed during the grade (or any error of one learner's check) aborted the
+    whole class; it is now that learner's row, and the next learner is graded."""
+    import shutil
+
+    from tl_lab.lab.exercise import gradebook
+    from tl_lab.lab.exercise.grading import Row
+    from tl_lab.lab.exercise.registry import MODULES
+
+    ann, bob = _grade_workspaces(tmp_path)
+
+    def check(ws, modules=None, **kw):
+        if ws == ann:
+            shutil.rmtree(ann)  # removed while it is graded: whatever check raises then
+            raise RuntimeError("the workspace went away")
+        return [Row(m, "passed", f"{m}.py") for m in MODULES]
+
+    monkeypatch.setattr(gradebook, "check", check)
+    rows = gradebook.grade([ann, bob], tmp_path / "g.csv", timeout=60, ref_deps=False, say=lambda line: None)
+    assert [(r["workspace"], r["verdict"]) for r in rows] == [(str(ann), "failed"), (str(bob), "passed")]
+    assert len((tmp_path / "g.csv").read_text().splitlines()) == 3
