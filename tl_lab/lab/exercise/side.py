@@ -89,7 +89,11 @@ def raised(exc: BaseException, yours_module, module: str) -> str:
     the learner's file and line, the function, the error and the hint of the piece it was in."""
     from tl_lab.lab.exercise.guard import blame
 
-    return blame(exc, Path(yours_module.__file__).parent, module).sentence()
+    file = getattr(yours_module, "__file__", None)
+    if not isinstance(file, str):  # yours=object(), a class, a dict: was an AttributeError out of the widget (issue #61)
+        return (f"yours= must be your {module} module (tl_lab.lab.exercise.side.yours({module!r})), not "
+                f"{type(yours_module).__name__} {str(yours_module)[:60]!r}: {type(exc).__name__}: {str(exc)[:200]}")
+    return blame(exc, Path(file).parent, module).sentence()
 
 
 def reference_against_hf(block_tokens: int = 16) -> dict:
