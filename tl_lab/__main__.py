@@ -35,8 +35,9 @@ EXIT_CODES = {
     EXIT_USAGE: "bad arguments: argparse's usage errors, bad sampling or engine options, a prompt "
                 "that is not valid UTF-8 or does not fit the context",
     EXIT_OUTPUT: "the output could not be written (stdout closed, a full disk)",
-    EXIT_BUG: "an internal error: a bug in tl_lab, or one in a learner's module of TL_LAB_WORKSPACE (the "
-              "line then names its file and line, or the learner's modules that ran); TL_LAB_TRACEBACK=1 "
+    EXIT_BUG: "an internal error: a bug in tl_lab, or one in a learner's module of TL_LAB_WORKSPACE (its "
+              "error, SystemExit, MemoryError or OSError, or a token id outside the vocabulary from its sample(): "
+              "the line then names its file and line, or the learner's modules that ran); TL_LAB_TRACEBACK=1 "
               "shows the traceback",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
 }

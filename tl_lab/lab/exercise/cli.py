@@ -4,7 +4,8 @@ Chapter L10.1, "How to work this chapter". Every command takes --workspace DIR (
 TL_LAB_WORKSPACE, else work/L10.1 in the clone); grade, the instructors' command, takes many
 (`tl_lab.lab.exercise.gradebook`). Exit codes: 0 done (check, parity and grade: everything asked for
 passes), 1 a check, parity or grade that does not pass, 2 bad input (an unknown module, a
-missing or unwritable workspace), each error one line "error: ..." on stderr. Nothing of the
+missing or unwritable workspace) and every OS error (naming its file), each error one line "error: ..." on
+stderr, names with their control characters escaped. Nothing of the
 learner's is ever overwritten or deleted: start skips existing files, reset keeps a backup.
 """
 
