@@ -652,9 +652,8 @@ def _learners_fault(exc: BaseException) -> str | None:
 
 def _classify(exc: Exception) -> tuple[int, str]:
     """(exit code, one-line message) for an exception that ended a command."""
-    from tl_lab.engine.generate import SamplerAnswerError
-
-    if isinstance(exc, SamplerAnswerError):
+    generate = sys.modules.get("tl_lab.engine.generate")  # never imported here: it imports the learner's sample.py
+    if generate is not None and isinstance(exc, generate.SamplerAnswerError):
         return EXIT_BUG, str(exc)
     if isinstance(exc, (MemoryError, OSError)) and (learner := _learners_fault(exc)) is not None:
         return EXIT_BUG, learner  # their MemoryError or OSError: not "try a smaller model" (issue #61)
