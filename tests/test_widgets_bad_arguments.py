@@ -54,3 +54,13 @@ def test_sampler_playground_refuses_bad_ids_and_huge_logits_before_allocating():
     assert "50,000,000 logits are more than this playground takes" in w.message and peak < 50 << 20
     with pytest.raises(ValueError, match="more than this playground takes"):
         w.set_logits(range(50_000_000))
+
+
+def test_model_playground_prompt_that_is_not_text_is_a_message():
+    """Was a TraitError out of the constructor (the Textarea takes a str only)."""
+    from tl_lab.lab.widgets.model_playground import ModelPlayground
+    from tl_lab.ops.paths import DATA_DIR
+
+    w = ModelPlayground(DATA_DIR / "bigram", prompt=[1.7])
+    assert "prompt must be text (a str), not list" in w.message and "prompt must be text" in plain(w.status.value)
+    assert isinstance(w.prompt.value, str)
