@@ -834,3 +834,18 @@ def test_generate_names_the_learners_sample_for_whatever_it_raises_or_returns(tm
                        env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "TL_LAB_WORKSPACE": str(ws), "PROBE": mode})
     assert p.returncode == 4 and len(p.stderr.splitlines()) == 1, p.stderr
     assert str(ws / "sample.py") in p.stderr and says in p.stderr, p.stderr
+
+
+def test_generate_stops_a_loop_at_the_import_of_the_learners_module(tmp_path):
+    """Issue #61: with TL_LAB_WORKSPACE, a sample.py that loops at its top level hung generate for good; its
+    import is now limited (TL_LAB_IMPORT_SECONDS, default 120 s): exit 4, one line naming the file and line."""
+    ws = workspace(tmp_path, "reference", ["sample"])
+    with (ws / "sample.py").open("a", encoding="utf-8") as f:
+        f.write("\nwhile True:\n    pass\n")
+    line = (ws / "sample.py").read_text(encoding="utf-8").count("\n") - 1
+    p = subprocess.run([sys.executable, "-m", "tl_lab", "generate", "--model", "tiny-llama", "--prompt", "hi"],
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "TL_LAB_WORKSPACE": str(ws),
+                            "TL_LAB_IMPORT_SECONDS": "2"})
+    assert p.returncode == 4 and len(p.stderr.splitlines()) == 1, p.stderr
+    assert f"{ws / 'sample.py'}:{line} in (import): ImportTimeout: the import of your sample.py ran longer than 2 s" in p.stderr

@@ -584,6 +584,7 @@ def _main(argv: list[str] | None) -> int:
         _pitfall_env()
         args = _parser().parse_args(argv)
         _workspace_env(args)
+        _import_limit(args)
         code = args.run(args)
         sys.stdout.flush()  # a failure here is the last chance to report it as one line
         return code
@@ -626,6 +627,19 @@ def _workspace_env(args) -> None:
     error = workspace.env_error() if workspace is not None else None
     if error is not None and args.command != "exercise":
         raise UsageError(str(error))
+
+
+def _import_limit(args) -> None:
+    """generate and chat with TL_LAB_WORKSPACE: each learner module's import limited (TL_LAB_IMPORT_SECONDS,
+    default 120 s): a loop at its top level is exit 4 naming the file, not a command that never returns."""
+    workspace = sys.modules.get("tl_lab.lab.exercise.workspace")
+    if workspace is None or workspace.active() is None or args.command not in ("generate", "chat"):
+        return
+    try:
+        seconds = float(os.environ.get("TL_LAB_IMPORT_SECONDS", "120"))
+    except ValueError:
+        seconds = 120.0
+    workspace.IMPORT_SECONDS = seconds if 0 < seconds <= 86400 else 120.0
 
 
 # What the loader says when a shared library (numba's LLVM, a compiled extension) cannot be mapped:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from tl_lab.lab.exercise.registry import MODULES
 from tl_lab.lab.exercise.stubs import ExerciseError, reference_path, stub_source
-from tl_lab.lab.switch import SourceFinder
+from tl_lab.lab.switch import SourceFinder, SourceLoader
 
 __all__ = ["ENV", "ENV_USE", "OFF", "Origin", "WorkspaceFinder", "NotUtf8Error", "NullByteError", "read_source", "is_stub",
            "default_workspace", "resolve", "usable", "plan", "install", "install_from_env", "refuse_from_env",
@@ -173,6 +173,33 @@ def is_stub(f: Path, module: str) -> bool:
         return False
 
 
+IMPORT_SECONDS: float | None = None
+"""When set (the command line's generate and chat, `tl_lab.__main__`), the import of each learner module is
+limited to this many seconds by SIGALRM: a loop at its top level is an ImportTimeout naming the file, not a
+command that never returns. None elsewhere (a check, a trial and a notebook bound the learner's code their way)."""
+
+
+class ImportTimeout(Exception):
+    """A learner module whose import ran past IMPORT_SECONDS (a loop at its top level?)."""
+
+
+class _TimedLoader(SourceLoader):
+    def exec_module(self, module):
+        import threading
+
+        seconds = IMPORT_SECONDS
+        if not seconds or threading.current_thread() is not threading.main_thread():
+            return super().exec_module(module)
+        from tl_lab.lab.exercise.alarm import time_limit
+
+        def on_alarm(signum, frame):
+            raise ImportTimeout(f"the import of your {Path(self.path).name} ran longer than {seconds:g} s "
+                                f"(a loop at its top level?)")
+
+        with time_limit(seconds, on_alarm):
+            return super().exec_module(module)
+
+
 class WorkspaceFinder(SourceFinder):
     """Serves the learner's modules of a workspace from their files (first on sys.meta_path); importing
     one whose file is not UTF-8 raises its NotUtf8Error, and the others are served all the same."""
@@ -198,7 +225,10 @@ class WorkspaceFinder(SourceFinder):
             if isinstance(got, OSError):
                 raise type(got)(got.errno, got.strerror, got.filename)
             raise (NullByteError if "null byte" in str(got[0]) else NotUtf8Error)(*got)
-        return super().find_spec(fullname, path, target)
+        spec = super().find_spec(fullname, path, target)
+        if spec is not None and IMPORT_SECONDS and type(spec.loader) is SourceLoader:
+            spec.loader.__class__ = _TimedLoader  # the same loader, its exec_module under the time limit
+        return spec
 
 
 def active() -> WorkspaceFinder | None:
