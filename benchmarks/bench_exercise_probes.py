@@ -96,6 +96,9 @@ def setup(name: str, ws: Path, outside: Path, repo: Path) -> list[str]:
     if name in odd:
         (ws / "sample.py").write_text(ref_sample + f"\n\ndef sample(*a, **k):\n    {odd[name]}\n")
         return generate, {"TL_LAB_WORKSPACE": str(ws)}
+    if name == "generate_loop_at_import":
+        (ws / "sample.py").write_text(ref_sample + "\n\nwhile True:\n    pass\n")
+        return generate, {"TL_LAB_WORKSPACE": str(ws), "TL_LAB_IMPORT_SECONDS": "10"}
     if name == "reset_with_dir_kv_py_new":
         (ws / "kv.py").write_text("mine\n")
         (ws / ".kv.py.new").mkdir()
@@ -126,7 +129,7 @@ PROBES = ["cheat_runtest", "cheat_writer", "cheat_atexit", "cheat_rewrites_tests
           "timeout_1e10", "loop_ignoring_alarm",
           "parity_exit_at_import", "parity_exit_in_sample", "parity_os_exit_at_import", "parity_loop_at_import",
           "generate_exit_in_sample", "generate_memoryerror_in_sample", "generate_oserror_in_sample",
-          "generate_id_out_of_range", "reset_with_dir_kv_py_new", "reset_dangling_link", "reset_kv_is_a_folder",
+          "generate_id_out_of_range", "generate_loop_at_import", "reset_with_dir_kv_py_new", "reset_dangling_link", "reset_kv_is_a_folder",
           "escape_in_workspace_name", "null_byte_kv", "huge_kv_status", "huge_kv_hint"]
 
 
