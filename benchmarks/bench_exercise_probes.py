@@ -74,12 +74,63 @@ def setup(name: str, ws: Path, outside: Path, repo: Path) -> list[str]:
     if name == "timeout_1e10":
         (ws / "kv.py").write_text(kv)
         return ["exercise", "check", "kv", "--workspace", str(ws), "--timeout", "1e10"]
+    # the rest of #61 (branch i61b): parity, generate, reset, names, status
+    ref_sample = (repo / "tl_lab" / "sample.py").read_text()
+    parity = ["exercise", "parity", "--workspace", str(ws)]
+    if name == "parity_exit_at_import":
+        (ws / "sample.py").write_text("import sys\nsys.exit(0)\n")
+        return parity
+    if name == "parity_exit_in_sample":
+        (ws / "sample.py").write_text(ref_sample + "\n\ndef sample(*a, **k):\n    raise SystemExit(0)\n")
+        return parity
+    if name == "parity_os_exit_at_import":
+        (ws / "sample.py").write_text("import os\nos._exit(0)\n")
+        return parity
+    if name == "parity_loop_at_import":
+        (ws / "sample.py").write_text("while True:\n    pass\n")
+        return parity
+    generate = ["generate", "--model", "tiny-llama", "--prompt", "hi", "--max-tokens", "3"]
+    odd = {"generate_exit_in_sample": "raise SystemExit(0)", "generate_memoryerror_in_sample": "raise MemoryError('mine')",
+           "generate_oserror_in_sample": "raise OSError(2, 'No such file', '/nope')",
+           "generate_id_out_of_range": "return 10**9, 0.0"}
+    if name in odd:
+        (ws / "sample.py").write_text(ref_sample + f"\n\ndef sample(*a, **k):\n    {odd[name]}\n")
+        return generate, {"TL_LAB_WORKSPACE": str(ws)}
+    if name == "generate_loop_at_import":
+        (ws / "sample.py").write_text(ref_sample + "\n\nwhile True:\n    pass\n")
+        return generate, {"TL_LAB_WORKSPACE": str(ws), "TL_LAB_IMPORT_SECONDS": "10"}
+    if name == "reset_with_dir_kv_py_new":
+        (ws / "kv.py").write_text("mine\n")
+        (ws / ".kv.py.new").mkdir()
+        return ["exercise", "reset", "kv", "--workspace", str(ws)]
+    if name == "reset_dangling_link":
+        os.symlink(ws / "nowhere", ws / "kv.py")
+        return ["exercise", "reset", "kv", "--workspace", str(ws)]
+    if name == "reset_kv_is_a_folder":
+        (ws / "kv.py").mkdir()
+        return ["exercise", "reset", "kv", "--workspace", str(ws)]
+    if name == "escape_in_workspace_name":
+        return ["exercise", "status", "--workspace", str(ws) + "\x1b[31mred"]
+    if name == "null_byte_kv":
+        (ws / "kv.py").write_bytes(kv.encode() + b"\nx = 1\n\x00\n")
+        return check
+    if name in ("huge_kv_status", "huge_kv_hint"):
+        with open(ws / "kv.py", "w") as f:
+            line = "x = 1\n" * 100_000
+            for _ in range(100_000_000 // len(line)):
+                f.write(line)
+        return ["exercise", "status" if name == "huge_kv_status" else "hint", *(["kv"] if name == "huge_kv_hint" else []),
+                "--workspace", str(ws)]
     raise KeyError(name)
 
 
 PROBES = ["cheat_runtest", "cheat_writer", "cheat_atexit", "cheat_rewrites_tests", "fifo_kv", "devzero_kv",
           "status_tmp_link", "corrupt_status", "print_flood_at_import", "fork_at_import", "reset_in_package",
-          "timeout_1e10", "loop_ignoring_alarm"]
+          "timeout_1e10", "loop_ignoring_alarm",
+          "parity_exit_at_import", "parity_exit_in_sample", "parity_os_exit_at_import", "parity_loop_at_import",
+          "generate_exit_in_sample", "generate_memoryerror_in_sample", "generate_oserror_in_sample",
+          "generate_id_out_of_range", "generate_loop_at_import", "reset_with_dir_kv_py_new", "reset_dangling_link", "reset_kv_is_a_folder",
+          "escape_in_workspace_name", "null_byte_kv", "huge_kv_status", "huge_kv_hint"]
 
 
 WATCHED = ["tests/test_kv.py", "tests/conftest.py", "tl_lab/kv.py", "tl_lab/__init__.py"]
@@ -98,9 +149,10 @@ def _limits():
     resource.setrlimit(resource.RLIMIT_FSIZE, (512 << 20, 512 << 20))
 
 
-def stray() -> int:
+def stray() -> list[int]:
+    """The ids of the processes carrying the probe's marker (a fork_at_import child left running)."""
     out = subprocess.run(["pgrep", "-f", MARK], capture_output=True, text=True).stdout.split()
-    return len(out)
+    return [int(p) for p in out]
 
 
 def run_probe(name: str, repo: Path, limit: float) -> dict:
@@ -109,9 +161,13 @@ def run_probe(name: str, repo: Path, limit: float) -> dict:
         ws.mkdir()
         outside.write_text("untouched\n")
         args = setup(name, ws, outside, repo)
+        extra = {}
+        if isinstance(args, tuple):
+            args, extra = args
         before = tracked_state(repo)
         env = {**os.environ, "PYTHONPATH": str(repo)}
         env.pop("TL_LAB_WORKSPACE", None)
+        env.update(extra)
         t0 = time.perf_counter()
         with tempfile.TemporaryFile() as out:
             p = subprocess.Popen([sys.executable, "-m", "tl_lab", *args], cwd=repo, env=env, stdout=out,
@@ -131,15 +187,20 @@ def run_probe(name: str, repo: Path, limit: float) -> dict:
             text = out.read(4 << 20).decode("utf-8", "replace")
         time.sleep(0.5)
         left = stray()
-        if left:
-            subprocess.run(["pkill", "-9", "-f", MARK])  # the probe's own marker, nothing else
+        for pid in left:  # the probe's own marked processes, each by its id
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
         after = tracked_state(repo)
         changed_outside = outside.read_text() != "untouched\n" or after != before
         if after != before:
             subprocess.run(["git", "checkout", "--", *WATCHED], cwd=repo)
         return {"probe": name, "exit": code, "hung": hung, "lines": text.count("\n"), "seconds": round(seconds, 1),
                 "peak_kb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
-                "changed_outside": changed_outside, "processes_left": left,
+                "changed_outside": changed_outside, "processes_left": len(left), "raw_escape": "\x1b" in text,
+                "ws_after": sorted(p.name + ("/" if p.is_dir() and not p.is_symlink() else "")
+                                   for p in ws.iterdir()) if ws.is_dir() else None,
                 "last_line": (text.strip().splitlines() or [""])[-1][:200]}
 
 

@@ -82,11 +82,6 @@ def test_in_process_cli_refuses_in_one_line(tmp_path, capsys):
     assert code == 2 and err == "error: unknown parity suite 'dice': the suites are sampler, rng\n"
     code, _, err = _in_process_cli(capsys, "parity", "--workspace", str(ws))
     assert code == 2 and err == f"error: no {ws / 'sample.py'}: python -m tl_lab exercise start sample --workspace {ws}\n"
-    (ws / "sample.py").write_text(stub_source("sample"), encoding="utf-8")
-    import tl_lab.sample  # noqa: F401
-
-    code, _, err = _in_process_cli(capsys, "parity", "--workspace", str(ws))
-    assert code == 2 and err == "error: tl_lab.sample is already imported in this process: run parity in a fresh one\n"
     code, _, err = _in_process_cli(capsys, "hint", "kvv", "--workspace", str(ws))
     assert code == 2 and err.startswith("error: ") and "kvv" in err and len(err.splitlines()) == 1
 
@@ -107,24 +102,16 @@ def test_in_process_cli_tests_lists_the_last_results(tmp_path, capsys):
         assert row[len(head):].split()[0] == ("failed" if g == first else "-"), g.name
 
 
-def test_in_process_cli_parity_runs_the_learners_sample(tmp_path, capsys, monkeypatch):
-    """`exercise parity` in a process where tl_lab.sample is not imported yet: the workspace's
-    sample.py is the one held to the golden files, and one that does not import (or parse) is named at its line."""
-    import tl_lab
-    import tl_lab.sample  # the reference, put back after the test
-
-    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
-    monkeypatch.setattr(tl_lab, "sample", tl_lab.sample)
-    monkeypatch.delitem(sys.modules, "tl_lab.sample")
+def test_in_process_cli_parity_runs_the_learners_sample(tmp_path, capsys):
+    """`exercise parity`: the workspace's sample.py is the one held to the golden files (in a child, so this
+    process never imports it), and one that does not import (or parse) is named at its line."""
     ws = workspace(tmp_path, "reference", ["sample"])
     code, out, _ = _in_process_cli(capsys, "parity", "rng", "rng", "--workspace", str(ws))
     assert code == 0 and out.splitlines()[0] == f"your {ws / 'sample.py'}"
     assert len(out.splitlines()) == 2  # the suite once, naming the golden file it reads
     assert out.splitlines()[1].startswith("parity rng (against data/golden/pcg32.vectors.json): ")
-    assert sys.modules["tl_lab.sample"].__file__ == str(ws / "sample.py")
+    assert sys.modules.get("tl_lab.sample") is None or sys.modules["tl_lab.sample"].__file__ != str(ws / "sample.py")
 
-    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if type(f).__name__ != "WorkspaceFinder"])
-    monkeypatch.delitem(sys.modules, "tl_lab.sample")
     other = tmp_path / "broken"
     other.mkdir()
     (other / "sample.py").write_text("import numpy\n\nx = undefined_name\n", encoding="utf-8")
@@ -284,24 +271,16 @@ def test_in_process_cli_check_refuses_a_time_limit_that_is_not_positive(tmp_path
 
 
 def test_in_process_cli_parity_holds_the_stub_even_when_TL_LAB_WORKSPACE_installed_it(tmp_path, capsys, monkeypatch):
-    """`import tl_lab` with TL_LAB_WORKSPACE installs the workspace with an untouched stub planned as the
-    reference; parity had kept that finder and held the reference to the golden files (12/12, exit 0) in
-    place of the learner's stub. And --workspace naming another folder wins over TL_LAB_WORKSPACE's."""
-    import tl_lab
-    import tl_lab.sample  # the reference, put back after the test
+    """An untouched stub of TL_LAB_WORKSPACE is the learner's in parity (was: the reference held to the
+    golden files, 12/12, exit 0, in its place). And --workspace naming another folder wins over TL_LAB_WORKSPACE's."""
     from tl_lab.lab.exercise import workspace as wsm
 
-    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
-    monkeypatch.setattr(tl_lab, "sample", tl_lab.sample)
-    monkeypatch.delitem(sys.modules, "tl_lab.sample")
     stub = workspace(tmp_path / "a", "stub", ["sample"])
     monkeypatch.setenv(wsm.ENV, str(stub))
-    wsm.install_from_env()  # what `import tl_lab` did
     code, out, _ = _in_process_cli(capsys, "parity", "rng")
     assert code == 1 and out.splitlines()[0].startswith(f"your {stub / 'sample.py'}")
     assert "raised NotImplementedError: Pcg32.__init__: not written yet" in out
 
-    monkeypatch.delitem(sys.modules, "tl_lab.sample")
     mine = workspace(tmp_path / "b", "reference", ["sample"])
     code, out, _ = _in_process_cli(capsys, "parity", "rng", "--workspace", str(mine))
     assert code == 0 and out.splitlines()[0].startswith(f"your {mine / 'sample.py'}")
@@ -455,3 +434,107 @@ def test_in_process_grade_checks_all_six_with_the_options_given(tmp_path, monkey
     rows = gradebook.grade([bob, ann], tmp_path / "g.csv", timeout=7.5, ref_deps=True, say=lambda line: None)
     assert calls == [(w, list(MODULES), {"ref_deps": True, "timeout": 7.5, "named": True}) for w in (bob, ann)]
     assert [r["verdict"] for r in rows] == ["passed", "passed"]
+
+
+def test_reset_and_start_are_all_or_nothing_with_unique_temporary_names(tmp_path, capsys, monkeypatch):
+    """Issue #61: a folder named .kv.py.new made reset move kv.py to the backup and then fail (no kv.py); a
+    dangling-link kv.py was "wrote a fresh stub" with none written; two `start kv` at once collided on
+    .kv.py.new; a kv.py that is a folder was a bare "error: Is a directory", exit 1. Now: the stub is written
+    under a unique name first, the old file kept, then renamed over; every OS error names its file, exit 2."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tl_lab.lab.exercise import workspace as wsm
+    from tl_lab.lab.exercise.cli import reset, start
+
+    ws = tmp_path / "ws"
+    start(ws, ["kv"])
+    (ws / "kv.py").write_text("mine\n", encoding="utf-8")
+    (ws / ".kv.py.new").mkdir()
+    code, out, err = _in_process_cli(capsys, "reset", "kv", "--workspace", str(ws))
+    assert code == 0 and (ws / "kv.py").read_text(encoding="utf-8") == stub_source("kv")
+    backup = next(ws.glob("kv.py.bak-*"))
+    assert backup.read_text(encoding="utf-8") == "mine\n" and (ws / ".kv.py.new").is_dir()
+    (ws / "kv.py").unlink()
+    (ws / "kv.py").symlink_to(tmp_path / "nowhere")  # dangling: kept as the backup, the stub written
+    code, out, err = _in_process_cli(capsys, "reset", "kv", "--workspace", str(ws))
+    assert code == 0 and not (ws / "kv.py").is_symlink() and (ws / "kv.py").read_text(encoding="utf-8") == stub_source("kv")
+    assert any(b.is_symlink() for b in ws.glob("kv.py.bak-*"))
+    (ws / "kv.py").unlink()
+    (ws / "kv.py").mkdir()
+    code, out, err = _in_process_cli(capsys, "reset", "kv", "--workspace", str(ws))
+    assert (code, out) == (2, "") and err == f"error: {ws / 'kv.py'}: a folder, not a file: move it away first\n"
+    assert (ws / "kv.py").is_dir() and len(list(ws.glob("kv.py.bak-*"))) == 2  # nothing moved
+    assert not [p for p in os.listdir(ws) if p.endswith(".new") and p != ".kv.py.new"]  # no temporary left
+
+    two = tmp_path / "two"
+    two.mkdir()
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _: start(two, ["kv"]), range(24)))
+    assert sum(r == [("kv.py", "wrote")] for r in results) == 1  # one wrote, the others saw it
+    assert (two / "kv.py").read_text(encoding="utf-8") == stub_source("kv") and os.listdir(two) == ["kv.py"]
+
+    repo = tmp_path / "repo"
+    (repo / "tl_lab").mkdir(parents=True)
+    (repo / "tl_lab" / "kv.py").write_text("the reference\n", encoding="utf-8")
+    monkeypatch.setattr(wsm, "REPO_ROOT", repo)
+    with pytest.raises(ExerciseError, match="inside the repository"):
+        reset(repo / "tl_lab", "kv")
+    assert os.listdir(repo / "tl_lab") == ["kv.py"]
+
+
+def test_names_with_terminal_escapes_are_shown_escaped_and_a_null_byte_has_its_line(tmp_path, capsys):
+    from tl_lab.lab.exercise import guard
+    from tl_lab.lab.exercise.workspace import NotUtf8Error, read_source
+
+    ws = tmp_path / "w\x1b[2J\x07"
+    code, out, err = _in_process_cli(capsys, "status", "--workspace", str(ws))
+    assert code == 2 and "\x1b" not in err and "\x07" not in err and "w\\x1b[2J\\x07" in err
+    ws.mkdir()
+    (ws / "kv.py").write_bytes(b"x = 1\r\ny = 2\n\x00\n")
+    with pytest.raises(NotUtf8Error) as got:
+        read_source(ws / "kv.py")
+    fault = guard.blame(got.value, ws, "kv")
+    assert fault.at == f"{ws / 'kv.py'}:3" and "null byte" in fault.error and "remove the null byte at line 3" in fault.hint
+
+
+def test_status_and_hint_read_a_huge_learner_file_bounded(tmp_path, capsys, monkeypatch):
+    """Issue #61: a 100 MB kv.py was read whole and parsed (26-38 s) by status and hint."""
+    import ast
+
+    from tl_lab.lab.exercise.stubs import written
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    with open(ws / "kv.py", "wb") as f:
+        f.truncate(100 << 20)  # sparse: 100 MB
+    real = ast.parse
+    monkeypatch.setattr(ast, "parse", lambda src, *a, **k: pytest.fail("parsed the learner's file")
+                        if len(src) > 1 << 20 else real(src, *a, **k))
+    assert not any(written(ws, "kv").values())
+    for argv in (["status"], ["hint", "kv"]):
+        code, out, err = _in_process_cli(capsys, *argv, "--workspace", str(ws))
+        assert code == 0 and err == "", argv
+
+
+def test_in_process_grade_writes_a_row_for_each_learner_whatever_happens_to_another(tmp_path, monkeypatch):
+    """Issue #61: a workspace removed during the grade (or any error of one learner's check) aborted the
+    whole class; it is now that learner's row, and the next learner is graded."""
+    import shutil
+
+    from tl_lab.lab.exercise import gradebook
+    from tl_lab.lab.exercise.grading import Row
+    from tl_lab.lab.exercise.registry import MODULES
+
+    ann, bob = _grade_workspaces(tmp_path)
+
+    def check(ws, modules=None, **kw):
+        if ws == ann:
+            shutil.rmtree(ann)  # removed while it is graded: whatever check raises then
+            raise RuntimeError("the workspace went away")
+        return [Row(m, "passed", f"{m}.py") for m in MODULES]
+
+    monkeypatch.setattr(gradebook, "check", check)
+    rows = gradebook.grade([ann, bob], tmp_path / "g.csv", timeout=60, ref_deps=False, say=lambda line: None)
+    assert [(r["workspace"], r["verdict"]) for r in rows] == [(str(ann), "failed"), (str(bob), "passed")]
+    assert len((tmp_path / "g.csv").read_text().splitlines()) == 3

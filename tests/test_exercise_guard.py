@@ -120,17 +120,56 @@ def test_in_process_guard_reads_the_verdict_after_a_print_without_a_newline(tmp_
     reference ran in the notebook in place of a module that works."""
     import dataclasses
     import json
-    import subprocess
 
     from tl_lab.lab.exercise import guard
 
     def run(cmd, **kwargs):
-        return subprocess.CompletedProcess(cmd, 0, stdout=f"trying sample\n....{guard.MARK}null\n", stderr="")
+        return guard.sandbox.Result(0, stdout=f"trying sample\n....{guard.MARK}null\n", stderr="")
 
-    monkeypatch.setattr(guard.subprocess, "run", run)
+    monkeypatch.setattr(guard.sandbox, "run", run)
     assert guard._one_trial(tmp_path, ["sample"]) is None
     fault = guard.Fault("sample", "sample.py", 3, "f", "E: e", "h")
     verdict = json.dumps(dataclasses.asdict(fault))
-    monkeypatch.setattr(guard.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(
-        cmd, 0, stdout=f"trying sample\n.{guard.MARK}{verdict}\n", stderr=""))
+    monkeypatch.setattr(guard.sandbox, "run", lambda cmd, **kw: guard.sandbox.Result(
+        0, stdout=f"trying sample\n.{guard.MARK}{verdict}\n", stderr=""))
     assert guard._one_trial(tmp_path, ["sample"]) == fault
+
+
+def test_in_process_guard_trial_takes_a_learners_sys_exit_as_its_fault(tmp_path, monkeypatch, capsys):
+    """Issue #61: a SystemExit in the learner's module ended the trial process with no verdict ("the process
+    ended: no output", no line); it is now the module's fault like any error."""
+    import json
+
+    from tl_lab.lab.exercise import guard
+
+    def bye():
+        raise SystemExit(0)
+
+    monkeypatch.setitem(guard.TRIALS, "quant", bye)
+    assert guard._main([str(tmp_path), "quant"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    verdict = json.loads(out[-1][len(guard.MARK):])
+    assert (verdict["module"], verdict["error"]) == ("quant", "SystemExit: 0")
+
+
+def test_a_module_whose_trial_looped_is_never_imported_again_in_this_process(tmp_path, monkeypatch, capsys):
+    """Issue #61: notebook 07 with a sample.py that loops at import: the first cell waited, ran the reference,
+    and a later `yours_or_none("sample")` imported the file again in the kernel and hung. The trial (in a
+    sandboxed child, its whole group ended at the limit) is the only import; `yours` refuses it after."""
+    import time
+
+    from conftest import workspace
+    from tl_lab.lab.exercise import guard, side
+
+    ws = workspace(tmp_path, "reference", ["sample"])
+    (ws / "sample.py").write_text("while True:\n    pass\n", encoding="utf-8")
+    monkeypatch.setattr(guard, "TIMEOUT", 3.0)
+    t0 = time.perf_counter()
+    faults = guard.trial(ws, ["sample"])
+    assert set(faults) == {"sample"} and faults["sample"].error == "ran longer than 3 s"
+    assert time.perf_counter() - t0 < 20
+    assert "did not finish its trial" in faults["sample"].lines()[0]
+    assert side.yours_or_none("sample", ws) is None  # was: imported again here, and hung
+    assert "failed its trial in this kernel's first cell" in capsys.readouterr().out
+    (ws / "sample.py").write_text("X = 1\n", encoding="utf-8")  # edited since: the new text is not the one tried
+    assert side.yours("sample", ws).X == 1

@@ -119,3 +119,31 @@ def test_in_process_parity_ends_a_loop_in_the_learners_code(monkeypatch):
     assert v.first_difference.startswith("mix64(") and v.first_difference.endswith(
         ": raised CaseTimeout: ran longer than 0.2 s (an infinite loop?)")
     assert signal.getsignal(signal.SIGALRM) == before and signal.getitimer(signal.ITIMER_REAL)[0] == 0
+
+
+def test_parity_in_a_child_fails_every_way_the_learners_code_ends_it(tmp_path):
+    """Issue #61: parity ran sample.py in the command's process, so its sys.exit(0) (at import or inside
+    sample()) was exit 0 with no output, and a loop at import hung it. In the child, each is a failure
+    (exit 1) naming the file (and its line when the code raised)."""
+    from conftest import workspace
+    from tl_lab.lab.exercise.parity import in_child
+    from tl_lab.lab.exercise.stubs import reference_source
+
+    ws = workspace(tmp_path, "reference", ["sample"])
+    f = ws / "sample.py"
+    ref = reference_source("sample")
+    f.write_text("import sys\n\nsys.exit(0)\n", encoding="utf-8")
+    assert in_child(ws, ["rng"]) == (1, [f"parity: {f}:3: SystemExit: 0"])
+    f.write_text(ref.replace("def sample(", "def sample(*a, **k):\n    raise SystemExit(0)\n\n\ndef _was_sample("),
+                 encoding="utf-8")
+    code, lines = in_child(ws, ["sampler"])
+    assert code == 1 and "raised SystemExit: 0 at " + str(f) + ":" in lines[-1]
+    f.write_text("while True:\n    pass\n", encoding="utf-8")  # a loop at import: the alarm ends it
+    code, lines = in_child(ws, ["rng"], case_seconds=0.5)
+    assert code == 1 and lines[-1].startswith(f"parity: {f}:") and "CaseTimeout: ran longer than 0.5 s" in lines[-1]
+    f.write_text("import signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\nwhile True:\n    pass\n", encoding="utf-8")
+    code, lines = in_child(ws, ["rng"], case_seconds=0.5, timeout=4)  # the alarm ignored: the wall clock ends it
+    assert code == 1 and lines == [f"parity: {f}: ran longer than 4 s, so it was stopped (a loop that ignores the 0.5 s alarm?)"]
+    f.write_text("import os\nos._exit(0)\n", encoding="utf-8")
+    code, lines = in_child(ws, ["rng"])
+    assert code == 1 and lines[-1].startswith(f"parity: {f}: the process ended (exit code 0) before parity finished")

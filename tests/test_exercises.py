@@ -701,6 +701,10 @@ def test_the_guard_stops_a_loop_and_survives_an_exit(tmp_path, monkeypatch):
     assert list(faults) == ["sample"] and faults["sample"].error == "ran longer than 20 s", faults
     (ws / "kv.py").write_text(reference_source("kv") + "\nimport sys\nsys.exit(3)\n")
     (ws / "sample.py").write_text(reference_source("sample"))
+    faults = guard.trial(ws, ["kv", "sample"])  # a SystemExit is a fault at its line (issue #61: was "the process ended")
+    assert list(faults) == ["kv"] and faults["kv"].error == "SystemExit: 3", faults
+    assert faults["kv"].line == reference_source("kv").count("\n") + 3
+    (ws / "kv.py").write_text(reference_source("kv") + "\nimport os\nos._exit(3)\n")
     faults = guard.trial(ws, ["kv", "sample"])
     assert list(faults) == ["kv"] and faults["kv"].error.startswith("the process ended"), faults
 
@@ -811,3 +815,40 @@ def test_the_tests_command_lists_the_catalogue_row_by_row(tmp_path, capsys):
         assert lines[i].split() == [g.name, *g.kind.split(), g.module, "-", f"{g.file}::test_{g.name}*"]
         assert lines[i + 1].strip() == f"checks: {g.checks}" and lines[i + 2].strip() == f"why: {g.why}"
         assert (lines[i + 3].strip() == f"with: {', '.join(g.also)}") == bool(g.also)
+
+
+@pytest.mark.parametrize("mode,says", [
+    ("exit", "in sample: SystemExit: 0"),
+    ("mem", "in sample: MemoryError: mine"),
+    ("os", "in sample: FileNotFoundError: "),
+    ("id", "returned token id 1000000000, outside the vocabulary (0 .. 255)"),
+])
+def test_generate_names_the_learners_sample_for_whatever_it_raises_or_returns(tmp_path, mode, says):
+    """Issue #61: with TL_LAB_WORKSPACE, a sys.exit in the learner's sample() was exit 0 with no output; their
+    MemoryError said "try a smaller model", their OSError a bare strerror, an id outside the vocabulary blamed
+    the prompt (exit 2). Each is now exit 4, one line naming their sample.py."""
+    ws = workspace(tmp_path, "reference", ["sample"])
+    with (ws / "sample.py").open("a", encoding="utf-8") as f:
+        f.write("\n\n_real = sample\n\n\ndef sample(*a, **k):\n    import os\n    mode = os.environ['PROBE']\n"
+                "    if mode == 'exit':\n        raise SystemExit(0)\n    if mode == 'mem':\n        raise MemoryError('mine')\n"
+                "    if mode == 'os':\n        raise OSError(2, 'No such file', '/nope')\n    return 10**9, 0.0\n")
+    p = subprocess.run([sys.executable, "-m", "tl_lab", "generate", "--model", "tiny-llama", "--prompt", "hi",
+                        "--max-tokens", "2"], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "TL_LAB_WORKSPACE": str(ws), "PROBE": mode})
+    assert p.returncode == 4 and len(p.stderr.splitlines()) == 1, p.stderr
+    assert str(ws / "sample.py") in p.stderr and says in p.stderr, p.stderr
+
+
+def test_generate_stops_a_loop_at_the_import_of_the_learners_module(tmp_path):
+    """Issue #61: with TL_LAB_WORKSPACE, a sample.py that loops at its top level hung generate for good; its
+    import is now limited (TL_LAB_IMPORT_SECONDS, default 120 s): exit 4, one line naming the file and line."""
+    ws = workspace(tmp_path, "reference", ["sample"])
+    with (ws / "sample.py").open("a", encoding="utf-8") as f:
+        f.write("\nwhile True:\n    pass\n")
+    line = (ws / "sample.py").read_text(encoding="utf-8").count("\n") - 1
+    p = subprocess.run([sys.executable, "-m", "tl_lab", "generate", "--model", "tiny-llama", "--prompt", "hi"],
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "TL_LAB_WORKSPACE": str(ws),
+                            "TL_LAB_IMPORT_SECONDS": "2"})
+    assert p.returncode == 4 and len(p.stderr.splitlines()) == 1, p.stderr
+    assert f"{ws / 'sample.py'}:{line} in (import): ImportTimeout: the import of your sample.py ran longer than 2 s" in p.stderr

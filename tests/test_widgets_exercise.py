@@ -1,6 +1,7 @@
 """tl_lab/lab/widgets/exercise.py: the check table as a widget, re-run with its button."""
 
 from conftest import shown_text as plain
+import pytest
 from tl_lab.lab.exercise.cli import start
 from tl_lab.lab.exercise.grading import Row
 from tl_lab.lab.exercise.stubs import reference_source
@@ -81,3 +82,21 @@ def test_the_table_shows_each_modules_row_and_its_details_and_nothing_else():
         "first failing: test_kv_append assert 1 == 2 at kv.py:12 hint: exercise hint kv "
         "blocks does not import - - "
         "1 of 3 modules pass")
+
+
+def test_bad_arguments_are_a_message_in_the_panel_never_raised(tmp_path, monkeypatch):
+    """Issue #61: CheckPanel("str").run() was an AttributeError; timeout=nan or -1 was taken as no limit."""
+    from tl_lab.lab.widgets import exercise as panel_module
+
+    monkeypatch.setattr(panel_module, "check", lambda *a, **k: pytest.fail("checked with bad arguments"))
+    for kwargs, says in [({"workspace": object()}, "workspace must be a folder's path"),
+                         ({"workspace": tmp_path, "timeout": float("nan")}, "timeout must be a number of seconds"),
+                         ({"workspace": tmp_path, "timeout": -1}, "timeout must be"),
+                         ({"workspace": tmp_path, "timeout": 1e10}, "at most a day"),
+                         ({"workspace": tmp_path, "timeout": "9"}, "timeout must be"),
+                         ({"workspace": tmp_path, "modules": "kvv"}, "modules must be")]:
+        p = CheckPanel(**kwargs)
+        assert says in p.message and says in plain(p.table.value)
+        assert p.run() == [] and says in p.message and len(p.message) < 200
+    p = CheckPanel(str(tmp_path / "missing"))  # a str is a path
+    assert p.run() == [] and "does not exist" in p.message

@@ -35,8 +35,9 @@ EXIT_CODES = {
     EXIT_USAGE: "bad arguments: argparse's usage errors, bad sampling or engine options, a prompt "
                 "that is not valid UTF-8 or does not fit the context",
     EXIT_OUTPUT: "the output could not be written (stdout closed, a full disk)",
-    EXIT_BUG: "an internal error: a bug in tl_lab, or one in a learner's module of TL_LAB_WORKSPACE (the "
-              "line then names its file and line, or the learner's modules that ran); TL_LAB_TRACEBACK=1 "
+    EXIT_BUG: "an internal error: a bug in tl_lab, or one in a learner's module of TL_LAB_WORKSPACE (its "
+              "error, SystemExit, MemoryError or OSError, or a token id outside the vocabulary from its sample(): "
+              "the line then names its file and line, or the learner's modules that ran); TL_LAB_TRACEBACK=1 "
               "shows the traceback",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
 }
@@ -583,6 +584,7 @@ def _main(argv: list[str] | None) -> int:
         _pitfall_env()
         args = _parser().parse_args(argv)
         _workspace_env(args)
+        _import_limit(args)
         code = args.run(args)
         sys.stdout.flush()  # a failure here is the last chance to report it as one line
         return code
@@ -592,8 +594,12 @@ def _main(argv: list[str] | None) -> int:
     except KeyboardInterrupt:
         _err("interrupted")
         return EXIT_INTERRUPTED
-    except SystemExit:  # argparse: --help (0) or a usage error it has already printed (2)
-        raise
+    except SystemExit as exc:  # argparse: --help (0) or a usage error it has already printed (2)
+        learner = _learners_fault(exc)  # ... or a learner's sys.exit under TL_LAB_WORKSPACE: never a silent exit 0
+        if learner is None:
+            raise
+        _err(f"error: {clip(learner)}")
+        return EXIT_BUG
     except Exception as exc:  # noqa: BLE001: the one place every other failure becomes a line
         code, message = _classify(exc)
         if os.environ.get("TL_LAB_TRACEBACK") and code == EXIT_BUG:
@@ -623,13 +629,48 @@ def _workspace_env(args) -> None:
         raise UsageError(str(error))
 
 
+def _import_limit(args) -> None:
+    """generate and chat with TL_LAB_WORKSPACE: each learner module's import limited (TL_LAB_IMPORT_SECONDS,
+    default 120 s): a loop at its top level is exit 4 naming the file, not a command that never returns."""
+    workspace = sys.modules.get("tl_lab.lab.exercise.workspace")
+    if workspace is None or workspace.active() is None or args.command not in ("generate", "chat"):
+        return
+    try:
+        seconds = float(os.environ.get("TL_LAB_IMPORT_SECONDS", "120"))
+    except ValueError:
+        seconds = 120.0
+    workspace.IMPORT_SECONDS = seconds if 0 < seconds <= 86400 else 120.0
+
+
 # What the loader says when a shared library (numba's LLVM, a compiled extension) cannot be mapped:
 # under an address-space limit (ulimit -v) that is memory, not a bug in tl_lab.
 _NOT_LOADED = ("failed to map segment from shared object", "Could not find/load shared object file")
 
 
+def _learners_fault(exc: BaseException) -> str | None:
+    """The line naming the learner's file and line when `exc` came from a module of TL_LAB_WORKSPACE's
+    (`guard.culprit`), else None."""
+    workspace = sys.modules.get("tl_lab.lab.exercise.workspace")
+    finder = workspace.active() if workspace is not None else None
+    if finder is None:
+        return None
+    from tl_lab.lab.exercise.guard import culprit
+    from tl_lab.lab.exercise.workspace import command
+
+    fault = culprit(exc, finder.workspace)
+    if fault is None:
+        return None
+    return (f"{fault.sentence()}; it is TL_LAB_WORKSPACE's code, not tl_lab's: "
+            f"{command('check', fault.module, workspace=finder.workspace)} says more, TL_LAB_TRACEBACK=1 shows the traceback")
+
+
 def _classify(exc: Exception) -> tuple[int, str]:
     """(exit code, one-line message) for an exception that ended a command."""
+    generate = sys.modules.get("tl_lab.engine.generate")  # never imported here: it imports the learner's sample.py
+    if generate is not None and isinstance(exc, generate.SamplerAnswerError):
+        return EXIT_BUG, str(exc)
+    if isinstance(exc, (MemoryError, OSError)) and (learner := _learners_fault(exc)) is not None:
+        return EXIT_BUG, learner  # their MemoryError or OSError: not "try a smaller model" (issue #61)
     if isinstance(exc, UsageError):
         return EXIT_USAGE, str(exc)
     if isinstance(exc, OutputError):

@@ -72,6 +72,11 @@ def _sample_fn():
     return fast_sample.sample if fast_sample.is_reference(_sampler) else _sampler.sample
 
 
+class SamplerAnswerError(RuntimeError):
+    """The sampler in use returned what is not a token id of the vocabulary (a learner's sample.py under
+    TL_LAB_WORKSPACE, most likely): the message names the sampler's file (the command line: exit 4)."""
+
+
 class RequestError(BatchError, ValueError):
     """A request refused before anything runs (a bad field, an id outside the vocabulary, a prompt
     longer than the context). A TlError and a ValueError; the message names the request."""
@@ -423,7 +428,13 @@ class Engine:
 
     def _sample(self, s: _Seq, row: np.ndarray) -> TokenEvent:
         req, r = s.req, s.result
-        tok, lp = _sample_fn()(row, req.params, s.prompt, r.output_ids, s.rng)
+        fn = _sample_fn()
+        tok, lp = fn(row, req.params, s.prompt, r.output_ids, s.rng)
+        if not is_int(tok) or not 0 <= int(tok) < len(row):  # was: blamed on the prompt, exit 2 (issue #61)
+            where = getattr(getattr(fn, "__code__", None), "co_filename", getattr(fn, "__module__", "?"))
+            raise SamplerAnswerError(f"sample() of {where} returned token id {tok!r}, outside the vocabulary "
+                                     f"(0 .. {len(row) - 1})")
+        tok = int(tok)
         s.tokens.append(tok)
         r.output_ids.append(tok)
         r.logprobs.append(lp)

@@ -161,7 +161,10 @@ def _install_tried(ws, quiet: bool) -> dict:
         return {}
     learner = [m for m, o in plan(ws).items() if o.origin == "learner"]
     if learner and not quiet:
-        print(f"trying your {', '.join(learner)} once before this notebook imports them ...", flush=True)
+        from tl_lab.lab.exercise.guard import TIMEOUT
+
+        print(f"trying your {', '.join(learner)} once before this notebook imports them (up to {TIMEOUT:g} s; "
+              f"one that raises or loops is not imported in this kernel) ...", flush=True)
     faults = guard.trial(ws, learner) if learner else {}
     _forget_unused_finder()
     install(ws, instead={m: f"your {m}.py raised when tried: the reference runs in its place" for m in faults})

@@ -4,7 +4,8 @@ Chapter L10.1, "How to work this chapter". Every command takes --workspace DIR (
 TL_LAB_WORKSPACE, else work/L10.1 in the clone); grade, the instructors' command, takes many
 (`tl_lab.lab.exercise.gradebook`). Exit codes: 0 done (check, parity and grade: everything asked for
 passes), 1 a check, parity or grade that does not pass, 2 bad input (an unknown module, a
-missing or unwritable workspace), each error one line "error: ..." on stderr. Nothing of the
+missing or unwritable workspace) and every OS error (naming its file), each error one line "error: ..." on
+stderr, names with their control characters escaped. Nothing of the
 learner's is ever overwritten or deleted: start skips existing files, reset keeps a backup.
 """
 
@@ -67,11 +68,32 @@ def cli(args) -> int:
 
     if getattr(args, "workspace", None) is not None or args.exercise_command == "grade":
         lift_refusal()  # --workspace (or grade's own) wins over a bad TL_LAB_WORKSPACE
+    from tl_lab.lab.exercise.files import EscapingStream
+
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = EscapingStream(out), EscapingStream(err)  # names shown escaped (issue #61)
     try:
         return COMMANDS[args.exercise_command](args)
     except ExerciseError as exc:
         print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:  # `... | head`: the entry point ends quietly
+        raise
+    except OSError as exc:  # every OS error names its file, one line, exit 2 (was: a bare strerror, exit 1)
+        print(f"error: {os_error(exc)}", file=sys.stderr)
+        return EXIT_USAGE
+    finally:
+        if isinstance(sys.stdout, EscapingStream):
+            sys.stdout = out
+        if isinstance(sys.stderr, EscapingStream):
+            sys.stderr = err
+
+
+def os_error(exc: OSError) -> str:
+    """An OSError in one line that names its file(s): "FILE: what" (FILE -> OTHER for a rename or a link)."""
+    what = exc.strerror or str(exc) or type(exc).__name__
+    files = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
+    return one_line(f"{files}: {what}" if files else f"{what} ({type(exc).__name__})")
 
 
 def _workspace(args, must_exist: bool = True, write: bool = False) -> Path:
@@ -94,6 +116,9 @@ def start(ws: Path, modules) -> list[tuple[str, str]]:
     if ws.exists():
         usable(ws, write=True)
     else:
+        from tl_lab.lab.exercise.workspace import inside_repo
+
+        inside_repo(ws)  # before anything is made
         try:
             ws.mkdir(parents=True)
         except OSError as exc:
@@ -106,37 +131,25 @@ def start(ws: Path, modules) -> list[tuple[str, str]]:
 
 
 def _write_new(f: Path, text: str) -> bool:
-    """Write `text` to `f` only if no such file exists (checked and created in one step, "x")."""
-    tmp = f.with_name(f".{f.name}.new")
-    tmp.write_text(text, encoding="utf-8")
-    try:
-        os.link(tmp, f)  # fails if f exists: never overwrites, and f appears whole
-        return True
-    except FileExistsError:
-        return False
-    finally:
-        tmp.unlink()
+    """Write `text` to `f` only if nothing is there (a dangling link included): under a unique temporary name,
+    then linked in one step (`files.write_new`; was: the fixed name .kv.py.new, which a folder or a second
+    `start` at once could hold)."""
+    from tl_lab.lab.exercise.files import write_new
+
+    return write_new(f, text.encode("utf-8"))
 
 
 def reset(ws: Path, module: str) -> tuple[Path | None, Path]:
-    """A fresh stub of `module` in `ws`; the old file renamed to <module>.py.bak-<time> (never replacing
-    another backup). -> (backup or None, the new file)."""
+    """A fresh stub of `module` in `ws`, all or nothing; the old file (or link) kept as
+    <module>.py.bak-<time> (never replacing another backup). -> (backup or None, the new file)."""
+    from tl_lab.lab.exercise.files import replace_keeping
+    from tl_lab.lab.exercise.workspace import inside_repo
+
     f = ws / f"{check_module(module)}.py"
-    backup = None
-    if f.exists():
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        for i in range(1000):
-            cand = f.with_name(f"{f.name}.bak-{stamp}" + (f"-{i}" if i else ""))
-            try:
-                os.link(f, cand)  # fails if cand exists
-                backup = cand
-                break
-            except FileExistsError:
-                continue
-        else:
-            raise ExerciseError(f"no free backup name for {f}")
-        f.unlink()
-    _write_new(f, stub_source(module))
+    inside_repo(ws)  # refused before anything moves (was: the package's kv.py moved to a backup, then an error)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    backup = replace_keeping(f, stub_source(module).encode("utf-8"),
+                             lambda i: f.with_name(f"{f.name}.bak-{stamp}" + (f"-{i}" if i else "")))
     return backup, f
 
 
@@ -211,9 +224,7 @@ def _grade(args) -> int:
 
 
 def _parity(args) -> int:
-    from tl_lab.lab.exercise.guard import blame
-    from tl_lab.lab.exercise.parity import SUITES, limited, run
-    from tl_lab.lab.exercise.workspace import active, install
+    from tl_lab.lab.exercise.parity import SUITES, in_child
 
     bad = [s for s in args.suites if s not in SUITES]
     if bad:
@@ -222,25 +233,13 @@ def _parity(args) -> int:
     f = ws / "sample.py"
     if not f.is_file():
         raise ExerciseError(f"no {f}: {command('start', 'sample', workspace=ws, named=args.workspace is not None)}")
-    if "tl_lab.sample" in sys.modules:
-        raise ExerciseError("tl_lab.sample is already imported in this process: run parity in a fresh one")
-    if (finder := active()) is not None:  # TL_LAB_WORKSPACE's, from `import tl_lab`: its plan takes an untouched
-        sys.meta_path.remove(finder)       # stub for the reference, and --workspace may name another folder
-    install(ws, use={"sample"})
-    try:
-        with limited():  # a loop at the top level of sample.py too
-            import tl_lab.sample as ts
-    except Exception as exc:  # noqa: BLE001: the learner's module does not import
-        # blame's place: a SyntaxError has no frame in sample.py, its line is the error's own (was: no line)
-        print(f"parity: {blame(exc, ws, 'sample').at}: {type(exc).__name__}: {exc}")
-        return EXIT_FAILED
-    if ts.__file__ != str(f):  # never the reference held to the golden files in the learner's place
-        raise ExerciseError(f"tl_lab.sample was loaded from {ts.__file__}, not your {f}: run parity in a fresh process")
-    verdicts = run(ts, list(dict.fromkeys(args.suites)))
-    print(f"your {ts.__file__}")
-    for v in verdicts:
-        print(v.line())
-    return EXIT_OK if all(v.ok for v in verdicts) else EXIT_FAILED
+    # in a child (issue #61): the learner's SystemExit, os._exit or a loop at import is a failure here, never exit 0
+    code, lines = in_child(ws, list(dict.fromkeys(args.suites)))
+    if code == EXIT_USAGE:
+        raise ExerciseError(lines[-1].removeprefix("parity: ") if lines else "parity could not run")
+    for line in lines:
+        print(line)
+    return code
 
 
 def _hint(args) -> int:

@@ -9,7 +9,8 @@ import stat
 import tempfile
 from pathlib import Path
 
-__all__ = ["NotRegular", "read_regular", "write_atomic", "open_fresh", "SOURCE_LIMIT", "STATUS_LIMIT"]
+__all__ = ["NotRegular", "read_regular", "write_atomic", "open_fresh", "write_new", "replace_keeping", "escaped",
+           "EscapingStream", "SOURCE_LIMIT", "STATUS_LIMIT"]
 
 SOURCE_LIMIT = 4 << 20   # bytes of a learner's module (the largest reference module is ~60 KB)
 STATUS_LIMIT = 16 << 20  # bytes of a status.json
@@ -77,3 +78,93 @@ def open_fresh(path):
         pass
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
     return os.fdopen(fd, "w", encoding="utf-8", errors="replace")
+
+
+def _temp_beside(path: Path, data: bytes) -> str:
+    """A unique new temporary file in `path`'s folder holding `data` (mkstemp: O_EXCL, never a planted name)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".new", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return tmp
+
+
+def write_new(path, data: bytes) -> bool:
+    """`data` as the new file `path` only if nothing is there (a dangling link counts as something): written
+    whole under a unique temporary name, then linked in one step, which fails when `path` exists -> whether
+    it was written. Two at once: one writes, the other sees it exists."""
+    path = Path(path)
+    tmp = _temp_beside(path, data)
+    try:
+        os.link(tmp, path, follow_symlinks=False)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(tmp)
+
+
+def replace_keeping(path, data: bytes, backup_name) -> Path | None:
+    """`path` replaced by `data` all or nothing, the old one (a file, or a link, even dangling) kept under a
+    new name `backup_name(i)` for the first i free -> that backup, or None when nothing was there. The new
+    text is written before anything moves; the old one is linked to the backup, then the new one renamed
+    over it: `path` is never missing, and on an error nothing is left changed."""
+    path = Path(path)
+    tmp = _temp_beside(path, data)
+    backup = None
+    try:
+        if os.path.lexists(path):
+            if path.is_dir() and not path.is_symlink():
+                raise IsADirectoryError(21, "a folder, not a file: move it away first", str(path))
+            for i in range(1000):
+                cand = Path(backup_name(i))
+                try:
+                    os.link(path, cand, follow_symlinks=False)  # fails if cand exists: never replaces a backup
+                    backup = cand
+                    break
+                except FileExistsError:
+                    continue
+            else:
+                raise FileExistsError(17, "no free backup name beside it", str(path))
+        os.replace(tmp, path)
+        tmp = None
+        return backup
+    except BaseException:
+        if backup is not None:
+            try:
+                os.unlink(backup)
+            except OSError:
+                pass
+        raise
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x09), *range(0x0b, 0x20), 0x7f, *range(0x80, 0xa0)]}
+
+
+def escaped(text: str) -> str:
+    """`text` with every control character but newline and tab shown as \\xNN (a folder named with
+    a terminal's escape sequence reaches the terminal as text, never as a command to it)."""
+    return text.translate(_CONTROL)
+
+
+class EscapingStream:
+    """A text stream that writes `escaped` text to the stream it wraps (the exercise commands' stdout and stderr)."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        self.stream.write(escaped(text))
+        return len(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)

@@ -128,8 +128,12 @@ def grade(workspaces, out, timeout: float, ref_deps: bool, say=print) -> list[di
             try:
                 rows = check(ws, MODULES, ref_deps=ref_deps, timeout=timeout, named=True)
                 done.append(gradebook_row(ws, rows, time.perf_counter() - t0))
-            except (ExerciseError, OSError) as exc:  # one learner's trouble is their row, not the class's
-                done.append(error_row(ws, str(exc), time.perf_counter() - t0))
+            except Exception as exc:  # noqa: BLE001: one learner's trouble is their row, never the class's (issue #61:
+                # a workspace removed during the grade aborted everyone after it)
+                why = str(exc) if isinstance(exc, ExerciseError) else f"{type(exc).__name__}: {exc}"
+                if isinstance(exc, OSError) and exc.filename:
+                    why = f"{exc.filename}: {exc.strerror or exc}"
+                done.append(error_row(ws, why, time.perf_counter() - t0))
             book.writerow(done[-1])
             f.flush()
             say(_line(done[-1]))

@@ -16,19 +16,20 @@ notebook's own asserts are what show a wrong answer.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from tl_lab.lab.exercise import sandbox
 from tl_lab.lab.exercise.workspace import command
 from tl_lab.lab.exercise.registry import MODULES, PIECES, SECTIONS
 from tl_lab.lab.exercise.stubs import NOT_WRITTEN
 from tl_lab.lab.exercise.workspace import ENV, ENV_USE, NotUtf8Error
 
-__all__ = ["Fault", "TRIALS", "trial", "blame", "culprit", "located"]
+__all__ = ["Fault", "TRIALS", "trial", "blame", "culprit", "located", "failed", "NotTriedAgain"]
 
 MARK = "tl_lab-guard: "  # the trial's verdict line on stdout (the learner's own prints may come before it)
 TIMEOUT = 180.0  # seconds for one trial process: the six modules take a few here; a never-ending loop stops
@@ -59,6 +60,12 @@ class Fault:
     def lines(self) -> list[str]:
         """The loud report a notebook's first cell prints."""
         check = command("check", self.module, workspace=Path(self.file).parent)
+        if self.function == "(its trial)":  # no error of it: it looped, or ended the trial's process
+            return [f"!! your {self.module}.py did not finish its trial, so this notebook runs the reference's "
+                    f"{self.module} in its place (your file is not imported again in this kernel):",
+                    f"   {self.at}: {self.error}",
+                    f"   hint: {self.hint}",
+                    f"   fix it ({check} says more), then restart the kernel"]
         return [f"!! your {self.module}.py raises, so this notebook runs the reference's {self.module} in its place:",
                 f"   {self.at} in {self.function}: {self.error}",
                 f"   hint: {self.hint}",
@@ -177,6 +184,8 @@ def blame(exc: BaseException, workspace: Path, tried: str) -> Fault:
         hint = "a piece still the stub (its message says what to write)"  # the stub's message has the hint
     if isinstance(exc, NotUtf8Error):
         hint = f"save {Path(file).name} as UTF-8 (the character at line {line})"
+        if "null byte" in str(exc):
+            hint = f"remove the null byte at line {line} of {Path(file).name}"
     if len(error) > MESSAGE_CHARS:
         error = error[:MESSAGE_CHARS] + " ..."
     return Fault(module, file, line, function, error, f"{hint}; {command('hint', module, workspace=workspace)}")
@@ -192,7 +201,7 @@ def _main(argv: list[str]) -> int:
         try:
             __import__(f"tl_lab.{m}")
             TRIALS[m]()
-        except Exception as exc:  # noqa: BLE001: the learner's code; what it raised is the verdict
+        except BaseException as exc:  # noqa: BLE001: the learner's code; what it raised (SystemExit too) is the verdict
             verdict = asdict(blame(exc, workspace, m))
             break
     print(MARK + json.dumps(verdict), flush=True)
@@ -202,6 +211,33 @@ def _main(argv: list[str]) -> int:
 # ------------------------------------------------------------------ the notebook's side
 
 
+class NotTriedAgain(Exception):
+    """The learner's module failed its trial in this process's first cell (it raised, looped or ended the
+    trial's process): it is not imported again here, where a loop at its import would hang the kernel."""
+
+
+_FAILED: dict[str, tuple[str, Fault]] = {}  # learner's file -> (sha256 when tried, its Fault): this process's trials
+
+
+def _digest(path) -> str | None:
+    from tl_lab.lab.exercise.files import SOURCE_LIMIT, read_regular
+
+    try:
+        return hashlib.sha256(read_regular(path, SOURCE_LIMIT)).hexdigest()
+    except OSError:
+        return None
+
+
+def failed(path) -> Fault | None:
+    """The Fault of learner file `path` when its trial in this process failed and the file is still the one
+    tried (same sha256), else None: what must not be imported again in this kernel (`side.yours`)."""
+    got = _FAILED.get(str(Path(path).resolve()))
+    if got is None:
+        return None
+    digest, fault = got
+    return fault if digest is None or _digest(path) in (digest, None) else None
+
+
 def _one_trial(workspace: Path, modules: list[str]) -> Fault | None:
     from tl_lab.ops.paths import PACKAGE_DIR
 
@@ -209,11 +245,21 @@ def _one_trial(workspace: Path, modules: list[str]) -> Fault | None:
            "PYTHONPATH": os.pathsep.join([str(PACKAGE_DIR.parent), *filter(None, [os.environ.get("PYTHONPATH")])])}
     env.pop("TL_LAB_PITFALL", None)
     cmd = [sys.executable, "-m", "tl_lab.lab.exercise.guard", str(workspace), *modules]
+    # sandboxed and bounded (issue #61): its whole process group ended, its output capped (was: 1 GB of a
+    # learner's prints held in the kernel); numba's cache the one place it writes, as in a check
+    cache = workspace / ".tl_lab" / "numba-cache"
     try:
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT, check=False)
-        out, err = p.stdout, p.stderr
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        cache.mkdir(parents=True, exist_ok=True)
+        if cache.is_symlink():
+            raise OSError("a link")
+    except OSError:
+        import tempfile
+
+        cache = Path(tempfile.mkdtemp(prefix="tl_lab-numba-"))
+    env.update({"NUMBA_CACHE_DIR": str(cache), "PYTHONDONTWRITEBYTECODE": "1"})
+    r = sandbox.run(cmd, workspace=workspace, env=env, timeout=TIMEOUT, writable=[cache])
+    out, err = r.stdout, r.stderr
+    if r.timed_out:
         m = _last_tried(out, modules)
         return Fault(m, str(workspace / f"{m}.py"), None, "(its trial)", f"ran longer than {TIMEOUT:g} s",
                      f"a loop that never ends? {command('check', m, workspace=workspace)} names the test")
@@ -245,6 +291,8 @@ def trial(workspace: Path, modules) -> dict[str, Fault]:
         if fault.module not in left:  # not one of ours: never loop
             fault = Fault(**{**asdict(fault), "module": left[0]})
         faults[fault.module] = fault
+        f = workspace / f"{fault.module}.py"
+        _FAILED[str(f.resolve())] = (_digest(f), fault)
         left.remove(fault.module)
     return faults
 

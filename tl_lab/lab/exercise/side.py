@@ -49,9 +49,14 @@ def _learner_file(module: str, workspace=None) -> Path | None:
 def yours(module: str, workspace=None):
     """The learner's `module` from the workspace, or None while it is missing or still the stub.
     An error inside it (a SyntaxError, a failing import) is raised as it is, from the learner's file."""
+    from tl_lab.lab.exercise.guard import NotTriedAgain, failed
+
     f = _learner_file(module, workspace)
     if f is None or not f.is_file() or is_stub(f, module):
         return None
+    if (fault := failed(f)) is not None:  # its trial raised, looped or ended the process: never imported again
+        raise NotTriedAgain(f"your {module}.py failed its trial in this kernel's first cell ({fault.at}: "
+                            f"{fault.error}), so it is not imported again; fix it, then restart the kernel")
     return load(f, f"{__name__}.yours_{module}")
 
 
@@ -63,10 +68,14 @@ def reference(module: str):
 def yours_or_none(module: str, workspace=None):
     """`yours`, or None with the learner's error printed (file and line) when their module does not
     import, so a notebook cell that shows it stays usable."""
+    from tl_lab.lab.exercise.guard import NotTriedAgain, located
+
     try:
         return yours(module, workspace)
+    except NotTriedAgain as exc:
+        print(f"{exc}; the reference's is shown alone")
+        return None
     except Exception as exc:  # noqa: BLE001: the learner's code; its error is what to show
-        from tl_lab.lab.exercise.guard import located
 
         f = _learner_file(module, workspace)
         found = located(exc, f.parent) if f is not None else None
@@ -80,7 +89,11 @@ def raised(exc: BaseException, yours_module, module: str) -> str:
     the learner's file and line, the function, the error and the hint of the piece it was in."""
     from tl_lab.lab.exercise.guard import blame
 
-    return blame(exc, Path(yours_module.__file__).parent, module).sentence()
+    file = getattr(yours_module, "__file__", None)
+    if not isinstance(file, str):  # yours=object(), a class, a dict: was an AttributeError out of the widget (issue #61)
+        return (f"yours= must be your {module} module (tl_lab.lab.exercise.side.yours({module!r})), not "
+                f"{type(yours_module).__name__} {str(yours_module)[:60]!r}: {type(exc).__name__}: {str(exc)[:200]}")
+    return blame(exc, Path(file).parent, module).sentence()
 
 
 def reference_against_hf(block_tokens: int = 16) -> dict:

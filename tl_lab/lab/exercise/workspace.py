@@ -29,9 +29,9 @@ from pathlib import Path
 
 from tl_lab.lab.exercise.registry import MODULES
 from tl_lab.lab.exercise.stubs import ExerciseError, reference_path, stub_source
-from tl_lab.lab.switch import SourceFinder
+from tl_lab.lab.switch import SourceFinder, SourceLoader
 
-__all__ = ["ENV", "ENV_USE", "OFF", "Origin", "WorkspaceFinder", "NotUtf8Error", "read_source", "is_stub",
+__all__ = ["ENV", "ENV_USE", "OFF", "Origin", "WorkspaceFinder", "NotUtf8Error", "NullByteError", "read_source", "is_stub",
            "default_workspace", "resolve", "usable", "plan", "install", "install_from_env", "refuse_from_env",
            "env_error", "lift_refusal", "origins", "learners_loaded", "active"]
 
@@ -135,6 +135,10 @@ class NotUtf8Error(SyntaxError):
     a coding declaration (`# -*- coding: latin-1 -*-`) and, on 3.11, lets bad bytes in a comment pass."""
 
 
+class NullByteError(NotUtf8Error):
+    """A learner's file with a null byte in it, at its line (issue #61: was reported at "None:None")."""
+
+
 def read_source(f: Path) -> str:
     """The text of learner file `f`, its newlines as `Path.read_text` gives them, a UTF-8 byte order mark
     at its start dropped (older Windows Notepad writes one; Python's import drops it too); NotUtf8Error
@@ -152,6 +156,11 @@ def read_source(f: Path) -> str:
         before = data[:exc.start]
         line = before.count(b"\n") + before.count(b"\r") - before.count(b"\r\n") + 1
         raise NotUtf8Error(f"not UTF-8 text ({exc.reason})", (str(f), line, None, None)) from None
+    if "\0" in text:  # Python's compile says "source code cannot contain null bytes" with no line: "None:None"
+        before = text[:text.index("\0")]
+        line = before.count("\n") + before.count("\r") - before.count("\r\n") + 1
+        raise NullByteError(f"a null byte (\\0) at line {line}: Python source cannot contain one",
+                            (str(f), line, None, None))
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
@@ -160,8 +169,35 @@ def is_stub(f: Path, module: str) -> bool:
     or other line endings do not make it the learner's)."""
     try:
         return read_source(f) == stub_source(module)
-    except NotUtf8Error:  # the stub is UTF-8: this is the learner's, refused where it is imported
+    except (NotUtf8Error, OSError):  # the stub is UTF-8 and small: this is the learner's, refused where it is imported
         return False
+
+
+IMPORT_SECONDS: float | None = None
+"""When set (the command line's generate and chat, `tl_lab.__main__`), the import of each learner module is
+limited to this many seconds by SIGALRM: a loop at its top level is an ImportTimeout naming the file, not a
+command that never returns. None elsewhere (a check, a trial and a notebook bound the learner's code their way)."""
+
+
+class ImportTimeout(Exception):
+    """A learner module whose import ran past IMPORT_SECONDS (a loop at its top level?)."""
+
+
+class _TimedLoader(SourceLoader):
+    def exec_module(self, module):
+        import threading
+
+        seconds = IMPORT_SECONDS
+        if not seconds or threading.current_thread() is not threading.main_thread():
+            return super().exec_module(module)
+        from tl_lab.lab.exercise.alarm import time_limit
+
+        def on_alarm(signum, frame):
+            raise ImportTimeout(f"the import of your {Path(self.path).name} ran longer than {seconds:g} s "
+                                f"(a loop at its top level?)")
+
+        with time_limit(seconds, on_alarm):
+            return super().exec_module(module)
 
 
 class WorkspaceFinder(SourceFinder):
@@ -177,14 +213,22 @@ class WorkspaceFinder(SourceFinder):
                 learner[f"tl_lab.{m}"] = (o.file, read_source(Path(o.file)))
             except NotUtf8Error as exc:
                 self.unreadable[f"tl_lab.{m}"] = exc.args
+            except OSError as exc:  # a FIFO, a link, past the size limit: that module's import fails, not install
+                self.unreadable[f"tl_lab.{m}"] = exc
         super().__init__(learner)
         self.workspace = workspace
         self.origins = origins
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname in self.unreadable:  # a new error each import: one raised twice would grow its traceback
-            raise NotUtf8Error(*self.unreadable[fullname])
-        return super().find_spec(fullname, path, target)
+            got = self.unreadable[fullname]
+            if isinstance(got, OSError):
+                raise type(got)(got.errno, got.strerror, got.filename)
+            raise (NullByteError if "null byte" in str(got[0]) else NotUtf8Error)(*got)
+        spec = super().find_spec(fullname, path, target)
+        if spec is not None and IMPORT_SECONDS and type(spec.loader) is SourceLoader:
+            spec.loader.__class__ = _TimedLoader  # the same loader, its exec_module under the time limit
+        return spec
 
 
 def active() -> WorkspaceFinder | None:

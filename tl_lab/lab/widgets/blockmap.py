@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import copy
 import html
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
 import ipywidgets as widgets
+import numpy as np
 import traitlets
 
 from tl_lab.engine.blocks import BlockManager, SeqBlocks, blocks_for, cacheable
@@ -229,6 +231,29 @@ def parse_position(text: str) -> tuple[int | None, str | None]:
         return None, f"Position {quoted(t)} is not a whole number: type one such as 37."
 
 
+def _bad_tables(tables, lengths, pool) -> str:
+    """What is wrong with BlockMap's tables or lengths in one line ("" when nothing): tables a dict of
+    name -> list of the pool's block ids, lengths a dict of name -> a count of tokens."""
+    n = getattr(pool, "n_blocks", None)
+    if tables is not None:
+        if not isinstance(tables, dict):
+            return f"tables must be a dict of name -> list of block ids, not {type(tables).__name__}"
+        for name, t in tables.items():
+            if isinstance(t, (str, bytes)) or not isinstance(t, (list, tuple, np.ndarray)):
+                return f"tables[{str(name)[:30]!r}] must be a list of block ids, not {type(t).__name__} {str(t)[:30]!r}"
+            for b in t:
+                if isinstance(b, bool) or not isinstance(b, (int, np.integer)):  # one outside the pool is said in words
+                    return (f"tables[{str(name)[:30]!r}] holds {str(b)[:30]!r}: a block id is a whole number "
+                            f"0 .. {n - 1 if n else '?'}")
+    if lengths is not None:
+        if not isinstance(lengths, dict):
+            return f"lengths must be a dict of name -> tokens, not {type(lengths).__name__}"
+        for name, v in lengths.items():
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+                return f"lengths[{str(name)[:30]!r}] must be a count of tokens (0 or more), not {str(v)[:30]!r}"
+    return ""
+
+
 class BlockMap(CellWidget):
     """The pool as a grid (`grid.value`, HTML with an SVG), the story's caption and buttons, and the
     "where a key lands" panel (`where.value`) driven by `seq` (a Dropdown) and `position` (text).
@@ -251,7 +276,8 @@ class BlockMap(CellWidget):
         self.yours_grid, self.compare = widgets.HTML(), widgets.HTML()
         self.pool = pool if pool is not None else story_pool(self.kv)
         self.state = StoryState()
-        self._tables, self._lengths = dict(tables or {}), dict(lengths or {})
+        self.message = _bad_tables(tables, lengths, self.pool)  # said in the map, never raised (issue #61)
+        self._tables, self._lengths = ({}, {}) if self.message else (dict(tables or {}), dict(lengths or {}))
         self.step = 0
         self._quiet = False
         self.grid = widgets.HTML()
@@ -283,6 +309,8 @@ class BlockMap(CellWidget):
             self.goto(0)
         else:
             self.refresh()
+        if self.message:
+            self.grid.value = message(self.message) + self.grid.value
 
     @classmethod
     def from_pool(cls, pool: KvPool, tables: dict | None = None, *, lengths: dict | None = None,
@@ -305,7 +333,13 @@ class BlockMap(CellWidget):
     # ------------------------------------------------------------ the story
 
     def goto(self, k: int) -> None:
-        """Show story step k (clamped to the story): a fresh pool replayed through steps 1..k."""
+        """Show story step k (clamped to the story): a fresh pool replayed through steps 1..k; a k that is not
+        a whole number (nan, "2", 1.5) is a message in the caption, the step shown unchanged."""
+        if isinstance(k, bool) or not isinstance(k, (int, float, np.integer, np.floating)) or not math.isfinite(k) \
+                or k != int(k):
+            self.message = f"goto needs a step number 0 .. {len(STORY) - 1}, not {str(k)[:40]!r}"
+            self.caption.value = message(self.message)
+            return
         k = max(0, min(int(k), len(STORY) - 1))
         self.pool, self.state = replay(k, self.kv)
         self.step = k

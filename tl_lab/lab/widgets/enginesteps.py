@@ -31,7 +31,8 @@ class EngineSteps(CellWidget):
     and the details of step `slider.value` (`detail.value`). `back_button` / `next_button` step."""
 
     def __init__(self, records: list[StepRecord], labels: dict[int, str] | None = None):
-        self.records = list(records)
+        self.message = _bad_records(records)  # said in the widget, never raised (issue #61)
+        self.records = [] if self.message else list(records)
         n_req = 1 + max((r.request for rec in self.records for r in rec.rows), default=-1)
         self.labels = {i: f"req {i}" for i in range(n_req)} | dict(labels or {})
         self.timeline, self.detail = widgets.HTML(), widgets.HTML()
@@ -64,10 +65,27 @@ class EngineSteps(CellWidget):
         self.back_button.disabled = k == 0
         self.next_button.disabled = k >= len(self.records) - 1
         self.timeline.value = timeline(self.records, self.labels, k)
+        if self.message:
+            self.detail.value = message(self.message)
+            return
         if not self.records:
             self.detail.value = message("No steps recorded: the engine ran no request.", NOTE)
             return
         self.detail.value = describe(self.records[k], self.labels)
+
+
+def _bad_records(records) -> str:
+    """What is wrong with EngineSteps' records in one line ("" when nothing): a list of StepRecords."""
+    if isinstance(records, (str, bytes)) or not hasattr(records, "__iter__") or hasattr(records, "shape"):
+        return f"records must be a list of StepRecords (Engine.generate(..., on_step=records.append)), not {type(records).__name__}"
+    try:
+        records = list(records)
+    except Exception as exc:  # noqa: BLE001: anything given: its error is the message
+        return f"records could not be read: {type(exc).__name__}: {str(exc)[:100]}"
+    for i, r in enumerate(records):
+        if not isinstance(r, StepRecord):
+            return f"records[{i}] is {type(r).__name__} {str(r)[:40]!r}, not a StepRecord"
+    return ""
 
 
 def timeline(records: list[StepRecord], labels: dict[int, str], selected: int) -> str:

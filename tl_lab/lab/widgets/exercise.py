@@ -10,6 +10,9 @@ and the hint. A bad workspace or module is a message, never a traceback.
 from __future__ import annotations
 
 import html
+import math
+import os
+from pathlib import Path
 
 import ipywidgets as widgets
 
@@ -28,10 +31,12 @@ class CheckPanel(widgets.VBox):
     Shown: `table` (HTML). After a check `rows` holds the grading Rows, `message` a refusal ("" when fine)."""
 
     def __init__(self, workspace, modules: str = ALL, timeout: float = DEFAULT_TIMEOUT):
-        self.workspace, self.timeout = workspace, timeout
         self.rows: list[Row] = []
-        self.message = ""
-        self.modules = widgets.Dropdown(options=[ALL, *MODULES], value=modules, description="modules", **field_style())
+        self.message = self._refused = bad_arguments(workspace, modules, timeout)  # said in the widget, never raised
+        self.workspace = Path(workspace) if isinstance(workspace, (str, os.PathLike)) else workspace
+        self.timeout = timeout
+        self.modules = widgets.Dropdown(options=[ALL, *MODULES], value=modules if modules in (ALL, *MODULES) else ALL,
+                                        description="modules", **field_style())
         # width auto: at the default 300 px JupyterLab cuts the description to "--ref-deps (borrow the refer..."
         self.ref_deps = widgets.Checkbox(value=False, description="--ref-deps (borrow the reference for a dependency)",
                                          layout=widgets.Layout(width="auto"))
@@ -42,6 +47,8 @@ class CheckPanel(widgets.VBox):
         for control in (self.modules, self.ref_deps):
             control.observe(lambda _: self._unchecked(), names="value")
         super().__init__([widgets.HBox([self.modules, self.button]), self.ref_deps, self.table])
+        if self.message:
+            self.table.value = message(self.message)
 
     def _unchecked(self) -> None:
         self.rows, self.message = [], ""
@@ -50,6 +57,10 @@ class CheckPanel(widgets.VBox):
     def run(self) -> list[Row]:
         """Run the check now and redraw the table."""
         asked = None if self.modules.value == ALL else [self.modules.value]
+        why = self._refused or bad_arguments(self.workspace, self.modules.value, self.timeout)
+        if why:
+            self.rows, self.message, self.table.value = [], why, message(why)
+            return self.rows
         self.button.disabled, self.table.value = True, message("checking ...", NOTE)
         try:
             if not self.workspace.is_dir():
@@ -63,6 +74,19 @@ class CheckPanel(widgets.VBox):
         finally:
             self.button.disabled = False
         return self.rows
+
+
+def bad_arguments(workspace, modules, timeout) -> str:
+    """What is wrong with CheckPanel's arguments in one line ("" when nothing): a workspace that is not a path,
+    a module not one of the six, a timeout not a number of seconds above 0 and at most a day."""
+    if not isinstance(workspace, (str, os.PathLike)) or not str(workspace):
+        return f"workspace must be a folder's path, not {type(workspace).__name__} {str(workspace)[:60]!r}"
+    if not isinstance(modules, str) or modules not in (ALL, *MODULES):
+        return f"modules must be {ALL!r} or one of {', '.join(MODULES)}, not {str(modules)[:60]!r}"
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) \
+            or not 0 < timeout <= 86400:
+        return f"timeout must be a number of seconds, more than 0 and at most a day (86400), not {str(timeout)[:60]!r}"
+    return ""
 
 
 def table_html(rows: list[Row]) -> str:

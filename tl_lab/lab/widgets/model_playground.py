@@ -118,6 +118,10 @@ class ModelPlayground(CellWidget):
         self._busy = True
         self.sampler = SamplerPlayground(params=params, seed=seed, show_top=show_top)
         default = PROMPT_CHAT if has_template else PROMPT_PLAIN
+        refused = ""
+        if prompt is not None and not isinstance(prompt, str):  # said in the widget, never a TraitError (issue #61)
+            refused = f"prompt must be text (a str), not {type(prompt).__name__} {str(prompt)[:40]!r}: the default is shown"
+            prompt = None
         self.prompt = widgets.Textarea(value=default if prompt is None else prompt, description="prompt",
                                        continuous_update=False, layout=widgets.Layout(width="640px", height="64px"),
                                        style={"description_width": "60px"})
@@ -141,6 +145,9 @@ class ModelPlayground(CellWidget):
         self.reset_button.on_click(lambda _: self.restart("cleared the appended tokens"))
         self._busy = False
         self.restart()
+        if refused:
+            self.message = refused
+            self.status.value = message(refused) + self.status.value
 
     def _attach(self, runner, tokenizer, cfg) -> None:
         """The runner, tokenizer and labels: given, or from the shared `loaded_model`."""

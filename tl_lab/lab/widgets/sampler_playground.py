@@ -38,6 +38,8 @@ PRESETS = {
 }
 GIVEN = "given logits"   # offered once logits have been given (set_logits)
 EDITABLE_MAX = 64        # longer vectors are not put in the text field
+MAX_LOGITS = 1 << 20     # logits a playground takes (a real vocabulary is at most ~262k): more is refused unread
+MAX_IDS = 100_000        # prompt or output ids a playground takes
 MAX_DRAWS = 100_000      # skipping more uniforms would make every redraw slow
 
 # One row per slider: the SamplingParams field it sets, its range and step, its label.
@@ -80,13 +82,23 @@ class SamplerPlayground(CellWidget):
         self._withdrawn = ""  # why the given logits were withdrawn (`withdraw`), "" while they stand
         self.labels: list[str] | None = None
         self._build(params or SamplingParams(), seed)
-        self.prompt_text.value = _ids_text(prompt)
-        self.output_text.value = _ids_text(output)
+        refused = ""  # a bad argument is said in the widget, never raised out of it (issue #61)
+        for box, ids, name in ((self.prompt_text, prompt, "prompt"), (self.output_text, output, "output")):
+            try:
+                box.value = _ids_text(ids, name)
+            except ValueError as exc:
+                refused = refused or str(exc)
         self._quiet = False
-        if logits is None:
+        if logits is not None and not refused:
+            try:
+                self.set_logits(logits, labels)
+            except (ValueError, TypeError) as exc:
+                refused = str(exc)
+        if logits is None or refused:
             self._on_preset({"new": self.preset.value})
-        else:
-            self.set_logits(logits, labels)
+        if refused:
+            self.message = refused
+            self.result.value = message(refused)
 
     def _build(self, p: SamplingParams, seed: int) -> None:
         """The controls (sliders from the SLIDERS table), the layout and the observers."""
@@ -121,12 +133,22 @@ class SamplerPlayground(CellWidget):
 
     def set_logits(self, logits, labels=None, prompt=None, output=None) -> None:
         """Show a new logits vector (e.g. a model's next-token row), with optional token strings."""
+        size = getattr(logits, "size", None)
+        if size is None:
+            try:
+                size = len(logits)
+            except TypeError:
+                size = None
+        if isinstance(size, int) and size > MAX_LOGITS:  # before anything is allocated (was: 50 million took 13 GB)
+            raise ValueError(f"{size:,} logits are more than this playground takes ({MAX_LOGITS:,}): give one row "
+                             f"of a vocabulary")
         x = np.asarray(logits)
         if x.dtype.kind not in "iuf":  # checked before anything changes: a refusal leaves the widget as it was
             raise ValueError(f"logits must be real numbers, got an array of dtype {x.dtype}")
         if labels is not None and len(labels) != x.size:
             raise ValueError(f"labels has {len(labels)} entries for {x.size} logits")
-        texts = [(box, _ids_text(ids)) for box, ids in ((self.prompt_text, prompt), (self.output_text, output))
+        texts = [(box, _ids_text(ids, name)) for box, ids, name in ((self.prompt_text, prompt, "prompt"),
+                                                                     (self.output_text, output, "output"))
                  if ids is not None]
         self._quiet = True
         try:
@@ -338,8 +360,22 @@ def _reference():
     return reference("sample")
 
 
-def _ids_text(ids) -> str:
-    return ", ".join(str(int(i)) for i in ids)
+def _ids_text(ids, name: str = "prompt") -> str:
+    """Token ids as the text box shows them; ValueError (one line) for what is not a list of whole numbers
+    (was: "abc" an int() error out of the widget, [1.7] taken as 1)."""
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+        raise ValueError(f"{name} must be a list of token ids, not {type(ids).__name__} {quoted(str(ids))}")
+    if hasattr(ids, "__len__") and len(ids) > MAX_IDS:
+        raise ValueError(f"{name} has {len(ids):,} ids, more than this playground takes ({MAX_IDS:,})")
+    out = []
+    for i in ids:
+        if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)) and not (
+                isinstance(i, (float, np.floating)) and float(i).is_integer()):
+            raise ValueError(f"{name} ids must be whole numbers: {quoted(str(i))} is not one")
+        out.append(str(int(i)))
+        if len(out) > MAX_IDS:
+            raise ValueError(f"{name} has more than {MAX_IDS:,} ids, more than this playground takes")
+    return ", ".join(out)
 
 
 def _numbers_text(values) -> str:
