@@ -592,12 +592,12 @@ def test_a_notebook_whose_learner_module_raises_shows_the_error_and_hint_and_run
     ws = workspace(tmp_path, "ref")
     kv = reference_source("kv").replace("class KvPool:", "class KvPool(:", 1)
     quant = reference_source("quant").replace("\nclass QLinear:", "\nundefined_name\n\nclass QLinear:", 1)
-    sample = reference_source("sample").replace("    M = float(l.max())\n", "    M = float(l.maximum())\n", 1)
+    sample = reference_source("sample").replace("    M = max(l)\n", "    M = l.maximum()\n", 1)
     for m, src in (("kv", kv), ("quant", quant), ("sample", sample)):
         assert src != reference_source(m)
         (ws / f"{m}.py").write_text(src)
     line = {m: src.splitlines().index(text) + 1 for m, src, text in
-            (("kv", kv, "class KvPool(:"), ("quant", quant, "undefined_name"), ("sample", sample, "    M = float(l.maximum())"))}
+            (("kv", kv, "class KvPool(:"), ("quant", quant, "undefined_name"), ("sample", sample, "    M = l.maximum()"))}
 
     first, imports = _first_cells(ws, "04_kv_pool", monkeypatch)
     assert imports == ""
@@ -605,7 +605,7 @@ def test_a_notebook_whose_learner_module_raises_shows_the_error_and_hint_and_run
                     ("sample", "AttributeError")):
         assert f"!! your {m}.py raises, so this notebook runs the reference's {m} in its place" in first, first
         assert f"{ws / f'{m}.py'}:{line[m]} in " in first and what in first, first
-    assert "hint: every step of docs/spec/sampling.md" in first  # the piece it raised in: sample's _run
+    assert "hint: steps 1 to 9 of docs/spec/sampling.md" in first  # the piece it raised in: sample's sample_trace
     assert "python -m tl_lab exercise hint kv" in first
     assert f"workspace {ws}: yours run for " in first and "model" in first.split("yours run for ")[1].split(";")[0]  # the modules that run stay the learner's
 
