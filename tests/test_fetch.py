@@ -754,6 +754,9 @@ def test_no_network_gives_a_clear_message(tiny, cache, monkeypatch):
     ("  \nsomething broke\n  last words  \n", "last words"),
     ("", "nothing"),
     ("ERROR: " + "x" * 400, "ERROR: " + "x" * 293 + " ..."),
+    ("ERROR: " + "x" * 292, "ERROR: " + "x" * 292),  # 299 characters: whole (issue 62, at the limit)
+    ("ERROR: " + "x" * 293, "ERROR: " + "x" * 293),  # exactly 300: whole
+    ("ERROR: " + "x" * 294, "ERROR: " + "x" * 293 + " ..."),  # 301: clipped to 300
 ])
 def test_pip_s_reason_is_one_line(output, said):
     assert F._pip_said(output) == said

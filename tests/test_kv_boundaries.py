@@ -5,9 +5,10 @@ The comparisons (file:function: the comparison), each pinned by the test named a
 
     kv.py:KvCfg.validate: n_blocks, B, layers, heads, D >= 1 (lo=1)     test_pool_dimensions_at_their_floor
     kv.py:KvCfg.validate: pool_bytes > memory_bytes()                    test_pool_size_at_the_machines_memory
+    kv.py:KvCfg.validate: block_bytes < memory (which advice)            test_the_advice_when_one_block_is_the_memory
     kv.py:prefix_hash: 0 <= parent < 2**64                              test_prefix_hash_parent_at_the_u64_edges
     kv.py:prefix_hash: 0 <= token < 2**32 (list and array)              test_prefix_hash_tokens_at_the_u32_edges
-    kv.py:prefix_hashes: len(tokens) // B full blocks                   test_prefix_hashes_at_a_block_boundary
+    kv.py:prefix_hashes: len(tokens) // B full blocks; B >= 1           test_prefix_hashes_at_a_block_boundary
     kv.py:key_location: 0 <= position < len(table) * B (int, array)     test_key_location_at_the_tables_edges
     kv.py:KvPool._check_id: 0 <= id < n_blocks                          test_block_ids_at_the_pools_edges
     kv.py:KvPool.slab: 0 <= layer < n_layers; is_v in (0, 1)            test_slab_layer_and_is_v_at_their_edges
@@ -68,6 +69,17 @@ def test_pool_size_at_the_machines_memory(monkeypatch, spare, ok):
             cfg.validate()
 
 
+@pytest.mark.parametrize("spare, advice", [(-1, "the block's dimensions"), (0, "the block's dimensions"),
+                                           (1, "n_blocks")])
+def test_the_advice_when_one_block_is_the_memory(monkeypatch, spare, advice):
+    """A pool that does not fit: lower n_blocks while one block is smaller than the memory, else the
+    block's dimensions (one block exactly the memory cannot be held either: the bookkeeping)."""
+    cfg = KvCfg(3, B, 2, 1, 2)
+    monkeypatch.setattr(kv, "memory_bytes", lambda: cfg.block_bytes + spare)
+    with pytest.raises(KvError, match=rf"; lower {advice}"):
+        cfg.validate()
+
+
 @pytest.mark.parametrize("parent, ok", [(-1, False), (0, True), (U64 - 1, True), (U64, False)])
 def test_prefix_hash_parent_at_the_u64_edges(parent, ok):
     if ok:
@@ -86,6 +98,15 @@ def test_prefix_hash_tokens_at_the_u32_edges(token, ok, as_array):
     else:
         with raises_naming(ValueError, "u32"):
             prefix_hash(None, tokens)
+
+
+@pytest.mark.parametrize("B_, ok", [(0, False), (1, True), (2, True)])
+def test_prefix_hashes_block_size_at_its_floor(B_, ok):
+    if ok:
+        assert len(prefix_hashes([1, 2, 3, 4], B_)) == 4 // B_
+    else:
+        with pytest.raises(ValueError, match="block_tokens"):
+            prefix_hashes([1, 2, 3, 4], B_)
 
 
 @pytest.mark.parametrize("n, full", [(0, 0), (3, 0), (4, 1), (5, 1), (7, 1), (8, 2), (9, 2)])

@@ -16,9 +16,10 @@ failed), survived (all passed) or timeout. mutmut (tools/mutation.py) samples ev
 this tool runs the one kind the boundary tests are about, exhaustively, fast enough for two shared
 cores (a mutant costs one pytest process; a killed one stops at its first failure).
 
-Results merge into benchmarks/results/mutation.json under results["boundary-<label>"][module]: the
-counts, the score, and each survivor (line, the edit, its source line) so it can be read and closed or
-called equivalent (docs/dev/mutation.md says which and why).
+Results merge into benchmarks/results/mutation.json under boundary[<label>][module] (a key of its
+own: tools/mutation.py's `results` hold mutmut's runs): the counts, the score, and each survivor (line,
+the edit, its source line) so it can be read and closed or called equivalent (docs/dev/mutation.md says
+which and why).
 """
 
 from __future__ import annotations
@@ -187,7 +188,7 @@ def run_module(root: Path, module: str, files: list[str], budget: float, log, on
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("modules", nargs="*", default=list(MODULES))
-    ap.add_argument("--label", required=True, help="before / after: results go under boundary-<label>")
+    ap.add_argument("--label", required=True, help="before / after: results go under boundary[label]")
     ap.add_argument("--with-boundaries", action="store_true", help="also run the module's boundary test files")
     ap.add_argument("--ref", default=None, help="mutate this commit's tree (its modules and tests) instead of the working tree")
     ap.add_argument("--budget", type=float, default=300.0, help="seconds per mutant's test run")
@@ -206,7 +207,6 @@ def main(argv: list[str] | None = None) -> None:
         return
     root = scratch_tree(args.ref)
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    label = f"boundary-{args.label}"
     for module in args.modules:
         mirror, extra = MODULES[module]
         files = mirror + (extra if args.with_boundaries else [])
@@ -214,17 +214,17 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{module}: {len(mutants((root / 'tl_lab' / f'{module}.py').read_text()))} mutants, tests {files}", flush=True)
         only = None
         if args.rerun_survivors_of:
-            prior = results["results"][f"boundary-{args.rerun_survivors_of}"][module]
+            prior = results["boundary"][args.rerun_survivors_of][module]
             only = {sv["mutant"] for sv in prior["survivors"]}
-            print(f"{module}: rerunning the {len(only)} survivors of boundary-{args.rerun_survivors_of}", flush=True)
+            print(f"{module}: rerunning the {len(only)} survivors of {args.rerun_survivors_of}", flush=True)
         res = run_module(root, module, files, args.budget, lambda s: print(s, flush=True), only)
         if only is not None:
-            res["rerun_survivors_of"] = f"boundary-{args.rerun_survivors_of}"
+            res["rerun_survivors_of"] = args.rerun_survivors_of
         res["ref"] = args.ref or "working tree"
         print(f"{module}: {res['killed']} killed, {res['survived']} survived, {res['timeout']} timeouts "
               f"(score {res['score']}) in {res['seconds']} s", flush=True)
         results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}  # merge with other runs
-        results.setdefault("results", {}).setdefault(label, {})[module] = res
+        results.setdefault("boundary", {}).setdefault(args.label, {})[module] = res
         RESULTS.write_text(json.dumps(results, indent=2) + "\n")
 
 
