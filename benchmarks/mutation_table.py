@@ -32,6 +32,9 @@ S55 = ("s55", "s55-after", "a new 40 (seed 21) after the changes of 2026-12-07, 
 """The runs of the modules a change touched (S53: the review of 2026-12-06; S54, S55: the changes of
 2026-12-07), and the rows' note."""
 
+RETIRED = {"sample_reference": "the plain-loop sampler, since 2026-12-07 the learner's tl_lab/sample.py itself"}
+"""Modules measured once that no longer exist under that name: their rows stay, as history."""
+
 SHOWN = [
     # (module, what it is, the first run's label or None for a single run, the last run's label, a note)
     ("kv", "the paged KV cache", "before", "after", ""),

@@ -82,7 +82,6 @@ MODULES = {
                  "-k", "not random and not imports_no"],
     # the sampler as plain loops (the reference the learner's sampler is held to), config.json's
     # schema, and the kernels' lazy entry points
-    "ops.fast_sample": ["tests/test_sample.py"],
     "schema": ["tests/test_schema.py", "tests/test_model.py", "-m", "not hf and not smollm2",
                "-k", "not random and not imports_no"],
     "lazy_kernels": ["tests/test_lazy_kernels.py"],
