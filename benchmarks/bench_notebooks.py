@@ -46,7 +46,7 @@ def measure(name: str) -> dict:
 def first_run(lab_command: bool) -> dict:
     """A fresh clone of this repository's HEAD (no numba cache: nothing compiled yet), as a learner meets
     it: with `lab_command`, the kernels are first compiled as `bash tools/quickstart.sh lab` does
-    (python -m tl_lab.ops.warm, `warm_s`), then `generate` runs twice, each a new process, as typed in a
+    (python -m tl_lab.lab.warm, `warm_s`), then `generate` runs twice, each a new process, as typed in a
     terminal (`generate_first_s`, `generate_second_s`); then 01_why_now's Run All, twice in one kernel
     (`first_s`, `again_s`). Without, 01 runs first, compiling as it goes (the cold first run)."""
     import os
@@ -63,7 +63,7 @@ def first_run(lab_command: bool) -> dict:
         env = dict(os.environ, PYTHONPATH=str(clone))
         if lab_command:
             t0 = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "tl_lab.ops.warm"], env=env, cwd=clone, check=True)
+            subprocess.run([sys.executable, "-m", "tl_lab.lab.warm"], env=env, cwd=clone, check=True)
             out["warm_s"] = round(time.perf_counter() - t0, 1)
             for key in ("generate_first_s", "generate_second_s"):
                 t0 = time.perf_counter()
@@ -94,7 +94,7 @@ def merged(rows: list[dict]) -> list[dict]:
 
 FIRST_RUN_NOTES = ("first_run: a fresh clone of HEAD, no numba cache. lab_command false: 01_why_now's first Run All "
                    "compiles the kernels as it goes (first_s), again_s its second in the same kernel. lab_command true: "
-                   "python -m tl_lab.ops.warm first (warm_s, what bash tools/quickstart.sh lab runs), then generate twice "
+                   "python -m tl_lab.lab.warm first (warm_s, what bash tools/quickstart.sh lab runs), then generate twice "
                    "as new processes (SmolLM2, 30 tokens), then 01's two Run Alls. Goals (issue 59): first_s <= 2 x "
                    "again_s after the lab command; generate_first_s <= 2 x generate_second_s + 5")
 

@@ -72,7 +72,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -103,14 +102,13 @@ def peak_rss_mb() -> float:
 
 
 def best_of(fn, rounds: int) -> float:
-    """Seconds of the fastest of `rounds` calls of fn(), after one warm-up call."""
-    fn()
-    best = math.inf
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+    """Seconds of the fastest of `rounds` calls of fn(), after one warm-up call, on the kernel threads
+    in force (`tl_lab.ops.machine`'s timing, which the machine's own limits are measured with)."""
+    import numba
+
+    from tl_lab.ops.machine import _best_seconds
+
+    return _best_seconds(numba.get_num_threads(), rounds, fn)
 
 
 def model_dir() -> Path:

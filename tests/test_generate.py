@@ -157,7 +157,7 @@ def test_blocks_come_back_when_the_stream_stops_early_or_fails(monkeypatch):
     def broken_sampler(*args):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr("tl_lab.engine.generate.sample", broken_sampler)
+    monkeypatch.setattr("tl_lab.engine.generate._sample_fn", lambda: broken_sampler)
     with pytest.raises(RuntimeError, match="boom"):
         e.generate([req(SYSTEM), req("x")])
     assert_pool_idle(e.pool)

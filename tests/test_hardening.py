@@ -710,17 +710,19 @@ def test_a_header_that_would_take_too_much_to_parse_is_refused_before_it_is_copi
     """Was: a 95 MB tensor name (within the format's 100 MB) was parsed, holding the header's text
     and the name built from it, 2 x 95 MB. The parse's cost is counted in the raw bytes first."""
     from tl_lab import model
+    from tl_lab.ops import header
 
     d = _header_file(tmp_path, b'{"%s":{"dtype":"F32","shape":[1],"data_offsets":[0,0]}}' % (b"w" * 95_000_000))
     before = snapshot(d)
-    monkeypatch.setattr(model, "_header_text", lambda raw: pytest.fail("decoded before the cost was counted"))
-    passes, pieces = [], model._header_pieces
+    monkeypatch.setattr(model, "header_text", lambda raw: pytest.fail("decoded before the cost was counted"))
+    passes, pieces = [], header.header_pieces
 
     def counted(buf, N, overlap=0, **kw):
         passes.append(overlap)
         return pieces(buf, N, overlap, **kw)
 
-    monkeypatch.setattr(model, "_header_pieces", counted)
+    monkeypatch.setattr(model, "header_pieces", counted)  # the learner's entry count
+    monkeypatch.setattr(header, "header_pieces", counted)  # the given cost count and copy
     code, out, err = run_main(capsys, "generate", "--model", str(d), "--prompt", "hi")
     assert code == REFUSED and out == ""
     one_error_line(err, "would hold up to 181 MB", "95,000,053 bytes", "1 byte a character", "over tl_lab's 128 MB")
@@ -741,15 +743,16 @@ def test_a_header_s_parse_cost_counts_characters_their_width_and_escapes(monkeyp
     bytes or the strings built (4 bytes a character once a \\u escape is in the header)."""
     from tl_lab import model
     from tl_lab.errors import FormatError
+    from tl_lab.ops import header
 
     text = '{"%s":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}}' % (name * 1000)
     raw = text.encode()
     chars = len(raw.decode())
     need = chars * width + max(len(raw), chars * (4 if escape else width))
     buf = len(raw).to_bytes(8, "little") + raw
-    monkeypatch.setattr(model, "MAX_PARSE_BYTES", need)
+    monkeypatch.setattr(header, "MAX_PARSE_BYTES", need)
     assert len(model.parse_layout(buf).tensors) == 1  # exactly at the bound: parsed
-    monkeypatch.setattr(model, "MAX_PARSE_BYTES", need - 1)
+    monkeypatch.setattr(header, "MAX_PARSE_BYTES", need - 1)
     with pytest.raises(FormatError, match=f"would hold up to .* at {width} byte"):
         model.parse_layout(buf)
 

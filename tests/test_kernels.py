@@ -274,9 +274,10 @@ def test_a_step_of_decodes_gives_the_bits_of_the_tiles_kernel(D):
     data = _pool(rng, n_blocks=12, B=16, D=D)
     step = _step(rng, data, LONG_DECODES[:2] + [(9, 1, [4, 6, 8])])
     cache = PoolKv(data, step)
+    paged = cache.paged
     q = rng.standard_normal((len(step.tokens), 6, D)).astype(np.float32)
     tiles = np.empty_like(cache.attend(1, q))
-    kernels._attend_tiles(q, data, 1, cache.tables, cache.seq_of, step.starts, cache.firsts, cache.tiles, tiles,
+    kernels._attend_tiles(q, data, 1, paged.tables, paged.seq_of, step.starts, paged.firsts, paged.tiles, tiles,
                           () if D % 16 == 0 else (0,))
     assert np.array_equal(cache.attend(1, q), tiles)
 

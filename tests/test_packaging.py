@@ -17,12 +17,12 @@ LOCKS = ["requirements.lock", "requirements-hf.lock"]
 
 
 def _requirements(*sets: str) -> list[str]:
-    """pyproject.toml's requirements of the given sets ("runtime", "dev", "hf"), spaces removed."""
+    """pyproject.toml's requirements of the given sets ("runtime", "dev", "hf"), spaces removed (a marker's kept)."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     reqs = []
     for s in sets:
         reqs += project["dependencies"] if s == "runtime" else project["optional-dependencies"][s]
-    return [r.replace(" ", "") for r in reqs]
+    return [r.partition(";")[0].replace(" ", "") + "".join(r.partition(";")[1:]) for r in reqs]
 
 
 def _lock(name: str = "requirements.lock") -> dict[str, str]:

@@ -26,7 +26,7 @@ from tl_lab.engine.fetch import smollm2_dir
 from tl_lab.ops.paths import REPO_ROOT
 
 FIRST_NOTEBOOK = "/lab/tree/notebooks/00_start_here.ipynb"
-START_SECONDS = 60 + 3 * 60  # the fetch check, the kernels' compile the first time (tl_lab.ops.warm: about 90 s; a
+START_SECONDS = 60 + 3 * 60  # the fetch check, the kernels' compile the first time (tl_lab.lab.warm: about 90 s; a
 # stamp skips it after), then JupyterLab's start: a few seconds on a quiet machine once compiled
 
 
@@ -154,7 +154,7 @@ def test_the_lab_command_compiles_the_kernels_and_turns_the_news_off():
     not cover the widgets (news and update checks off, as tests/lab_harness.py has them)."""
     text = (REPO_ROOT / "tools" / "quickstart.sh").read_text()
     lab = text[text.index('if [ "$mode" = lab ]'):]
-    assert "python -m tl_lab.ops.warm" in lab and lab.index("tl_lab.ops.warm") < lab.index("exec jupyter lab")
+    assert "python -m tl_lab.lab.warm" in lab and lab.index("tl_lab.lab.warm") < lab.index("exec jupyter lab")
     assert "--LabApp.news_url=None" in lab and '"fetchNews": "false"' in lab
 
 

@@ -304,7 +304,7 @@ def test_fewest_tokens_holds_for_a_sentencepiece_style_tokenizer(tmp_path, style
 def test_fewest_tokens_holds_for_random_texts_on_sentencepiece_style_tokenizers(tmp_path):
     """Any text of the pieces the bound is about (spaces, a literal "▁", the special tokens, characters
     the vocabulary has, characters it spells in byte-fallback tokens) gets a bound under its count."""
-    from hypothesis import given, settings
+    from hypothesis import example, given, settings
     from hypothesis import strategies as st
 
     toks = []
@@ -315,6 +315,11 @@ def test_fewest_tokens_holds_for_random_texts_on_sentencepiece_style_tokenizers(
 
     @settings(max_examples=150, deadline=None)
     @given(st.lists(pieces, max_size=60).map("".join))
+    @example("")  # the hard cases, every run (issue 62): nothing, spaces only, markers and spaces
+    @example(" " * 60)
+    @example("▁ ▁  ▁")
+    @example("<s></s><unk> <s>")
+    @example("😀" * 30 + " 日")
     def holds(text):
         for tok in toks:
             assert tok.fewest_tokens(text) <= len(tok.encode(text)), (tok, text)

@@ -99,6 +99,42 @@ def test_tiny_llama_weights_are_seeded_and_rounded_to_bf16():
 
 
 # ---------------------------------------------------------------------------------------------
+# The untied tiny Llama (tools/make_tiny_llama.py --untied, issue 62)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.hf
+def test_make_tiny_llama_untied_reproduces_the_committed_checkpoint(tmp_path):
+    need("torch")
+    need("transformers")
+    make = tool("make_tiny_llama")
+    report = make.build(tmp_path, make.UNTIED_CONFIG)
+    assert_same_files(tmp_path, DATA_DIR / "tiny-llama-untied")
+    assert all(15 < m < 30 for m in report["max_logit"].values()), report  # the tied model's scale
+
+
+def test_tiny_llama_untied_is_the_tied_model_with_its_own_head():
+    """config.json is the tied one's but tie_word_embeddings false; the file holds lm_head.weight, of
+    the embedding's shape and scale, and every other tensor bit for bit the tied model's."""
+    from tl_lab.quant import f32_to_bf16
+
+    d, tied = DATA_DIR / "tiny-llama-untied", DATA_DIR / "tiny-llama"
+    raw = json.loads((d / "config.json").read_text())
+    assert raw == {**json.loads((tied / "config.json").read_text()), "tie_word_embeddings": False}
+    assert not ModelConfig.load(d).tie_word_embeddings
+    make = tool("make_tiny_llama")
+    drawn = make.random_weights(make.UNTIED_CONFIG)
+    with SafeTensors.open(d / "model.safetensors") as f, SafeTensors.open(tied / "model.safetensors") as g:
+        assert sorted(f.names()) == sorted([*g.names(), "lm_head.weight"]) == sorted(drawn)
+        for name in g.names():
+            np.testing.assert_array_equal(f.raw(name), g.raw(name), err_msg=name)
+        np.testing.assert_array_equal(f.raw("lm_head.weight"), f32_to_bf16(drawn["lm_head.weight"]))
+        head, embed = f.raw("lm_head.weight"), g.raw("model.embed_tokens.weight")
+        assert head.shape == embed.shape and not np.array_equal(head, embed)
+        assert f.metadata == {"format": "pt"} and {t.dtype for t in f.layout.tensors.values()} == {"BF16"}
+
+
+# ---------------------------------------------------------------------------------------------
 # The int4 tiny Llama
 # ---------------------------------------------------------------------------------------------
 

@@ -53,3 +53,24 @@ def test_golden_file_format():
         assert _f32(c["logits"]).shape == (256,)
         assert len(c["greedy"]) == len(c["gap"]) == 32 and min(c["gap"]) >= 0
         assert bytes(c["tokens"]).decode("ascii") == c["prompt"]
+
+
+def test_untied_goldens_rederive_from_transformers(tmp_path):
+    """tools/make_goldens.py --untied: HF's forward of data/tiny-llama-untied gives the committed
+    data/golden/tiny_llama_untied_hf.json (issue 62)."""
+    need("torch")
+    need("transformers")
+    make = tool("make_goldens")
+    out = tmp_path / "untied.json"
+    make.main(["--untied", "--out", str(out)])
+    made = json.loads(out.read_text())
+    committed = json.loads((GOLDEN_DIR / "tiny_llama_untied_hf.json").read_text())
+    assert made["model"] == committed["model"] == "data/tiny-llama-untied"
+    assert len(made["cases"]) == len(committed["cases"]) == len(make.LENGTHS)
+    for m, c in zip(made["cases"], committed["cases"]):
+        assert m["tokens"] == c["tokens"]
+        np.testing.assert_allclose(_f32(m["logits"]), _f32(c["logits"]), rtol=0, atol=1e-5)
+        for i, (a, b) in enumerate(zip(m["greedy"], c["greedy"])):
+            if a != b:
+                assert c["gap"][i] < 1e-4, f"{len(c['tokens'])}-token prompt, greedy step {i}: {a} != {b}"
+                break

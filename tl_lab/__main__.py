@@ -664,7 +664,7 @@ def _learners_part(exc: Exception, workspace: Path, ran: list[str]) -> str | Non
     None when none of theirs ran.
     Only for what would be exit 4: their ValueError or KvError keeps its meaning (a bad --top-p their
     SamplingParams refused is the user's)."""
-    from tl_lab.lab.exercise.cli import command
+    from tl_lab.lab.exercise.workspace import command
     from tl_lab.lab.exercise.guard import culprit
 
     fault = culprit(exc, workspace)

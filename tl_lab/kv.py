@@ -53,18 +53,8 @@ import numpy as np
 from tl_lab.ops.checks import as_int, first_bool, is_int
 from tl_lab.errors import FormatError, KvError
 
-__all__ = [
-    "KvCfg",
-    "KvPool",
-    "BlockState",
-    "prefix_hash",
-    "prefix_hashes",
-    "key_location",
-    "memory_bytes",
-    "slab_offset",
-    "MAGIC",
-    "VERSION",
-]
+__all__ = ["KvCfg", "KvPool", "BlockState", "prefix_hash", "prefix_hashes", "key_location", "memory_bytes",
+           "slab_offset", "MAGIC", "VERSION"]
 
 MAGIC = b"TLKVBLK\x00"
 VERSION = 1

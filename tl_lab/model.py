@@ -20,7 +20,6 @@ import math
 import mmap
 import os
 import re
-import sys
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Iterator, Union
@@ -29,50 +28,21 @@ import numpy as np
 
 from tl_lab.errors import ConfigError, FormatError, clip
 from tl_lab.ops.checks import as_float, as_int, is_int, rows_of
+from tl_lab.ops.header import (MAX_HEADER_BYTES, MAX_HEADER_VALUES, MAX_TENSORS, TENSOR_KEY, DuplicateKey, HugeInt,
+                               header_bytes, header_pieces, header_text, is_count, json_int, no_constants,
+                               no_duplicate_keys, quoted)
+from tl_lab.ops.mapped import MappedFile
 from tl_lab.ops.lazy_kernels import product_f32  # the compiler is imported at the first product, not to read a file
 from tl_lab.ops.paths import open_regular, read_regular
 from tl_lab.ops.schema import CONFIG_SCHEMA_PATH, config_schema, validate_config
 from tl_lab.ops.q8 import Q8Linear
 from tl_lab.quant import QLinear, bf16_to_f32, f16_to_f32
-from tl_lab.ops.widening import Arena, Widening, drop_pages, f32_out, widen_all
+from tl_lab.ops.widening import Arena, Widening, f32_out, widen_all
 
-__all__ = [
-    "CONFIG_SCHEMA_PATH",
-    "MAX_HEADER_BYTES",
-    "DTYPES",
-    "Int4",
-    "ModelConfig",
-    "TensorInfo",
-    "Layout",
-    "parse_layout",
-    "SafeTensors",
-    "Linear",
-    "LlamaLayer",
-    "LlamaWeights",
-    "BigramWeights",
-    "Weights",
-    "LAYER_NORMS",
-    "LAYER_LINEARS",
-    "tensor_shapes",
-    "file_quant",
-    "config_schema",
-    "load_weights",
-]
+__all__ = ["CONFIG_SCHEMA_PATH", "MAX_HEADER_BYTES", "DTYPES", "Int4", "ModelConfig", "TensorInfo", "Layout",
+           "parse_layout", "SafeTensors", "Linear", "LlamaLayer", "LlamaWeights", "BigramWeights", "Weights",
+           "LAYER_NORMS", "LAYER_LINEARS", "tensor_shapes", "file_quant", "config_schema", "load_weights"]
 
-MAX_HEADER_BYTES = 100_000_000  # 100 MB: no real header comes close (SmolLM2's is ~30 KB)
-# Counted in the raw header before its JSON is parsed (the parse of 1.7 million entries takes 1.7 GB);
-# a real shard holds hundreds to a few thousand tensors.
-MAX_TENSORS = 100_000
-# JSON values in the header (counted as its commas, colons, '{' and '['), also before the parse: a real
-# entry has about 12 ("name": {"dtype": .., "shape": [a, b], "data_offsets": [x, y]}), so this is
-# MAX_TENSORS of them; 7.5 million metadata entries or a shape of 40 million dimensions are not.
-MAX_HEADER_VALUES = 16 * MAX_TENSORS
-# What parsing a header may hold at once: its text as Python keeps it (1, 2 or 4 bytes a character)
-# beside the bytes it was decoded from, then beside the names and values built from it. Counted in
-# the raw bytes before the header is copied (`_check_parse_cost`): a 95 MB name held 2 x 95 MB, and
-# a few non-ASCII characters make Python keep all the text at 2 or 4 bytes a character. A real
-# header is under 1 MB.
-MAX_PARSE_BYTES = 128 * 2**20
 MAX_CONFIG_BYTES = 10_000_000  # config.json: SmolLM2's, chat template included, is 4 KB
 
 
@@ -225,11 +195,11 @@ class ModelConfig:
     def from_json(cls, text: str | bytes) -> ModelConfig:
         """Parse and check config.json text. Refusals raise ConfigError naming the field."""
         try:
-            raw = json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants,
-                             parse_int=_json_int)
-        except _DuplicateKey as exc:
+            raw = json.loads(text, object_pairs_hook=no_duplicate_keys, parse_constant=no_constants,
+                             parse_int=json_int)
+        except DuplicateKey as exc:
             raise ConfigError(f"config.json repeats the key {exc.args[0]!r}") from None
-        except _HugeInt as exc:
+        except HugeInt as exc:
             raise ConfigError(f"config.json holds {exc}") from None
         except (ValueError, RecursionError) as exc:  # JSONDecodeError, bad UTF-8, NaN/Infinity
             raise ConfigError(f"config.json is not valid JSON: {exc}") from None
@@ -324,42 +294,6 @@ def _rope_theta(c: dict) -> float:
     return 10000.0 if value is None else float(value)  # Hugging Face's Llama default
 
 
-class _DuplicateKey(ValueError):
-    pass
-
-
-def _no_duplicate_keys(pairs: list) -> dict:
-    out = {}
-    for k, v in pairs:
-        if k in out:
-            raise _DuplicateKey(k)
-        out[k] = v
-    return out
-
-
-def _no_constants(name: str):
-    raise ValueError(f"{name} is not JSON")
-
-
-class _HugeInt(ValueError):
-    pass
-
-
-def _json_int(text: str) -> int:
-    """An integer literal of a JSON file. Python reads at most sys.get_int_max_str_digits() digits
-    (4,300); a longer one is valid JSON but no number any field takes, and is said to be that."""
-    digits = len(text.lstrip("-"))
-    limit = sys.get_int_max_str_digits() or digits
-    if digits > limit:
-        raise _HugeInt(f"an integer of {digits:,} digits (no field takes one of more than {limit:,})")
-    return int(text)
-
-
-# ---------------------------------------------------------------------------------------------
-# The safetensors layout (section 2.3, docs/formats/safetensors.md)
-# ---------------------------------------------------------------------------------------------
-
-# dtype -> (numpy dtype of `.raw`, bytes per element). F16 and BF16 are kept as their bit patterns.
 DTYPES: dict[str, tuple[str, int]] = {
     "F64": ("<f8", 8),
     "F32": ("<f4", 4),
@@ -439,61 +373,14 @@ def parse_layout(buf) -> Layout:
             f"truncated or not a safetensors file"
         )
     _check_entry_count(buf, N)
-    raw = _header_bytes(buf, N)
-    text = _header_text(raw)
+    raw = header_bytes(buf, N)
+    text = header_text(raw)
     del raw  # the parse holds the text and what it builds, not the bytes too
     header = _parse_header_json(text)
     tensors, metadata = _check_entries(header)
     _check_tiling(tensors, data_size=size - 8 - N, data_start=8 + N)
     ordered = dict(sorted(tensors.items(), key=lambda kv: (kv[1].data_offsets, kv[0])))
     return Layout(ordered, metadata, 8 + N)
-
-
-_TENSOR_KEY = b'"data_offsets"'  # once in every entry
-
-
-def _header_pieces(buf, N: int, overlap: int = 0, step: int = 1 << 22) -> Iterator[bytes]:
-    """Bytes [8, 8 + N) of buf, the header, in pieces of `step` bytes (each with up to `overlap`
-    bytes of the next one after it). A map's pages are handed back as each piece is read, so the
-    header is never held twice (in the map and in a copy)."""
-    for a in range(0, N, step):
-        b = min(a + step, N)
-        yield bytes(buf[8 + a : 8 + min(b + overlap, N)])
-        if isinstance(buf, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
-            lo, hi = (8 + a) - (8 + a) % mmap.PAGESIZE, (8 + b) - (8 + b) % mmap.PAGESIZE
-            if hi > lo:
-                buf.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
-
-
-def _header_bytes(buf, N: int) -> bytearray:
-    """The header, copied once (see `_header_pieces`), after `_check_parse_cost`."""
-    _check_parse_cost(buf, N)
-    raw = bytearray(N)
-    for k, piece in enumerate(_header_pieces(buf, N)):
-        raw[k << 22 : (k << 22) + len(piece)] = piece
-    return raw
-
-
-def _check_parse_cost(buf, N: int) -> None:
-    """Refuse a header whose parse would hold more than MAX_PARSE_BYTES, counted in its UTF-8 bytes a
-    piece at a time: the characters (bytes that are not continuation bytes 0b10xxxxxx), the widest
-    one (Python keeps a whole str at the width of its widest character), and whether a \\u escape
-    can make a built string wider than the text. An upper bound: the text beside the raw bytes, or
-    beside the strings built from it."""
-    chars, top, escapes = 0, 0, False
-    for piece in _header_pieces(buf, N, overlap=1):  # the overlap: a \u split between two pieces
-        a = np.frombuffer(piece, np.uint8, min(len(piece), 1 << 22))
-        chars += a.size - int(np.count_nonzero((a & 0xC0) == 0x80))
-        top = max(top, int(a.max(initial=0)))
-        escapes = escapes or b"\\u" in piece
-    width = 4 if top >= 0xF0 else 2 if top >= 0xC4 else 1  # lead bytes of U+10000, U+0100
-    need = chars * width + max(N, chars * (4 if escapes else width))
-    if need > MAX_PARSE_BYTES:
-        raise FormatError(
-            f"parsing this header would hold up to {need / 2**20:,.0f} MB (its {N:,} bytes as Python text at "
-            f"{width} byte{'s' * (width > 1)} a character, beside the names and values built from it), over "
-            f"tl_lab's {MAX_PARSE_BYTES >> 20} MB for a header (a real one is under 1 MB); refused before parsing it"
-        )
 
 
 def _check_entry_count(buf, N: int) -> None:
@@ -504,9 +391,9 @@ def _check_entry_count(buf, N: int) -> None:
     count larger, never smaller, so nothing over the limit slips through. A key is counted in the
     piece where it starts (each piece overlaps the next by the key's length - 1)."""
     n = values = 0
-    for piece in _header_pieces(buf, N, overlap=len(_TENSOR_KEY) - 1):
+    for piece in header_pieces(buf, N, overlap=len(TENSOR_KEY) - 1):
         own = min(len(piece), 1 << 22)  # the bytes of this piece, without the overlap
-        n += piece.count(_TENSOR_KEY)
+        n += piece.count(TENSOR_KEY)
         values += sum(piece.count(c, 0, own) for c in (b",", b":", b"{", b"["))  # inside strings too
     if n > MAX_TENSORS:
         raise FormatError(
@@ -520,23 +407,14 @@ def _check_entry_count(buf, N: int) -> None:
         )
 
 
-def _header_text(raw: bytes | bytearray) -> str:
-    if not raw.startswith(b"{"):
-        raise FormatError(f"the header must be a JSON object starting with '{{', got {bytes(raw[:16])!r}")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise FormatError(f"the header is not valid JSON: {str(exc)[:200]}") from None
-
-
 def _parse_header_json(text: str) -> dict:
     try:
-        decoder = json.JSONDecoder(object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants,
-                                   parse_int=_json_int)
+        decoder = json.JSONDecoder(object_pairs_hook=no_duplicate_keys, parse_constant=no_constants,
+                                   parse_int=json_int)
         header, end = decoder.raw_decode(text)
-    except _DuplicateKey as exc:
+    except DuplicateKey as exc:
         raise FormatError(f"the header repeats the key {exc.args[0]!r} (duplicate tensor name?)") from None
-    except _HugeInt as exc:
+    except HugeInt as exc:
         raise FormatError(f"the header holds {exc}") from None
     except (ValueError, RecursionError) as exc:  # bad UTF-8, bad JSON, NaN, absurd nesting
         raise FormatError(f"the header is not valid JSON: {str(exc)[:200]}") from None
@@ -562,38 +440,29 @@ def _check_entries(header: dict) -> tuple[dict[str, TensorInfo], dict[str, str]]
     return tensors, metadata
 
 
-def _q(name: str) -> str:
-    """A tensor name for a message: quoted, and clipped before it is quoted (a name can be 95 MB)."""
-    return repr(clip(name, 200))
-
-
-def _is_count(v) -> bool:
-    return type(v) is int and v >= 0  # not bool, not 2.0, not "2"
-
-
 def _check_entry(name: str, entry) -> TensorInfo:
     if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
         keys = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
         raise FormatError(
-            f"tensor {_q(name)}: an entry must have exactly dtype, shape and data_offsets, got {clip(str(keys), 200)}"
+            f"tensor {quoted(name)}: an entry must have exactly dtype, shape and data_offsets, got {clip(str(keys), 200)}"
         )
     dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
     if not isinstance(dtype, str) or dtype not in DTYPES:
-        raise FormatError(f"tensor {_q(name)}: unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
-    if not isinstance(shape, list) or not all(_is_count(s) for s in shape):
-        raise FormatError(f"tensor {_q(name)}: shape must be a list of non-negative integers, got {clip(repr(shape), 200)}")
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)):
+        raise FormatError(f"tensor {quoted(name)}: unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
+    if not isinstance(shape, list) or not all(is_count(s) for s in shape):
+        raise FormatError(f"tensor {quoted(name)}: shape must be a list of non-negative integers, got {clip(repr(shape), 200)}")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(is_count(o) for o in offsets)):
         raise FormatError(
-            f"tensor {_q(name)}: data_offsets must be [begin, end], two non-negative integers, got {clip(repr(offsets), 200)}"
+            f"tensor {quoted(name)}: data_offsets must be [begin, end], two non-negative integers, got {clip(repr(offsets), 200)}"
         )
     begin, end = offsets
     if begin > end:
-        raise FormatError(f"tensor {_q(name)}: data_offsets [{begin}, {end}] end before they begin")
+        raise FormatError(f"tensor {quoted(name)}: data_offsets [{begin}, {end}] end before they begin")
     info = TensorInfo(dtype, tuple(shape), (begin, end))
     need = info.numel * DTYPES[dtype][1]
     if end - begin != need:
         raise FormatError(
-            f"tensor {_q(name)}: data_offsets [{begin}, {end}] hold {end - begin} bytes, but shape "
+            f"tensor {quoted(name)}: data_offsets [{begin}, {end}] hold {end - begin} bytes, but shape "
             f"{tuple(shape)} of {dtype} needs {info.numel} x {DTYPES[dtype][1]} = {need}"
         )
     return info
@@ -611,7 +480,7 @@ def _check_tiling(tensors: dict[str, TensorInfo], data_size: int, data_start: in
     for (begin, end), name in ranges:
         if end > data_size:
             raise FormatError(
-                f"tensor {_q(name)}: data_offsets [{begin}, {end}] run past the end of the data buffer "
+                f"tensor {quoted(name)}: data_offsets [{begin}, {end}] run past the end of the data buffer "
                 f"({data_size} bytes): truncated file{hint}"
             )
     cursor, prev = 0, None
@@ -619,11 +488,11 @@ def _check_tiling(tensors: dict[str, TensorInfo], data_size: int, data_start: in
         if begin > cursor:
             raise FormatError(
                 f"bytes [{cursor}, {begin}) of the data buffer belong to no tensor: a gap before "
-                f"tensor {_q(name)}{hint}"
+                f"tensor {quoted(name)}{hint}"
             )
         if begin < cursor:
             raise FormatError(
-                f"tensor {_q(name)}: data_offsets [{begin}, {end}] overlap tensor {_q(prev)}, which ends at {cursor}"
+                f"tensor {quoted(name)}: data_offsets [{begin}, {end}] overlap tensor {quoted(prev)}, which ends at {cursor}"
             )
         cursor, prev = end, name
     if cursor < data_size:
@@ -638,16 +507,7 @@ def _check_tiling(tensors: dict[str, TensorInfo], data_size: int, data_start: in
 # ---------------------------------------------------------------------------------------------
 
 
-def _inode(path: str) -> tuple[int, int] | None:
-    """(device, inode) of `path`, None when it cannot be read."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
-
-
-class SafeTensors:
+class SafeTensors(MappedFile):
     """A safetensors file, memory-mapped read-only. Chapter L10.1, section 2.3.
 
     `open` maps the file and checks its header (`parse_layout`); tensor bytes are paged in by the
@@ -656,23 +516,8 @@ class SafeTensors:
     """
 
     def __init__(self, path: Path, mm: mmap.mmap | bytes, layout: Layout):
-        self.path = path
-        self._mm = mm
+        super().__init__(path, mm, layout.file_size, layout.data_start)
         self.layout = layout
-        self._where = os.path.abspath(path)  # a notebook's chdir must not make it another file
-        self._inode = _inode(self._where)
-
-    def _check_not_truncated(self) -> None:
-        """FormatError when the mapped file was cut short since open: touching a page past its new end
-        kills the process with SIGBUS, no exception (docs/cli.md). A file replaced by a rename is
-        another inode and harmless: the map keeps the old one's pages."""
-        try:
-            st = os.stat(self._where)
-        except OSError:
-            return  # deleted: the map keeps the pages
-        if (st.st_dev, st.st_ino) == self._inode and st.st_size < self.layout.file_size:
-            raise FormatError(f"{self.path}: the file is {st.st_size} bytes now, {self.layout.file_size} when "
-                              "it was opened (truncated or rewritten in place); open it again")
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> SafeTensors:
@@ -693,21 +538,6 @@ class SafeTensors:
                 mm.close()
             raise
         return cls(path, mm, layout)
-
-    def close(self) -> None:
-        """Unmap the file. Views from `.raw` still alive keep the map until they are collected."""
-        mm, self._mm = self._mm, None
-        if isinstance(mm, mmap.mmap):
-            try:
-                mm.close()
-            except BufferError:  # exported views: the map closes when the last one dies
-                pass
-
-    def __enter__(self) -> SafeTensors:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = "closed" if self._mm is None else f"{len(self.layout.tensors)} tensors"
@@ -736,7 +566,7 @@ class SafeTensors:
         """A zero-copy read-only view of tensor `name` with its stored dtype (F16/BF16 as uint16)."""
         if self._mm is None:
             raise ValueError(f"{self!r}: the file is closed")
-        self._check_not_truncated()
+        self.check_not_truncated()
         t = self.info(name)
         dt = np.dtype(DTYPES[t.dtype][0])
         if t.numel == 0:
@@ -770,7 +600,7 @@ class SafeTensors:
         With `finite=True` (a model's weights) a NaN or infinite weight is a FormatError naming the first
         such tensor (in the order of `outs`) and its flat index.
         """
-        widen_all([self._widening(name, out) for name, out in outs.items()], self._drop_pages, finite)
+        widen_all([self._widening(name, out) for name, out in outs.items()], self.drop_pages, finite)
 
     def _widening(self, name: str, out: np.ndarray) -> Widening:
         """The checked `Widening` of tensor `name` into `out`: the rule of its stored dtype."""
@@ -782,10 +612,6 @@ class SafeTensors:
         widen = _WIDEN[t.dtype]
         out = f32_out(out, t.shape, name)
         return Widening(name, t.data_offsets[0], self.raw(name).reshape(-1), out.reshape(-1), widen)
-
-    def _drop_pages(self, begin: int, end: int) -> None:
-        """Hand bytes [begin, end) of the data buffer back to the OS (`tl_lab.ops.widening.drop_pages`)."""
-        drop_pages(self._mm, self.layout.data_start + begin, self.layout.data_start + end)
 
     def q4(self, name: str, out: int, inp: int, group: int) -> QLinear:
         """The int4 linear `name` from `<name>.qweight` (U8) and `<name>.scales` (F16 bits). Section 2.5."""
@@ -808,7 +634,7 @@ class SafeTensors:
         except ValueError as exc:  # e.g. a negative or infinite scale
             raise FormatError(f"tensor {name!r}: {exc}") from None
         for suffix in parts:
-            self._drop_pages(*self.info(f"{name}.{suffix}").data_offsets)
+            self.drop_pages(*self.info(f"{name}.{suffix}").data_offsets)
         return lin
 
 

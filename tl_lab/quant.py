@@ -17,14 +17,17 @@ Bit layouts (sign | exponent | mantissa):
 
 from __future__ import annotations
 
+import functools
 import math
-import struct
 from dataclasses import dataclass
 
 import numpy as np
 
-from tl_lab.ops.checks import as_float, as_int, exact_array, f16_scales, finite_matrix, is_int, rows_of
+from tl_lab.ops.checks import as_int, exact_array, f16_scales, finite_matrix, rows_of
 from tl_lab.ops.lazy_kernels import product_q4  # the compiler is imported at the first product, not to read a file
+from tl_lab.ops.int4_layout import planar_values, to_planar
+from tl_lab.ops.numbers import (any_float, bits16, bits_int, check_bits, check_int4_dims, check_out, f32_bits,
+                                f32_from_bits, floats32)
 from tl_lab.ops.widening import F16_AS_F32
 
 F16_MAX = 65504.0
@@ -33,29 +36,9 @@ F16_QUIET = 0x0200  # the top mantissa bit: set, a NaN is quiet
 BF16_QUIET = 0x0040
 INT4_MIN, INT4_MAX = -8, 7
 
-__all__ = [
-    "F16_MAX",
-    "Rounding",
-    "Narrowing",
-    "round_half_even",
-    "f32_bits",
-    "f32_from_bits",
-    "explain_f32_to_f16",
-    "explain_f32_to_bf16",
-    "f32_to_f16_scalar",
-    "f32_to_bf16_scalar",
-    "f16_to_f32_scalar",
-    "bf16_to_f32_scalar",
-    "f16_to_f32",
-    "f32_to_f16",
-    "bf16_to_f32",
-    "f32_to_bf16",
-    "pack_int4",
-    "unpack_int4",
-    "QLinear",
-    "to_planar",
-    "from_planar",
-]
+__all__ = ["F16_MAX", "Rounding", "Narrowing", "round_half_even", "f32_bits", "f32_from_bits", "explain_f32_to_f16",
+           "explain_f32_to_bf16", "f32_to_f16_scalar", "f32_to_bf16_scalar", "f16_to_f32_scalar", "bf16_to_f32_scalar",
+           "f16_to_f32", "f32_to_f16", "bf16_to_f32", "f32_to_bf16", "pack_int4", "unpack_int4", "QLinear"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -113,17 +96,6 @@ def round_half_even(sig: int, n_drop: int) -> Rounding:
 # ---------------------------------------------------------------------------------------------
 # Scalar reference: f32 -> f16 / bf16 with integer operations on the bit pattern.
 # ---------------------------------------------------------------------------------------------
-
-
-def f32_bits(x: float) -> int:
-    """The 32-bit pattern of `x` taken as float32 (a Python float is rounded to f32 first)."""
-    with np.errstate(over="ignore"):
-        return int(np.array(x, dtype=np.float32).view(np.uint32))
-
-
-def f32_from_bits(bits: int) -> float:
-    """The float32 whose pattern is `bits`, as a Python float (exact: every f32 is an f64)."""
-    return struct.unpack("<f", struct.pack("<I", bits))[0]
 
 
 @dataclass(frozen=True)
@@ -207,7 +179,7 @@ def f16_to_f32_scalar(h: int) -> float:
     (-1)^s 2^(e-15) (1 + m/1024) for 0 < e < 31; subnormals (-1)^s 2^-14 (m/1024) for e = 0;
     e = 31 is infinity (m = 0) or NaN. Every f16 is exact in f32 (and in a Python float).
     """
-    _check_bits(h, "h")
+    check_bits(h, "h")
     s, e, m = h >> 15, (h >> 10) & 0x1F, h & 0x3FF
     if e == 31:
         magnitude = float("nan") if m else float("inf")
@@ -220,13 +192,8 @@ def f16_to_f32_scalar(h: int) -> float:
 
 def bf16_to_f32_scalar(h: int) -> float:
     """bf16 bits -> its value: the f32 whose bits are h << 16 (section 2.3)."""
-    _check_bits(h, "h")
+    check_bits(h, "h")
     return f32_from_bits(h << 16)
-
-
-def _check_bits(h, name: str) -> None:
-    if not 0 <= h <= 0xFFFF:
-        raise ValueError(f"{name} must be a 16-bit pattern in [0, 0xFFFF], got {h!r}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -241,10 +208,10 @@ def f16_to_f32(h, out: np.ndarray | None = None):
     """f16 bits -> value. int -> float; uint16 array -> float32 array of the same shape (into `out`,
     a float32 array of that shape, when given: no other full-size array is made)."""
     if not isinstance(h, np.ndarray):
-        return f16_to_f32_scalar(_as_int(h, "h"))
-    _check_out(out, h.shape)
+        return f16_to_f32_scalar(bits_int(h, "h"))
+    check_out(out, h.shape)
     # mode="clip": every uint16 is a valid index, and "raise" would buffer `out` in a copy
-    return np.asarray(np.take(_F16_TABLE, _bits16(h, "h"), out=out, mode="clip"))  # a 0-d input stays 0-d
+    return np.asarray(np.take(_F16_TABLE, bits16(h, "h"), out=out, mode="clip"))  # a 0-d input stays 0-d
 
 
 def bf16_to_f32(h, out: np.ndarray | None = None):
@@ -255,10 +222,10 @@ def bf16_to_f32(h, out: np.ndarray | None = None):
     uint16 input to uint32 in small internal buffers, so no full-size temporary is made.
     """
     if not isinstance(h, np.ndarray):
-        return bf16_to_f32_scalar(_as_int(h, "h"))
-    _check_out(out, h.shape)
+        return bf16_to_f32_scalar(bits_int(h, "h"))
+    check_out(out, h.shape)
     out = np.empty(h.shape, dtype=np.float32) if out is None else out
-    np.left_shift(_bits16(h, "h"), np.uint32(16), out=out.view(np.uint32))
+    np.left_shift(bits16(h, "h"), np.uint32(16), out=out.view(np.uint32))
     return out
 
 
@@ -272,8 +239,8 @@ def f32_to_f16(x):
     tests pass both, and NaN, +-inf and the largest and smallest values.
     """
     if not isinstance(x, np.ndarray):
-        return f32_to_f16_scalar(_as_float(x))
-    x = _floats32(x)
+        return f32_to_f16_scalar(any_float(x))
+    x = floats32(x)
     with np.errstate(over="ignore", invalid="ignore"):
         h = x.astype(np.float16).view(np.uint16)
     nan = np.isnan(x)
@@ -292,8 +259,8 @@ def f32_to_bf16(x):
     carries exactly when the kept part is odd.
     """
     if not isinstance(x, np.ndarray):
-        return f32_to_bf16_scalar(_as_float(x))
-    x = _floats32(x)
+        return f32_to_bf16_scalar(any_float(x))
+    x = floats32(x)
     u = x.reshape(-1).view(np.uint32)  # flat, so 0-d input works with in-place updates too
     carry = (u >> 16) & 1  # the lowest kept bit: 1 when the kept part is odd
     carry += 0x7FFF
@@ -303,47 +270,6 @@ def f32_to_bf16(x):
     if nan.any():
         h[nan] = (u[nan] >> 16) | BF16_QUIET
     return h.reshape(x.shape)
-
-
-def _as_int(h, name: str) -> int:
-    if not is_int(h):
-        raise ValueError(f"{name} must be an integer bit pattern, got {type(h).__name__} {h!r}")
-    return int(h)
-
-
-def _check_out(out, shape: tuple) -> None:
-    """Refuse an `out` the widening cannot write (None is fine: a new array is made): numpy's own
-    errors would be a broadcasting or casting message, or "WRITEBACKIFCOPY base is read-only"."""
-    if out is not None:
-        exact_array("out", out, np.float32, shape)
-        if not out.flags.writeable:
-            raise ValueError("out is read-only")
-
-
-def _as_float(x) -> float:
-    return as_float(x, "x", finite=False)  # NaN and infinities are numbers f16 and bf16 hold too
-
-
-def _bits16(h: np.ndarray, name: str) -> np.ndarray:
-    if h.dtype == np.uint16:
-        return h
-    if h.dtype.kind not in "iu":
-        raise ValueError(f"{name} must hold uint16 bit patterns, got dtype {h.dtype}")
-    if h.size and (h.min() < 0 or h.max() > 0xFFFF):
-        raise ValueError(f"{name} holds values outside the 16-bit range [0, 0xFFFF]")
-    return h.astype(np.uint16)
-
-
-def _floats32(x: np.ndarray) -> np.ndarray:
-    # every array the engine rounds is one already: no errstate to enter (a microsecond or two a call)
-    if type(x) is np.ndarray and x.dtype == np.float32:
-        return x
-    if x.dtype.kind != "f":
-        raise ValueError(
-            f"x must be a float array, got dtype {x.dtype} (for f32 bit patterns use .view(np.float32))"
-        )
-    with np.errstate(over="ignore"):
-        return np.asarray(x, dtype=np.float32)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -395,7 +321,7 @@ def unpack_int4(packed) -> np.ndarray:
         raise ValueError(f"packed int4 must be uint8 bytes, got dtype {packed.dtype}")
     if packed.ndim not in (1, 2):
         raise ValueError(f"packed int4 must be 1D or 2D, got shape {packed.shape}")
-    pairs = _INT4_PAIRS_I8[packed]  # (..., n, 2): low nibble value, high nibble value
+    pairs = _int4_pairs(np.int8)[packed]  # (..., n, 2): low nibble value, high nibble value
     return pairs.reshape(*packed.shape[:-1], 2 * packed.shape[-1])
 
 
@@ -406,8 +332,12 @@ def _int4_pair_table(dtype) -> np.ndarray:
     return np.stack([(lo ^ 8) - 8, (hi ^ 8) - 8], axis=1).astype(dtype)
 
 
-_INT4_PAIRS_I8 = _int4_pair_table(np.int8)
-_INT4_PAIRS_F32 = _int4_pair_table(np.float32)
+@functools.cache
+def _int4_pairs(dtype) -> np.ndarray:
+    """`_int4_pair_table(dtype)`, built once per dtype (the first unpack), read-only."""
+    table = _int4_pair_table(dtype)
+    table.flags.writeable = False
+    return table
 
 
 # ---------------------------------------------------------------------------------------------
@@ -429,7 +359,7 @@ class QLinear:
     """
 
     def __init__(self, out: int, inp: int, group: int, qweight: np.ndarray, scales: np.ndarray) -> None:
-        _check_dims(out, inp, group)
+        check_int4_dims(out, inp, group)
         exact_array("qweight", qweight, np.uint8, (out, inp // 2))
         exact_array("scales", scales, np.uint16, (out, inp // group))
         f16_scales(scales)
@@ -443,7 +373,7 @@ class QLinear:
     @property
     def qweight(self) -> np.ndarray:
         """The chapter's packing (column 2b low nibble, 2b + 1 high, two's complement), a new array."""
-        return from_planar(self.planar, self.group)
+        return pack_int4(planar_values(self.planar, self.group), self.out, self.inp)
 
     @property
     def nbytes(self) -> int:
@@ -461,7 +391,7 @@ class QLinear:
         """
         W = finite_matrix(w)
         out, inp = W.shape
-        _check_dims(out, inp, group)
+        check_int4_dims(out, inp, group)
         Wg = W.reshape(out, inp // group, group)
         s_bits = _group_scales(Wg)
         s = f16_to_f32(s_bits)[:, :, None]  # the stored value, widened back
@@ -483,7 +413,7 @@ class QLinear:
             if not out.flags.c_contiguous:
                 raise ValueError("out must be C-contiguous")
         pairs = out.reshape(self.out, self.inp // 2, 2)
-        np.take(_INT4_PAIRS_F32, self.qweight, axis=0, out=pairs)
+        np.take(_int4_pairs(np.float32), self.qweight, axis=0, out=pairs)
         groups = out.reshape(self.out, self.inp // self.group, self.group)
         groups *= f16_to_f32(self.scales)[:, :, None]
         return out
@@ -524,28 +454,6 @@ class QLinear:
         return product_q4(rows_of(x, self.inp), self.planar, self.scales, _F16_TABLE)
 
 
-def to_planar(qweight: np.ndarray, group: int) -> np.ndarray:
-    """The chapter's int4 packing -> the kernel's: uint8 (out, inp // 2) -> uint8 (out, inp // 2).
-
-    Group-planar, offset-binary: byte b of a group holds column b of the group in its low nibble
-    and column b + group/2 in its high one, each stored as q + 8 (0 .. 15). So `kernels.matmul_q4`
-    reads a group (16 bytes for group 32) as one vector and unpacks it into two runs of 16
-    contiguous columns, matching two contiguous runs of x, with one mask or shift, one conversion
-    and one subtraction of 8 each: no sign fix per nibble, no shuffle.
-    """
-    out, half_inp = qweight.shape
-    n = (_INT4_PAIRS_I8[qweight].reshape(out, half_inp * 2 // group, 2, group // 2) + 8).astype(np.uint8)
-    return np.ascontiguousarray(n[:, :, 0, :] | (n[:, :, 1, :] << 4)).reshape(out, half_inp)
-
-
-def from_planar(planar: np.ndarray, group: int) -> np.ndarray:
-    """The inverse of `to_planar`: the kernel's layout -> the chapter's packing."""
-    out, half_inp = planar.shape
-    g = planar.reshape(out, half_inp * 2 // group, group // 2)
-    q = np.concatenate([g & 0xF, g >> 4], axis=2).astype(np.int8) - 8  # (out, G, group): columns in order
-    return pack_int4(q, out, half_inp * 2)
-
-
 def _group_scales(Wg: np.ndarray) -> np.ndarray:
     """Wg: float32 (out, G, g) -> uint16 (out, G): f16(max|w| / 7), divided in float32."""
     amax = np.abs(Wg).max(axis=2)
@@ -560,11 +468,3 @@ def _group_scales(Wg: np.ndarray) -> np.ndarray:
     return s_bits
 
 
-def _check_dims(out: int, inp: int, group: int) -> None:
-    for name, v in (("out", out), ("inp", inp), ("group", group)):
-        if not is_int(v) or v <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
-    if group % 2:
-        raise ValueError(f"group must be even (two int4 values per byte), got group={group}")
-    if inp % group:
-        raise ValueError(f"inp={inp} is not divisible by group={group}")

@@ -61,18 +61,8 @@ from tl_lab.kv import BlockState, KvCfg, KvPool
 from tl_lab.model import Int4, ModelConfig, load_weights
 from tl_lab.ops.tuning import blas_threads, keep_freed_memory, set_blas_threads  # noqa: F401 (blas_threads: notebook 05)
 
-__all__ = [
-    "Int4",
-    "KvConfig",
-    "EngineConfig",
-    "ForwardSeq",
-    "ForwardBatch",
-    "Logits",
-    "ModelRunner",
-    "set_blas_threads",
-    "blas_threads",
-    "keep_freed_memory",
-]
+__all__ = ["Int4", "KvConfig", "EngineConfig", "ForwardSeq", "ForwardBatch", "Logits", "ModelRunner",
+           "set_blas_threads", "blas_threads", "keep_freed_memory"]
 
 
 MAX_THREADS = 1024  # a BLAS thread count beyond this is a typo, not a machine

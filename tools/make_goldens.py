@@ -1,6 +1,7 @@
 """Make data/golden/tiny_llama_hf.json: Hugging Face's own float32 forward of data/tiny-llama.
 
     python tools/make_goldens.py [--model DIR] [--out FILE]     (needs the hf extra: torch, transformers)
+    python tools/make_goldens.py --untied                       data/golden/tiny_llama_untied_hf.json
 
 The reference for chapter L10.1's tests tiny_llama_logits_match_hf and tiny_llama_greedy_matches_hf.
 transformers' LlamaForCausalLM loads the checkpoint in float32 (the BF16 weights widen exactly) with
@@ -13,6 +14,9 @@ records
 * gap: at each greedy step, HF's top logit minus its second (the tests' near-tie rule: the runner
   may pick another token only where this gap is below the f16 bound). The text was picked (among
   a few tried) so that no gap on these prompts comes below 0.09: every greedy token is compared.
+
+`--untied` does the same for data/tiny-llama-untied (tools/make_tiny_llama.py --untied: the same
+model with its own LM head) into data/golden/tiny_llama_untied_hf.json.
 
 Deterministic: one torch thread, no sampling, no dates or versions in the file, so running it again
 gives the same bytes (tests/test_tools_goldens.py re-derives the data and compares).
@@ -31,6 +35,8 @@ from tl_lab.ops.paths import DATA_DIR, GOLDEN_DIR
 
 MODEL_DIR = DATA_DIR / "tiny-llama"
 OUT = GOLDEN_DIR / "tiny_llama_hf.json"
+UNTIED_MODEL_DIR = DATA_DIR / "tiny-llama-untied"
+UNTIED_OUT = GOLDEN_DIR / "tiny_llama_untied_hf.json"
 GREEDY_STEPS = 32
 LENGTHS = (1, 5, 17, 40, 70, 100)
 _TEXT = (
@@ -86,8 +92,8 @@ def greedy(model, tokens: list[int], steps: int) -> tuple[list[int], list[float]
     return out, gaps
 
 
-def make(model_dir: Path = MODEL_DIR) -> dict:
-    """The golden data as a dict (what `main` writes)."""
+def make(model_dir: Path = MODEL_DIR, name: str = "data/tiny-llama") -> dict:
+    """The golden data as a dict (what `main` writes); name: the model as the file names it."""
     model = load_hf(Path(model_dir))
     cases = []
     for p in prompts():
@@ -104,8 +110,8 @@ def make(model_dir: Path = MODEL_DIR) -> dict:
         })
     return {
         "about": "Hugging Face transformers LlamaForCausalLM, float32, eager attention, on "
-                 "data/tiny-llama; logits are float32 little-endian base64; made by tools/make_goldens.py",
-        "model": "data/tiny-llama",
+                 f"{name}; logits are float32 little-endian base64; made by tools/make_goldens.py",
+        "model": name,
         "greedy_steps": GREEDY_STEPS,
         "cases": cases,
     }
@@ -113,10 +119,14 @@ def make(model_dir: Path = MODEL_DIR) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", type=Path, default=MODEL_DIR, help="model directory (default data/tiny-llama)")
-    ap.add_argument("--out", type=Path, default=OUT, help="output JSON (default data/golden/tiny_llama_hf.json)")
+    ap.add_argument("--untied", action="store_true", help="data/tiny-llama-untied into tiny_llama_untied_hf.json")
+    ap.add_argument("--model", type=Path, default=None, help="model directory (default data/tiny-llama)")
+    ap.add_argument("--out", type=Path, default=None, help="output JSON (default data/golden/tiny_llama_hf.json)")
     args = ap.parse_args(argv)
-    data = make(args.model)
+    default_model = UNTIED_MODEL_DIR if args.untied else MODEL_DIR
+    args.model = args.model or default_model
+    args.out = args.out or (UNTIED_OUT if args.untied else OUT)
+    data = make(args.model, f"data/{default_model.name}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(data, indent=1) + "\n")
     for c in data["cases"]:

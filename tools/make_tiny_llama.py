@@ -1,6 +1,7 @@
 """Make data/tiny-llama: a tiny random Llama built with Hugging Face transformers, saved as BF16.
 
-    python tools/make_tiny_llama.py [--out DIR]        (needs the hf extra: torch, transformers)
+    python tools/make_tiny_llama.py [--out DIR]                (needs the hf extra: torch, transformers)
+    python tools/make_tiny_llama.py --untied [--out DIR]       data/tiny-llama-untied
 
 The model (chapter L10.1, section 2.4's test model): byte vocabulary (256), hidden size 64,
 2 layers, 4 query heads and 2 key/value heads (grouped-query attention, head_dim 16),
@@ -29,6 +30,13 @@ anything transformers might draw. The values are rounded to BF16, loaded into a
 LlamaForCausalLM, checked (the saved directory loads back in transformers and gives the same
 logits), and written with the safetensors library under Hugging Face's tensor names, without
 lm_head.weight (tied).
+
+`--untied` makes data/tiny-llama-untied, the same model with its own LM head: CONFIG with
+tie_word_embeddings false (UNTIED_CONFIG) and an lm_head.weight tensor. The head is drawn last, after
+every tensor of the tied model, from the same generator with the embedding's std, so every other tensor
+is bit for bit the tied model's and the logits keep their scale; only the head differs. It pins the path
+a tied model never takes (the runner's and the forward's tests, against its own golden file
+data/golden/tiny_llama_untied_hf.json from tools/make_goldens.py).
 """
 
 from __future__ import annotations
@@ -73,6 +81,10 @@ CONFIG = {
     "torch_dtype": "bfloat16",
 }
 
+# The same model with its own LM head (tools/make_tiny_llama.py --untied): tensor_shapes lists
+# lm_head.weight last, so the other draws are the tied model's.
+UNTIED_CONFIG = {**CONFIG, "tie_word_embeddings": False}
+
 # Prompts whose last-token logits the script reports (and the tests check the scale on).
 GREEDY_STEPS = 32
 PROMPTS = [b"Hello, world", b"abcd", b"The tiny Llama", b"\x02", b"Once upon a time", b"x"]
@@ -86,7 +98,7 @@ def random_weights(config: dict) -> dict[str, np.ndarray]:
     out = {}
     for name, shape in tensor_shapes(ModelConfig.from_json(json.dumps(config))).items():
         z = rng.standard_normal(shape)
-        if name == "model.embed_tokens.weight":
+        if name in ("model.embed_tokens.weight", "lm_head.weight"):  # an untied head: the embedding's scale
             w = EMBED_STD * z
         elif name.endswith("norm.weight"):
             w = (FINAL_NORM if name == "model.norm.weight" else 1.0) * (1.0 + NORM_JITTER * z)
@@ -97,24 +109,28 @@ def random_weights(config: dict) -> dict[str, np.ndarray]:
     return out
 
 
-def build(out: Path) -> dict:
-    """Write out/config.json and out/model.safetensors; return `check`'s report."""
+def build(out: Path, config: dict = CONFIG) -> dict:
+    """Write out/config.json and out/model.safetensors for `config` (CONFIG or UNTIED_CONFIG); return
+    `check`'s report."""
     import torch
     from safetensors.torch import save_file
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(SEED)
-    weights = random_weights(CONFIG)
+    weights = random_weights(config)
     bf16 = {k: torch.from_numpy(v).to(torch.bfloat16).contiguous() for k, v in weights.items()}
 
-    hf_config = LlamaConfig(**{k: v for k, v in CONFIG.items() if not k.startswith("tl_")})
+    hf_config = LlamaConfig(**{k: v for k, v in config.items() if not k.startswith("tl_")})
     model = LlamaForCausalLM(hf_config).to(torch.float32).eval()
     state = {k: v.to(torch.float32) for k, v in bf16.items()}
-    state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    if config["tie_word_embeddings"]:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
     model.load_state_dict(state, strict=True)  # every name and shape must fit HF's model
+    if not config["tie_word_embeddings"] and model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr():
+        raise RuntimeError("transformers tied the LM head to the embedding of an untied config")
 
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(CONFIG, indent=2) + "\n")
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     save_file(bf16, str(out / "model.safetensors"), metadata={"format": "pt"})
 
     # Loaded in its stored dtype, then widened: bf16 -> f32 is exact, and no dtype keyword
@@ -148,9 +164,11 @@ def check(model, reloaded) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=DATA_DIR / "tiny-llama")
+    ap.add_argument("--untied", action="store_true", help="the model with its own LM head (data/tiny-llama-untied)")
+    ap.add_argument("--out", type=Path, default=None, help="default data/tiny-llama (data/tiny-llama-untied with --untied)")
     args = ap.parse_args(argv)
-    report = build(args.out)
+    args.out = args.out or DATA_DIR / ("tiny-llama-untied" if args.untied else "tiny-llama")
+    report = build(args.out, UNTIED_CONFIG if args.untied else CONFIG)
     print(f"wrote {args.out}/config.json and {args.out}/model.safetensors")
     for p, m in report["max_logit"].items():
         print(f"  max |logit| after {p!r}: {m:.2f}")

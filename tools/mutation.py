@@ -82,7 +82,7 @@ MODULES = {
                  "-k", "not random and not imports_no"],
     # the sampler as plain loops (the reference the learner's sampler is held to), config.json's
     # schema, and the kernels' lazy entry points
-    "sample_reference": ["tests/test_sample.py"],
+    "ops.fast_sample": ["tests/test_sample.py"],
     "schema": ["tests/test_schema.py", "tests/test_model.py", "-m", "not hf and not smollm2",
                "-k", "not random and not imports_no"],
     "lazy_kernels": ["tests/test_lazy_kernels.py"],
@@ -524,8 +524,13 @@ def _checkout(ref: str, where: Path) -> None:
 
 
 def _source(module: str) -> str:
-    """The file of a module name as MODULES gives it: "kv" -> tl_lab/kv.py, "widgets.int4" -> tl_lab/lab/widgets/int4.py."""
-    return f"tl_lab/{module.replace('.', '/')}.py"
+    """The file of a module name as MODULES gives it: "kv" -> tl_lab/kv.py, "blocks" -> tl_lab/engine/blocks.py,
+    "widgets.int4" -> tl_lab/lab/widgets/int4.py (the layer from tl_lab's table of moved names), "ops.fast_sample"
+    -> tl_lab/ops/fast_sample.py."""
+    import tl_lab
+
+    layer = tl_lab._MOVED.get(module.split(".")[0])
+    return f"tl_lab/{layer + '/' if layer else ''}{module.replace('.', '/')}.py"
 
 
 def _setup_cfg(module: str, selection: list[str]) -> str:

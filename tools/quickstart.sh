@@ -53,7 +53,7 @@ if [ "$mode" = lab ]; then
     # the kernels compile for this processor the first time they run: here, with a line saying so, not in
     # silence under the first notebook (a stamp in tl_lab/ops/__pycache__ skips it the next time)
     step "the engine's compiled kernels"
-    python -m tl_lab.ops.warm
+    python -m tl_lab.lab.warm
     # no "get notified about official Jupyter news?" pop-up over the widgets: news and update checks off
     # in this venv's JupyterLab (its settings overrides), as tests/lab_harness.py has them
     python - "$VENV/share/jupyter/lab/settings/overrides.json" <<'PY'

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tl_lab.errors import KvError
 from tl_lab.kv import KvPool, prefix_hash, prefix_hashes
 from tl_lab.ops.paging import blocks_for, cacheable, fill_table, give_back, temporary_tables
 

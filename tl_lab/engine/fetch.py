@@ -20,7 +20,7 @@ Cache layout (tl_lab.ops.paths.cache_dir(): $TL_LAB_CACHE, else ~/.cache/tl_lab)
     <cache>/models/SmolLM2-135M-Instruct/config.json
                                         model.safetensors
                                         tokenizer.json
-                                        manifest.json         sizes and sha256 of the three files, provenance
+                                        manifest.json         sizes, sha256 and mtimes of the three files, provenance
     <cache>/.tmp-*                                            work in progress; never a final name
 
 How the conversion was checked against Hugging Face transformers: docs/smollm2.md.
@@ -406,22 +406,47 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, progress: bool = True, sourc
     return {"gguf_sha256": sha256_file(gguf_path), "gguf_tensor_types": types}
 
 
+# The GGUF keys config.json is built from (config field -> key). A key missing from the file is refused
+# with its name (`_Meta.need`), never defaulted, except where the GGUF spec (ggml's docs/gguf.md) says
+# what its absence means; those defaults are written next to their `meta.get` below. A misspelled key
+# therefore fails loudly instead of quietly taking a default (rope_theta 10000 for SmolLM2's 100000).
+CONFIG_KEYS = {
+    "hidden_size": "llama.embedding_length",
+    "num_attention_heads": "llama.attention.head_count",
+    "num_key_value_heads": "llama.attention.head_count_kv",
+    "head_dim": "llama.attention.key_length",
+    "intermediate_size": "llama.feed_forward_length",
+    "num_hidden_layers": "llama.block_count",
+    "rms_norm_eps": "llama.attention.layer_norm_rms_epsilon",
+    "rope_theta": "llama.rope.freq_base",
+    "max_position_embeddings": "llama.context_length",
+    "vocab_size": "llama.vocab_size",
+    "bos_token_id": "tokenizer.ggml.bos_token_id",
+    "eos_token_id": "tokenizer.ggml.eos_token_id",
+    "pad_token_id": "tokenizer.ggml.padding_token_id",
+    "tl_chat_template": "tokenizer.chat_template",
+}
+
+
 def build_config(meta: _Meta, tensor_names: list[str], source: Source | None = None) -> dict:
     """config.json: Hugging Face's Llama fields read from the GGUF metadata, plus tl_arch/tl_tokenizer."""
     a = "llama."
     hidden = int(meta.need(a + "embedding_length"))
     heads = int(meta.need(a + "attention.head_count"))
+    # spec: "If not present ..., the model does not use GQA": as many KV heads as query heads
     kv_heads = int(meta.get(a + "attention.head_count_kv", heads))
+    # spec: "The optional size of a key head ... If not specified, it will be n_embd / n_head"
     head_dim = int(meta.get(a + "attention.key_length", hidden // heads))
-    rope_dims = int(meta.get(a + "rope.dimension_count", head_dim))
+    rope_dims = int(meta.need(a + "rope.dimension_count"))  # spec: required for LLaMA, no default
     if rope_dims != head_dim:
         raise FetchError(f"RoPE on {rope_dims} of {head_dim} head dimensions is not the chapter's graph")
-    scaling = meta.get(a + "rope.scaling.type")
+    scaling = meta.get(a + "rope.scaling.type")  # spec: older models have no scaling keys (none)
     if scaling not in (None, "none"):
         raise FetchError(f"the GGUF asks for RoPE scaling {scaling!r}, which this engine would serve wrong")
-    if meta.get(a + "expert_count"):
+    if meta.get(a + "expert_count"):  # spec: optional for non-MoE architectures
         raise FetchError("the GGUF is a mixture of experts; this engine runs dense Llama models only")
     tokens = meta.need("tokenizer.ggml.tokens")
+    # spec: token_type is optional ("If present, ..."); without it no token is a control token
     token_types = meta.get("tokenizer.ggml.token_type") or [TOKEN_NORMAL] * len(tokens)
     eos = int(meta.need("tokenizer.ggml.eos_token_id"))
     eos_ids = [eos] + [
@@ -434,6 +459,8 @@ def build_config(meta: _Meta, tensor_names: list[str], source: Source | None = N
         "model_type": "llama",
         "tl_arch": "llama",
         "tl_tokenizer": "bpe",
+        # not a spec key for llama: the spec's tokenizer.ggml.tokens is "indexed by the token ID used by
+        # the model", so without it the vocabulary is that list (llama.cpp reads it the same way)
         "vocab_size": int(meta.get(a + "vocab_size", len(tokens))),
         "hidden_size": hidden,
         "intermediate_size": int(meta.need(a + "feed_forward_length")),
@@ -444,12 +471,13 @@ def build_config(meta: _Meta, tensor_names: list[str], source: Source | None = N
         "hidden_act": "silu",
         # the GGUF stores eps as float32; written as the shortest decimal of that float32 (1e-05)
         "rms_norm_eps": float(str(np.float32(eps))),
-        "rope_theta": float(meta.get(a + "rope.freq_base", 10000.0)),
+        "rope_theta": float(meta.need(a + "rope.freq_base")),  # the spec gives no default: refused
         "rope_scaling": None,
         "max_position_embeddings": int(meta.need(a + "context_length")),
         "tie_word_embeddings": "output.weight" not in tensor_names,
         "attention_bias": False,
         "mlp_bias": False,
+        # spec: "For omitted pairs, the reader should assume that the value is unknown": null, not a guess
         "bos_token_id": _opt_int(meta.get("tokenizer.ggml.bos_token_id")),
         "eos_token_id": eos_ids,
         "pad_token_id": _opt_int(meta.get("tokenizer.ggml.padding_token_id")),
@@ -605,7 +633,9 @@ def _write_manifest(out: Path, source: Source, info: dict, seconds: float) -> No
     files = {}
     for name in MODEL_FILES:
         p = out / name
-        files[name] = {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
+        st = p.stat()
+        # mtime_ns: what the quick check compares (check_model_dir); renaming into place keeps it
+        files[name] = {"bytes": st.st_size, "sha256": sha256_file(p), "mtime_ns": st.st_mtime_ns}
     manifest = {
         "converter_version": CONVERTER_VERSION,
         "source": {"pypi": source.requirement, "wheel": source.wheel, "wheel_sha256": source.sha256, "gguf": source.member},
@@ -620,7 +650,10 @@ def _write_manifest(out: Path, source: Source, info: dict, seconds: float) -> No
 def check_model_dir(path: Path, *, full: bool = True, source: Source | None = None) -> str | None:
     """None if path is a complete converted model directory, else what is wrong.
 
-    full=False checks the manifest and the file sizes; full=True also every file's sha256.
+    full=False checks the manifest and the file sizes, and hashes each file whose modification time is
+    not the one the manifest recorded (a file written since it was converted: one byte changed is
+    found, never used); full=True hashes every file. A manifest of before mtimes were recorded gets the
+    size check only from full=False.
     """
     manifest_path = Path(path) / "manifest.json"
     if not manifest_path.is_file():
@@ -644,7 +677,8 @@ def check_model_dir(path: Path, *, full: bool = True, source: Source | None = No
             return f"{name} is missing"
         if p.stat().st_size != entry["bytes"]:
             return f"{name} has {p.stat().st_size} bytes, the manifest says {entry['bytes']}"
-        if full and sha256_file(p) != entry["sha256"]:
+        touched = "mtime_ns" in entry and p.stat().st_mtime_ns != entry["mtime_ns"]
+        if (full or touched) and sha256_file(p) != entry["sha256"]:
             return f"{name} does not match its sha256 in the manifest"
     return None
 
@@ -664,8 +698,10 @@ def _manifest_problem(manifest) -> str | None:
     if not isinstance(files, dict):
         return "files is missing or not an object"
     for name, entry in files.items():
-        if not (isinstance(entry, dict) and type(entry.get("bytes")) is int and isinstance(entry.get("sha256"), str)):
-            return f"files[{name!r}] must be an object with an integer bytes and a string sha256, got {entry!r}"
+        if not (isinstance(entry, dict) and type(entry.get("bytes")) is int and isinstance(entry.get("sha256"), str)
+                and type(entry.get("mtime_ns", 0)) is int):
+            return (f"files[{name!r}] must be an object with an integer bytes, a string sha256 (and an integer "
+                    f"mtime_ns), got {entry!r}")
     return None
 
 

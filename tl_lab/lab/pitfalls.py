@@ -130,7 +130,6 @@ _M = "tl_lab.model"
 _F = "tl_lab.forward"
 _R = "tl_lab.runner"
 _K = "tl_lab.kv"
-_P = "tl_lab.ops.paging"
 _KE = "tl_lab.ops.kernels"
 _T_SAMPLE = "tests/test_sample.py::test_"
 _T_RUNNER = "tests/test_runner.py::test_"
@@ -257,9 +256,9 @@ PITFALLS: dict[str, Pitfall] = {p.id: p for p in [
     _p("s17", "Not giving temporary blocks back",
        "the pool drains a little per embedding call",
        "run_once_returns_its_blocks", _T_RUNNER + "run_once_returns_its_blocks",
-       [(_P, "temporary_tables",
-         "give_back(pool, table)  # temporary blocks go back to the pool, every time",
-         "pass  # the temporary blocks are kept: nobody gives them back")],
+       [(_R, "ModelRunner._run_temporary",
+         "with temporary_tables(self.pool, lengths) as tables:",
+         "for tables in [[self.pool.alloc(max(1, blocks_for(n, self.block_tokens))) for n in lengths]]:  # never given back")],
        "05_forward", "8. Refusals, and blocks that come back (run_once)",
        probe="pool_drain"),
     _p("s18", "Evicting the newest prefix instead of the oldest",

@@ -31,11 +31,12 @@ PIPELINE_ROWS = 256
 """The fewest rows of a step run as a pipelined prefill (`pipelined`)."""
 
 
-def run_step(runner, step, hidden: bool, one_call, llama_forward):
+def run_step(runner, step, hidden: bool, one_call, llama_forward=None):
     """The step pipelined when `pipeline_parts` says so, else `one_call(runner, step, hidden)` (the
     runner's `_run_llama`, also the fallback of `pipelined`). step: the forward's Step;
-    llama_forward: the forward's function each stage calls (passed in: ops imports no learner module)."""
-    parts = pipeline_parts(runner, step)
+    llama_forward: the forward's function each stage calls (passed in: ops imports no learner module);
+    None (a runner written before it was passed) runs every step in one call, the same bits."""
+    parts = None if llama_forward is None else pipeline_parts(runner, step)
     if parts is None:
         return one_call(runner, step, hidden)
     return pipelined(runner, step, parts, hidden, one_call, llama_forward)

@@ -27,7 +27,7 @@ __all__ = ["MODULES", "ExerciseError", "activate", "origins", "active", "try_pie
 def try_piece(piece: str, workspace=None):
     """One piece of your module on its cases against the reference (`exercise try PIECE`): a TryResult
     that shows as a table in a notebook, with `.passed`."""
-    from tl_lab.exercise.tries import try_piece as run
+    from tl_lab.lab.exercise.diagnose import try_piece as run
 
     return run(piece, workspace)
 
@@ -65,7 +65,7 @@ def activate(workspace=None, quiet: bool = False) -> dict[str, dict]:
         print(f"error: {bad}; this notebook runs the reference's modules (fix it, then restart the kernel)")
     if not quiet:
         print(_one_line(out, pitfall if not bad and not off and resolve().is_dir() else ""))
-        from tl_lab.ops.warm import note  # a notebook that will still compile the kernels says so first
+        from tl_lab.lab.warm import note  # a notebook that will still compile the kernels says so first
 
         if (cold := note()) is not None:
             print(cold)
@@ -125,7 +125,7 @@ def _after_cell(result) -> None:
         what = "the error above was raised while tl_lab ran your code, perhaps on a wrong answer of it"
     else:
         return  # the cell's own slip (a name misspelt): nothing of the learner's modules to name
-    from tl_lab.lab.exercise.cli import command
+    from tl_lab.lab.exercise.workspace import command
 
     files, ws = ", ".join(f"{m}.py" for m in yours), active().workspace
     print(f"this notebook runs your {files} (workspace {ws}): {what}; "

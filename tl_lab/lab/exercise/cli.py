@@ -10,19 +10,15 @@ learner's is ever overwritten or deleted: start skips existing files, reset keep
 
 from __future__ import annotations
 
-import argparse
-import ast
 import os
-import re
-import shlex
 import sys
 import time
 from pathlib import Path
 
 from tl_lab.errors import one_line
 from tl_lab.lab.exercise.registry import CATALOGUE, MODULES, PIECES, SECTIONS
-from tl_lab.lab.exercise.stubs import NOT_WRITTEN, ExerciseError, check_module, learner_lines, stub_source
-from tl_lab.lab.exercise.workspace import ENV, OFF, default_workspace, is_stub, resolve, usable
+from tl_lab.lab.exercise.stubs import ExerciseError, check_module, learner_lines, stub_source, written
+from tl_lab.lab.exercise.workspace import ENV, OFF, command, is_stub, resolve, usable
 
 __all__ = ["add_cli", "cli", "command", "start", "reset", "written"]
 
@@ -76,17 +72,6 @@ def cli(args) -> int:
     except ExerciseError as exc:
         print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
-
-
-def command(*words: str, workspace: str | os.PathLike | None = None, named: bool = False) -> str:
-    """A command suggested in the output: `python -m tl_lab exercise WORDS`, with `--workspace DIR` (quoted
-    for the shell) when the workspace was `named` by --workspace or is not the default work/L10.1, so a
-    copied suggestion acts on the folder the output is about (an instructor grading --workspace learner1,
-    never their own work/L10.1). The one builder of the commands tl_lab.lab.exercise suggests."""
-    text = " ".join(["python -m tl_lab exercise", *words])
-    if workspace is not None and (named or Path(workspace).resolve() != default_workspace().resolve()):
-        text += f" --workspace {shlex.quote(str(workspace))}"
-    return text
 
 
 def _workspace(args, must_exist: bool = True, write: bool = False) -> Path:
@@ -155,21 +140,6 @@ def reset(ws: Path, module: str) -> tuple[Path | None, Path]:
     return backup, f
 
 
-def written(ws: Path, module: str) -> dict[str, bool]:
-    """Each piece of `module`: True when the learner's file no longer has the stub's raise in it."""
-    f = ws / f"{module}.py"
-    text = f.read_text(encoding="utf-8", errors="replace") if f.is_file() else ""
-    try:
-        ast.parse(text)
-    except SyntaxError:
-        pass
-    return {p.qualname: not _stub_raise(p.qualname).search(text) and bool(text) for p in PIECES[module]}
-
-
-def _stub_raise(qualname: str) -> re.Pattern:
-    """The stub's message of piece `qualname`, not inside another piece's: "f16_to_f32: not written yet"
-    is also the tail of bf16_to_f32's and "f32_to_f16: ..." of explain_f32_to_f16's."""
-    return re.compile(r"(?<![\w.])" + re.escape(f"{qualname}: {NOT_WRITTEN}"))
 
 
 def _start(args) -> int:
@@ -209,8 +179,9 @@ def _timeout(args) -> float:
     from tl_lab.lab.exercise.grading import DEFAULT_TIMEOUT
 
     timeout = DEFAULT_TIMEOUT if args.timeout is None else args.timeout
-    if not 0 < timeout < float("inf"):  # a negative or NaN limit would fail a correct module, not refuse
-        raise ExerciseError(f"--timeout must be a positive number of seconds, got {args.timeout!r}")
+    if not 0 < timeout <= 86400:  # a negative, NaN or huge limit (1e10 overflows the alarm) would fail a correct module
+        raise ExerciseError(f"--timeout must be a number of seconds, more than 0 and at most a day (86400), "
+                            f"got {args.timeout!r}")
     return timeout
 
 
@@ -322,7 +293,7 @@ def _reset(args) -> int:
 
 
 def _try(args) -> int:
-    from tl_lab.exercise.tries import try_piece
+    from tl_lab.lab.exercise.diagnose import try_piece
 
     result = try_piece(args.piece, args.workspace)
     print(result)

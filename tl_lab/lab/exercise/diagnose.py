@@ -1,6 +1,6 @@
 """Diagnosis by symptom: which mistake a failing case shows, said only when the output proves it.
 
-Chapter L10.1, section 5 (the 22 pitfalls, `tl_lab.pitfalls`). A pitfall is named ONLY when the
+Chapter L10.1, section 5 (the 22 pitfalls, `tl_lab.lab.pitfalls`). A pitfall is named ONLY when the
 learner's output equals that pitfall's output: the failing case is run on the reference with each
 candidate pitfall switched in (the pitfalls with an edit in that piece; a child process each side,
 `tl_lab.lab.exercise.tries`), and the learner's observations are compared with each. Never for an error
@@ -11,7 +11,9 @@ patterns in hex, floats as exact hex and decimal), the input that shows it, and 
 
     explain(diff) -> list[str]      a check's failing case (a `Difference`) in words
     diagnose_try(result, ...)       the same for `exercise try`'s table
-    for_module(module, workspace)   `exercise check`'s failure: every written piece tried, the first that differs
+    from_calls(module, test, calls) `exercise check`'s failure: the test's first call whose answer differs from
+                                    the reference's to the same call (what the proxy saw, `remote.Connection.record`)
+    for_module(module, workspace)   the fallback, when no call was seen: every written piece tried, the first that differs
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 
 from tl_lab.lab.exercise.registry import PIECES, SECTIONS
 
-__all__ = ["Difference", "explain", "diagnose_try", "for_module", "pitfall_line", "raised_line"]
+__all__ = ["Difference", "explain", "diagnose_try", "from_calls", "for_module", "pitfall_line", "raised_line"]
 
 
 @dataclass(frozen=True)
@@ -29,7 +31,8 @@ class Difference:
     """The first differing observation of a failing graded test (branch i61's verdict, computed outside
     the learner's code): `piece` ("quant.f32_to_f16", "kv.KvPool.alloc"), the `args` it was called
     with, what the `learner`'s code and the `reference` returned, and `raised`: None, or (type, message,
-    file, line) when the learner's code raised."""
+    file, line) when the learner's code raised. `encoded`: learner and reference are observations
+    already (`tries.encode`), as the proxy's log and the reference child give them."""
 
     test: str
     piece: str
@@ -37,6 +40,8 @@ class Difference:
     learner: object
     reference: object
     raised: tuple | None = None
+    encoded: bool = False
+    kwargs: dict | None = None
 
 
 def _section(module: str, section: str | None = None) -> str:
@@ -109,37 +114,36 @@ def explain(diff: Difference, workspace=None) -> list[str]:
     name = f"{piece.module}.{piece.qualname}"
     if diff.raised is not None:
         type_, message, file, line = (list(diff.raised) + ["", "", "", 0])[:4]
-        return [raised_line(name, type_, message, file, line), f"the input: {_args(diff.args)}",
+        return [raised_line(name, type_, message, file, line), f"the input: {_args(diff.args, diff.kwargs)}",
                 _section(piece.module, piece.section)]
-    mine, ref = encode(diff.learner), encode(diff.reference)
+    mine, ref = (diff.learner, diff.reference) if diff.encoded else (encode(diff.learner), encode(diff.reference))
     differs = first_difference(mine, ref)
     lines = []
     if "." not in piece.qualname:
-        fits = _pitfalls_on_args(piece, diff.args, mine)
+        fits = _pitfalls_on_args(piece, diff.args, mine, diff.kwargs or {})
         if len(fits) == 1:
-            return [pitfall_line(fits[0]), f"the input: {_args(diff.args)}", _section(piece.module, piece.section)]
+            return [pitfall_line(fits[0]), f"the input: {_args(diff.args, diff.kwargs)}", _section(piece.module, piece.section)]
     elif workspace is not None:
-        from tl_lab.lab.exercise.tries import try_piece
-
         tried = try_piece(name, workspace)
         if tried.diagnosis and tried.diagnosis[0].startswith("this is pitfall"):
             return tried.diagnosis
     lines.append(f"{name} differs from the reference (no pitfall of the chapter gives your output): {differs}")
-    lines.append(f"the input: {_args(diff.args)}")
+    lines.append(f"the input: {_args(diff.args, diff.kwargs)}")
     lines.append(_section(piece.module, piece.section))
     return lines
 
 
-def _args(args) -> str:
+def _args(args, kwargs=None) -> str:
     from tl_lab.lab.exercise.tries import encode, show
 
     try:
-        return "(" + ", ".join(show(encode(a), 30) for a in args) + ")"
+        return "(" + ", ".join([*(show(encode(a), 30) for a in args),
+                                *(f"{k}={show(encode(v), 30)}" for k, v in (kwargs or {}).items())]) + ")"
     except TypeError:
         return repr(args)[:200]
 
 
-def _pitfalls_on_args(piece, args, mine) -> list[str]:
+def _pitfalls_on_args(piece, args, mine, kwargs=None) -> list[str]:
     """Run `piece(*args)` on the reference with each candidate pitfall's edit, in one child -> the ids
     whose output equals `mine` (and not the reference's)."""
     import pickle
@@ -147,14 +151,14 @@ def _pitfalls_on_args(piece, args, mine) -> list[str]:
     import sys
     import tempfile
 
-    from tl_lab.lab.exercise.tries import _env, candidates, same
+    from tl_lab.lab.exercise.tries import _env, same
     from tl_lab.ops.paths import REPO_ROOT
 
-    pids = candidates(piece.module, piece.qualname)
+    pids = module_candidates(piece.module)  # the called piece may call the one the pitfall edits (a helper)
     if not pids:
         return []
     with tempfile.NamedTemporaryFile(suffix=".pkl", delete=False) as f:
-        pickle.dump((piece.module, piece.qualname, tuple(args), pids), f)
+        pickle.dump((piece.module, piece.qualname, tuple(args), pids, dict(kwargs or {})), f)
     code = ("import sys, json, pickle; from tl_lab.lab.exercise.diagnose import _call_child; "
             f"print('@@' + json.dumps(_call_child({f.name!r})))")
     try:
@@ -172,6 +176,14 @@ def _pitfalls_on_args(piece, args, mine) -> list[str]:
     return [pid for pid in pids if not same(got["reference"], got[pid]) and same(mine, got[pid])]
 
 
+def module_candidates(module: str) -> list[str]:
+    """The chapter's pitfalls with an edit in `module` (any of its functions): a check's logged call
+    (`sample_trace`) runs the helper a pitfall edits (`_penalise`)."""
+    from tl_lab.lab.pitfalls import PITFALLS
+
+    return [p.id for p in PITFALLS.values() if any(e.module == f"tl_lab.{module}" for e in p.edits)]
+
+
 def _call_child(path: str) -> dict:
     """In a child: the piece called on the args with the reference and with each pitfall's edit."""
     import pickle
@@ -180,20 +192,102 @@ def _call_child(path: str) -> dict:
     from tl_lab.lab.exercise.tries import _fresh, encode, getattr_path, raised
     from tl_lab.lab.pitfalls import apply_edit, get
 
-    module, qualname, args, pids = pickle.loads(Path(path).read_bytes())
+    module, qualname, args, pids, kwargs = pickle.loads(Path(path).read_bytes())
     out = {}
     for label in ["reference", *pids]:
         source = reference_source(module)
         if label != "reference":
             for e in get(label).edits:
-                if e.module == f"tl_lab.{module}" and e.function == qualname:
+                if e.module == f"tl_lab.{module}":
                     source = apply_edit(source, e, label)
         m = _fresh(module, compile(source, f"<{module} {label}>", "exec"), f"<{module} {label}>")
         try:
-            out[label] = encode(getattr_path(m, qualname)(*args))
+            out[label] = encode(getattr_path(m, qualname)(*args, **kwargs))
         except Exception as exc:  # noqa: BLE001
             out[label] = raised(exc)
     return out
+
+
+def _reference_child(path: str) -> list:
+    """In a child that imports the reference (TL_LAB_WORKSPACE off): each logged call made again -> its observation."""
+    import base64
+    import importlib
+    import pickle
+
+    from tl_lab.lab.exercise.tries import encode, getattr_path, raised
+
+    out = []
+    for piece, args in pickle.loads(Path(path).read_bytes()):
+        module, qual = piece.split(".", 1)
+        try:
+            a, kw = pickle.loads(base64.b64decode(args))
+            out.append(encode(getattr_path(importlib.import_module(f"tl_lab.{module}"), qual)(*a, **kw)))
+        except Exception as exc:  # noqa: BLE001: the error is the observation
+            out.append(raised(exc))
+    return out
+
+
+def reference_answers(calls: list[dict], seconds: float = 60.0) -> list | None:
+    """The reference's answers to the logged `calls` (a child of the grader's side, not sandboxed: it runs
+    the tests' arguments on the reference) -> observations, or None when the child gave no verdict."""
+    import json
+    import pickle
+    import subprocess
+    import sys
+    import tempfile
+
+    from tl_lab.lab.exercise.tries import _env
+    from tl_lab.ops.paths import REPO_ROOT
+
+    with tempfile.NamedTemporaryFile(suffix=".pkl", delete=False) as f:
+        pickle.dump([(c["piece"], c["args"]) for c in calls], f)
+    code = ("import json; from tl_lab.lab.exercise.diagnose import _reference_child; "
+            f"print('@@' + json.dumps(_reference_child({f.name!r})))")
+    try:
+        done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=_env(), capture_output=True, text=True,
+                              timeout=seconds, start_new_session=True)
+    except subprocess.TimeoutExpired:
+        return None
+    finally:
+        Path(f.name).unlink(missing_ok=True)
+    if "@@" not in done.stdout:
+        return None
+    return json.loads(done.stdout.rsplit("@@", 1)[1])
+
+
+def first_differing(test: str, calls: list[dict], answers: list) -> Difference | None:
+    """The first logged call whose learner's answer is not the reference's (two errors of one type agree:
+    the sentence may be the learner's) -> its Difference, or None."""
+    import base64
+    import pickle
+
+    from tl_lab.lab.exercise.tries import piece_of, same
+
+    for c, ref in zip(calls, answers):
+        try:
+            piece_of(c["piece"])
+        except Exception:  # noqa: BLE001: not one of the chapter's pieces (a helper): not diagnosed
+            continue
+        mine = c["learner"]
+        if same(mine, ref):
+            continue
+        args, kw = pickle.loads(base64.b64decode(c["args"]))
+        learner_raised = mine[0] == "raised" and bool(mine[3])  # raised in the learner's file
+        return Difference(test, c["piece"], tuple(args), mine, ref,
+                          raised=tuple(mine[1:5]) if learner_raised else None, encoded=True, kwargs=dict(kw))
+    return None
+
+
+def from_calls(module: str, test: str, calls: list[dict], workspace=None) -> list[str]:
+    """`exercise check`'s failure of `test` by symptom, from the calls the proxy logged: the first whose
+    answer differs from the reference's, explained (`explain`); [] when every logged call agrees."""
+    if not calls:
+        return []
+    answers = reference_answers(calls)
+    if answers is None:
+        return []
+    diff = first_differing(test, calls, answers)
+    return explain(diff, workspace) if diff is not None else []
 
 
 def for_module(module: str, workspace, seconds: float = 60.0) -> list[str]:
@@ -201,7 +295,7 @@ def for_module(module: str, workspace, seconds: float = 60.0) -> list[str]:
     against the reference (one child for the learner's pieces, one for the reference's and the pitfalls'
     of each), and the first piece, in the chapter's order, whose output differs is diagnosed. [] when
     every written piece agrees on its cases (the graded test saw what these cases do not)."""
-    from tl_lab.lab.exercise.cli import written
+    from tl_lab.lab.exercise.stubs import written
     from tl_lab.lab.exercise.tries import CaseResult, TryResult, candidates, cases_for, run_sides
 
     ws = Path(workspace)
@@ -222,8 +316,18 @@ def for_module(module: str, workspace, seconds: float = 60.0) -> list[str]:
                         [CaseResult(c.label, y, r, c.close, c.given) for c, y, r in zip(cases, mine["cases"], ref["cases"])])
         if not res.passed and not res.not_written:
             piece = next(p for p in PIECES[module] if p.qualname == q)
-            from tl_lab.lab.exercise.cli import command
+            from tl_lab.lab.exercise.workspace import command
 
             return diagnose_try(res, piece, {p: sides[f"{p}:{q}"] for p in pids[q]}) + [
                 f"see every case: {command('try', f'{module}.{q}', workspace=ws)}"]
     return []
+
+
+def try_piece(name: str, workspace=None, seconds: float | None = None, diagnose: bool = True):
+    """`exercise try PIECE`: the piece against the reference on its cases (`tries.try_piece`), and when
+    a case differs, the diagnosis by symptom (`diagnose_try`)."""
+    from tl_lab.lab.exercise import tries
+
+    return tries.try_piece(name, workspace, tries.CHILD_SECONDS if seconds is None else seconds,
+                           explain=diagnose_try if diagnose else None)
+

@@ -22,7 +22,30 @@ from tl_lab.lab.exercise.workspace import usable
 __all__ = ["COLUMNS", "grade", "gradebook_row"]
 
 COLUMNS = ["workspace", "verdict", "passed", "total",
-           *(f"{m}_{k}" for m in MODULES for k in ("state", "passed", "total", "digest")), "seconds", "when"]
+           *(f"{m}_{k}" for m in MODULES for k in ("state", "passed", "total", "digest")), "seconds", "when",
+           "copies_reference"]
+
+
+def reference_digests() -> dict[str, str]:
+    """The sha256 of each reference module: a learner's file with the same digest is a copy of it."""
+    import hashlib
+
+    from tl_lab.lab.exercise.stubs import reference_path
+
+    return {m: hashlib.sha256(Path(reference_path(m)).read_bytes()).hexdigest() for m in MODULES}
+
+
+def graded_files() -> dict[str, str]:
+    """The sha256 of every file the grade reads as given: the graded tests, their conftest, the golden data."""
+    import hashlib
+
+    from tl_lab.lab.exercise.workspace import REPO_ROOT
+
+    files = [REPO_ROOT / "tests" / "conftest.py", *sorted({REPO_ROOT / g.file for m in MODULES for g in graded(m)})]
+    golden = REPO_ROOT / "data" / "golden"
+    if golden.is_dir():
+        files += sorted(p for p in golden.rglob("*") if p.is_file() and not p.is_symlink())
+    return {str(f): hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
 
 
 def gradebook_row(workspace: Path, rows: list[Row], seconds: float) -> dict:
@@ -37,6 +60,18 @@ def gradebook_row(workspace: Path, rows: list[Row], seconds: float) -> dict:
     for m in MODULES:
         r = by[m]
         row.update({f"{m}_state": r.state, f"{m}_passed": r.passed, f"{m}_total": totals[m], f"{m}_digest": r.digest})
+    refs = reference_digests()
+    row["copies_reference"] = " ".join(m for m in MODULES if by[m].digest and by[m].digest == refs[m])
+    return row
+
+
+def error_row(workspace: Path, why: str, seconds: float) -> dict:
+    """The row of a learner whose check could not run at all (the workspace removed, an OS error): failed."""
+    row = {"workspace": str(workspace), "verdict": "failed", "passed": 0, "total": sum(len(graded(m)) for m in MODULES),
+           "seconds": f"{seconds:.1f}", "when": time.strftime("%Y-%m-%d %H:%M:%S"), "copies_reference": ""}
+    for m in MODULES:
+        row.update({f"{m}_state": f"not checked: {why}"[:200], f"{m}_passed": 0, f"{m}_total": len(graded(m)),
+                    f"{m}_digest": ""})
     return row
 
 
@@ -72,14 +107,29 @@ def grade(workspaces, out, timeout: float, ref_deps: bool, say=print) -> list[di
     found = _checked(workspaces, out)
     need_tests(MODULES)
     partial = out.with_name(out.name + ".partial")
+    sums = graded_files()
     done: list[dict] = []
-    with open(partial, "w", newline="", encoding="utf-8") as f:
+    try:  # never through a link: a link named like the partial file is replaced, not written through
+        if partial.is_symlink() or (partial.exists() and not partial.is_file()):
+            partial.unlink()
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except OSError as exc:
+        raise ExerciseError(f"{partial}: {exc.strerror or exc}") from None
+    with open(fd, "w", newline="", encoding="utf-8") as f:
         book = csv.DictWriter(f, COLUMNS)
         book.writeheader()
         for ws in found:
             t0 = time.perf_counter()
-            rows = check(ws, MODULES, ref_deps=ref_deps, timeout=timeout, named=True)
-            done.append(gradebook_row(ws, rows, time.perf_counter() - t0))
+            now = graded_files()
+            if now != sums:  # a test or golden file changed since the grade began: nobody after this is graded
+                changed = sorted(k for k in set(now) | set(sums) if now.get(k) != sums.get(k))
+                raise ExerciseError(f"{changed[0]} changed during the grade (before {ws}): the grade stops; "
+                                    f"restore it (git checkout) and grade again")
+            try:
+                rows = check(ws, MODULES, ref_deps=ref_deps, timeout=timeout, named=True)
+                done.append(gradebook_row(ws, rows, time.perf_counter() - t0))
+            except (ExerciseError, OSError) as exc:  # one learner's trouble is their row, not the class's
+                done.append(error_row(ws, str(exc), time.perf_counter() - t0))
             book.writerow(done[-1])
             f.flush()
             say(_line(done[-1]))

@@ -23,7 +23,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tl_lab.lab.exercise.cli import command
+from tl_lab.lab.exercise.workspace import command
+from tl_lab.lab.exercise.files import SOURCE_LIMIT, STATUS_LIMIT, open_fresh, read_regular, write_atomic
 from tl_lab.lab.exercise.registry import DEPS, HARNESS, MODULES, PIECES, SECTIONS, graded
 from tl_lab.lab.exercise.stubs import NOT_WRITTEN, ExerciseError, check_module, stub_source
 from tl_lab.lab.exercise.workspace import ENV, ENV_USE, REPO_ROOT, NotUtf8Error, read_source
@@ -78,11 +79,18 @@ def _shorten(text: str) -> str:
 def _not_started(module: str, f: Path, named: bool = False) -> Row | None:
     """The row of `module`'s file `f` when it is not run: missing, the stub, not UTF-8 or not Python; `named`:
     the workspace was given by --workspace (the commands suggested carry it, `cli.command`)."""
+    if f.is_symlink() or (os.path.lexists(f) and not f.is_file()):
+        return Row(module, "does not import", str(f), message=f"{f}: not a regular file (a link, a FIFO, a device or "
+                                                               f"a folder): the check reads only regular files",
+                   hint=f"make {f.name} a plain file (cp, not ln -s); the other modules are still checked")
     if not f.is_file():
         return Row(module, "not started", str(f),
                    hint=f"no {f.name} yet: {command('start', module, workspace=f.parent, named=named)}")
     try:
         text = read_source(f)
+    except OSError as exc:  # too large, or replaced by a FIFO since: never read, never a hang
+        return Row(module, "does not import", str(f), message=f"{f}: {exc.strerror or exc}",
+                   hint=f"make {f.name} a plain Python file; the other modules are still checked")
     except NotUtf8Error as exc:  # said here with its own hint, not as the collection's SyntaxError
         where = f"{f}:{exc.lineno}"
         return Row(module, "does not import", str(f), message=f"{where}: {exc.msg}",
@@ -99,11 +107,14 @@ def _not_started(module: str, f: Path, named: bool = False) -> Row | None:
     return None
 
 
-def pitfall_hint(module: str, nodeid: str, message: str, timeout: float = DEFAULT_TIMEOUT, workspace=None) -> str:
+def pitfall_hint(module: str, nodeid: str, message: str, timeout: float = DEFAULT_TIMEOUT, workspace=None,
+                 calls=None) -> str:
     """The hint for a failure of test `nodeid` in `module`: the piece not written yet, the time limit,
     or, with the learner's `workspace`, the diagnosis by symptom (`tl_lab.lab.exercise.diagnose`: each
     written piece tried alone against the reference; a pitfall named only when the learner's output is
-    that pitfall's), then the section to reread. Never a pitfall guessed from the test's name."""
+    that pitfall's), then the section to reread. Never a pitfall guessed from the test's name. `calls`: the
+    test's calls of the learner's functions as the proxy saw them (the plugin's report): the first whose
+    answer differs from the reference's is the diagnosis; the pieces tried alone only when there is none."""
     m = re.search(r"NotImplementedError: (\S+): " + NOT_WRITTEN + r" \(section ([^:]+): (.*)\)", message)
     if m:
         return f"{m.group(1)} is not written yet: reread section {m.group(2)} ({m.group(3)})"
@@ -112,10 +123,10 @@ def pitfall_hint(module: str, nodeid: str, message: str, timeout: float = DEFAUL
     where = f"reread {SECTIONS[module]}"
     if workspace is None:
         return where
-    from tl_lab.lab.exercise.diagnose import for_module
+    from tl_lab.lab.exercise.diagnose import for_module, from_calls
 
     try:
-        lines = for_module(module, workspace)
+        lines = from_calls(module, nodeid.split("::")[-1], calls or [], workspace) or for_module(module, workspace)
     except ExerciseError as exc:
         lines = [f"(no diagnosis: {exc})"]
     return "; ".join(lines) if lines else f"each piece agrees with the reference on its own cases: {where}"
@@ -125,7 +136,9 @@ def _env(workspace: Path, module: str, use: list[str], report: Path, timeout: fl
     env = dict(os.environ)
     for k in ("TL_LAB_PITFALL", "FORCE_COLOR"):
         env.pop(k, None)
-    env.update({ENV: str(workspace), ENV_USE: ",".join(use), "TL_LAB_EXERCISE_GRADE": module,
+    # the tests' process never imports the learner's code: ENV off there, and TL_LAB_EXERCISE_REMOTE names the
+    # workspace whose modules a sandboxed child holds (tl_lab.lab.exercise.remote)
+    env.update({ENV: "off", "TL_LAB_EXERCISE_REMOTE": str(workspace), ENV_USE: ",".join(use), "TL_LAB_EXERCISE_GRADE": module,
                 "TL_LAB_EXERCISE_REPORT": str(report), "TL_LAB_EXERCISE_TIMEOUT": str(timeout), "PY_COLORS": "0",
                 "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])})
     return env
@@ -145,12 +158,17 @@ def _run(workspace: Path, module: str, use: list[str], timeout: float, tests=Non
     with tempfile.TemporaryDirectory(prefix="tl-exercise-") as tmp:
         report = Path(tmp) / "report.json"
         # the hf-marked variants compare with torch, which a learner's lab does not install
+        basetemp = Path(tmp) / "tests" / "pytest"  # the tests' tmp_path, readable (only) to the learner's sandboxed process
         cmd = [sys.executable, "-m", "pytest", *files, "-m", "not hf", "-p", "tl_lab.lab.exercise.plugin", "-q",
+               f"--basetemp={basetemp}",
                "--tb=short", "-rfEs", *(["-x"] if first_failure else []), *_QUIET_PLUGINS]
         budget = timeout * (len(PIECES[module]) + 10) + 120  # far beyond any honest run; a hung process ends
-        with open(log, "w", encoding="utf-8") as out:
+        with open_fresh(log) as out:
             try:
-                subprocess.run(cmd, cwd=REPO_ROOT, env=_env(workspace, module, use, report, timeout),
+                output = logs / f"check-{module}.output.log"  # the learner's own prints, 1 MB at most
+                env = {**_env(workspace, module, use, report, timeout), "TL_LAB_EXERCISE_BASETEMP": str(basetemp),
+                       "TL_LAB_EXERCISE_OUTPUT": str(output)}
+                subprocess.run(cmd, cwd=REPO_ROOT, env=env,
                                stdout=out, stderr=subprocess.STDOUT, timeout=budget, check=False)
             except subprocess.TimeoutExpired:
                 out.write(f"\nexercise: pytest gave no verdict within {budget:.0f} s; stopped\n")
@@ -208,7 +226,8 @@ def _row(module: str, f: Path, uses: dict, data: dict | None, log: Path, seconds
     if not_run:
         row.message += (f"\nnot run after it: {not_run} of its chapter tests "
                         f"(a module's first test past the limit ends its check)")
-    row.hint = pitfall_hint(module, failing["nodeid"], failing["message"], timeout, f.parent)
+    row.hint = pitfall_hint(module, failing["nodeid"], failing["message"], timeout, f.parent,
+                            (data.get("calls") or {}).get(failing["nodeid"]))
     return row
 
 
@@ -269,15 +288,13 @@ def _save(workspace: Path, rows) -> None:
     status = load_status(workspace)
     for r in rows:
         status[r.module] = {**asdict(r), "when": time.strftime("%Y-%m-%d %H:%M:%S")}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(status, indent=1), encoding="utf-8")
-    tmp.replace(path)  # never half-written
+    write_atomic(path, json.dumps(status, indent=1).encode("utf-8"))  # a unique temporary file, then a rename
 
 
 def file_digest(f: Path) -> str:
     """The sha256 of a learner's file ("" when there is none)."""
     try:
-        return hashlib.sha256(f.read_bytes()).hexdigest()
+        return hashlib.sha256(read_regular(f, SOURCE_LIMIT)).hexdigest()
     except OSError:
         return ""
 
@@ -291,9 +308,12 @@ def changed_since(last: dict, f: Path) -> bool:
 def load_status(workspace: Path) -> dict:
     path = workspace / STATUS_DIR / "status.json"
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = json.loads(read_regular(path, STATUS_LIMIT).decode("utf-8"))
+    except (OSError, ValueError, RecursionError):  # missing, a FIFO or a link, too large, not JSON: no status
         return {}
+    if not isinstance(data, dict):
+        return {}
+    return {m: v for m, v in data.items() if isinstance(m, str) and isinstance(v, dict)}
 
 
 def _uses(row: Row) -> str:

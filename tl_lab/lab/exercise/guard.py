@@ -23,7 +23,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tl_lab.lab.exercise.cli import command
+from tl_lab.lab.exercise.workspace import command
 from tl_lab.lab.exercise.registry import MODULES, PIECES, SECTIONS
 from tl_lab.lab.exercise.stubs import NOT_WRITTEN
 from tl_lab.lab.exercise.workspace import ENV, ENV_USE, NotUtf8Error

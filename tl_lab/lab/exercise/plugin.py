@@ -29,6 +29,7 @@ from tl_lab.lab.exercise.registry import match
 GRADE = os.environ.get("TL_LAB_EXERCISE_GRADE", "")
 TIMEOUT = float(os.environ.get("TL_LAB_EXERCISE_TIMEOUT", "0") or 0)
 REPORT = os.environ.get("TL_LAB_EXERCISE_REPORT", "")
+REMOTE = os.environ.get("TL_LAB_EXERCISE_REMOTE", "")  # the learner's workspace: its modules run in a sandboxed child
 MESSAGE_CHARS = 2000  # of each failure in the report; the log file keeps all of it
 COLLECT_FLOOR = 30.0  # seconds at least for the collection: importing the test files takes a few on a busy machine
 
@@ -37,6 +38,14 @@ _errors: list[dict] = []
 _past_limit = ""  # the nodeid of the first test that ran past the limit: the module's later tests are not run
 _not_run: dict[str, str] = {}  # nodeid -> why it was not run
 _rang = False  # the alarm went off in what `_limited` ran last (even if the learner's code caught its exception)
+
+
+_conn = None
+if REMOTE:  # before any test file imports tl_lab.<m>: each learner module is a RemoteModule of the child's
+    from tl_lab.lab.exercise.remote import Connection, RemoteFinder
+
+    _conn = Connection(REMOTE, [m for m in os.environ.get("TL_LAB_EXERCISE_USE", "").split(",") if m], GRADE, TIMEOUT or 120)
+    sys.meta_path.insert(0, RemoteFinder(_conn))
 
 
 class TestTimeout(Exception):
@@ -59,6 +68,17 @@ def pytest_collection_finish(session):
     from tl_lab.lab.exercise.workspace import active
 
     if getattr(session, "testsfailed", 0):  # a test file did not import: that error is the verdict, nothing runs
+        return
+    if _conn is not None:
+        from tl_lab.lab.exercise.remote import RemoteModule
+
+        for m in _conn.use:
+            __import__(f"tl_lab.{m}")
+            mod = sys.modules[f"tl_lab.{m}"]
+            want = os.path.join(REMOTE, f"{m}.py")
+            if not isinstance(mod, RemoteModule) or _conn.files.get(m) != want:
+                _fail_origin(f"tl_lab.{m} was loaded from {_conn.files.get(m) or getattr(mod, '__file__', None)}, "
+                             f"not the learner's {want}")
         return
     finder = active()
     if finder is None:
@@ -109,7 +129,10 @@ def pytest_runtest_call(item):
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     """After a test past the limit, the module's others are not run (the rule in the module's docstring):
-    code that never returned once will most likely not return for the next test either."""
+    code that never returned once will most likely not return for the next test either. Else the log of
+    the test's calls of the learner's functions starts (the failure report's first difference)."""
+    if _conn is not None:
+        _conn.record(True)
     if _past_limit:
         why = f"not run: {_past_limit.split('::')[-1]} of this module ran past the {TIMEOUT:g} s limit"
         _not_run[item.nodeid] = why
@@ -154,11 +177,33 @@ def pytest_runtest_makereport(item, call):
     the limit, and the module's later tests are not run because of it, so it cannot be the module's pass."""
     outcome = yield
     report = outcome.get_result()
+    if _conn is not None and call.when == "call":
+        calls = _conn.record(False)
+        if call.excinfo is not None and not _calls_kept:
+            _calls_kept[item.nodeid] = _kept(calls)
     if call.excinfo is not None:
-        report.learner_at = _learner_at(call.excinfo.tb)
+        report.learner_at = getattr(call.excinfo.value, "learner_at", "") or _learner_at(call.excinfo.tb)
     if call.when == "call" and _rang and report.passed:
         report.outcome = "failed"
         report.longrepr = caught_message(TIMEOUT)
+
+
+_calls_kept: dict[str, list] = {}  # the first failing test's calls of the learner's functions
+CALLS_BYTES = 32 << 20  # of them in the report
+
+
+def _kept(calls: list[dict]) -> list[dict]:
+    """The calls as JSON (arguments pickled, base64), at most CALLS_BYTES of them."""
+    import base64
+
+    out, total = [], 0
+    for c in calls:
+        a = base64.b64encode(c["args"]).decode()
+        total += len(a)
+        if total > CALLS_BYTES:
+            break
+        out.append({"piece": c["piece"], "args": a, "learner": c["learner"]})
+    return out
 
 
 def caught_message(seconds: float) -> str:
@@ -199,9 +244,19 @@ def _write() -> None:
         return
     from tl_lab.lab.exercise.workspace import origins
 
+    if _conn is not None:
+        found = {m: {"origin": "learner", "file": os.path.join(REMOTE, f"{m}.py"), "loaded": _conn.files.get(m)}
+                 for m in _conn.use}
+        found.update({m: v for m, v in origins().items() if m not in found})
+        extra = {"sandboxed": bool(_conn.sandboxed)}
+    else:
+        found, extra = origins(), {}
     with open(REPORT, "w", encoding="utf-8") as f:
-        json.dump({"grade": GRADE, "results": _results, "errors": _errors, "origins": origins()}, f, indent=1)
+        json.dump({"grade": GRADE, "results": _results, "errors": _errors, "origins": found, "calls": _calls_kept,
+                   **extra}, f, indent=1)
 
 
 def pytest_sessionfinish(session, exitstatus):
     _write()
+    if _conn is not None:
+        _conn.close()

@@ -69,6 +69,9 @@ def _pieces(module: str, rows) -> tuple[Piece, ...]:
 
 PIECES: dict[str, tuple[Piece, ...]] = {
     "kv": _pieces("kv", [
+        ("prefix_hash", "2.2", "blake2b, 8-byte digest: b'\\x00' (no parent) or b'\\x01' + parent as u64 LE, then the count as u32 LE and each id as u32 LE; the digest read as a u64 LE"),
+        ("prefix_hashes", "2.2", "the chained hash of every FULL block: each block's parent is the block before it"),
+        ("key_location", "3", "position j -> (j // B, table[j // B], j % B): table [7, 2, 9], B = 16, position 37 -> (2, 9, 5)"),
         ("KvCfg.validate", "2.2", "every size a positive int, dtype f16 and format 1; zero blocks is refused here, not at the first alloc (s19)"),
         ("KvPool.__init__", "2.2", "one buffer (n_blocks, n_layers, 2, H_kv, B, D) uint16 and the bookkeeping: refs, fills, hashes, the free list, the LRU, the hash index"),
         ("KvPool.slab", "2.2", "a view of data[id, layer, is_v], never a copy; refuse an id, layer or is_v out of range"),
@@ -105,6 +108,7 @@ PIECES: dict[str, tuple[Piece, ...]] = {
         ("f32_to_f16", "3", "round to nearest even (numpy's float16 cast does), NaN quiet like the scalar path"),
         ("f32_to_bf16", "3", "of the f32 bits u: {formula} (0x7FFF plus the lowest kept bit, keep the top half); NaN quiet; a 0-d array in, a 0-d array out", "(u + 0x7FFF + ((u >> 16) & 1)) >> 16"),
         ("pack_int4", "2.5", "column 2b in the LOW nibble, 2b + 1 in the high one, 4-bit two's complement (the odd column low is s09)"),
+        ("_int4_pair_table", "2.5", "byte -> (its low nibble's value, its high nibble's value), each 4-bit two's complement: (n ^ 8) - 8 (s09 swaps them)"),
         ("unpack_int4", "2.5", "the inverse of pack_int4: low nibble the even column; a nibble v sign-extends as {formula}; packed may be bytes (a graded test passes them) or a uint8 array", "(v ^ 8) - 8"),
         ("_group_scales", "2.5", "per group s = {formula}, the division in float32; a scale past f16's range is refused",
          "f32_to_f16(np.abs(Wg).max(axis=2) / np.float32(7))"),
@@ -226,14 +230,17 @@ CATALOGUE: tuple[Graded, ...] = (
     _g("top_p_keeps_the_crossing_token", "boundary", "mass exactly at p keeps the crossing id", "nucleus edge, the most common sampler bug", "sample", "sample", _REF),
     _g("penalties_follow_hf_and_openai_semantics", "unit", "repetition divides positives and multiplies negatives over prompt and output; presence and frequency over output only", "the OpenAI request fields mean what clients expect", "sample", "sample", _REF),
     _g("seeded_sampling_matches_the_distribution", "statistical", "4000 draws fit 0.4, 0.3, 0.2, 0.1 (chi-square below 16.27); a seed repeats", "the sampler draws from the right distribution", "sample", "sample", _REF),
-    _g("kv_pool_bounds_and_cache_lifecycle", "boundary", "capacity is all-or-nothing, refs balance, full blocks register, release caches, lookup reacquires", "scheduler and prefix cache share one pool", "kv", "kv"),
+    # where a position lands (section 3's worked example) is the pool's rule too: graded with its bounds
+    _g("kv_pool_bounds_and_cache_lifecycle", "boundary", "capacity is all-or-nothing, refs balance, full blocks register, release caches, lookup reacquires", "scheduler and prefix cache share one pool", "kv", "kv",
+       also=("test_key_location_is_one_rule_for_scalars_and_arrays",)),
     _g("kv_pool_evicts_the_oldest_cached_block", "boundary", "exhausted allocation evicts the oldest cached prefix", "cache policy preserves recent prefixes", "kv", "kv"),
     _g("kv_pool_rejects_zero_capacity", "boundary", "zero blocks is rejected during construction", "invalid engine configuration fails early", "kv", "kv"),
     _g("kv_pool_exports_and_imports_rust_owned_blocks", "differential", "a written f16 value survives an export/import round trip", "disaggregated decode resumes with the same cache", "kv", "kv"),
     # bf16 is f16's twin in the reader's widening (section 2.3): its rounding and round trip are graded here
     _g("f16_rounds_to_nearest_even", "boundary", "ties, overflow, subnormals, NaN; every f16 pattern round-trips", "the KV cache stores f16", "quant", "quant",
        also=("test_bf16_round_trips_every_pattern", "test_bf16_rounds_to_nearest_even")),
-    _g("int4_hand_example", "unit", "section 3: nibble order and the stored-scale rule", "int4 files written by your Python load here", "quant", "quant"),
+    _g("int4_hand_example", "unit", "section 3: nibble order and the stored-scale rule", "int4 files written by your Python load here", "quant", "quant",
+       also=("test_quantize_zero_groups_and_exact_ties",)),  # ties to even in QLinear.quantize (issue 60: floor(x + 0.5) passed)
     _g("q4_linear_matches_its_dequantized_weights", "differential", "the product equals x times the dequantized weights within float tolerance", "the packed layout means what the format says", "quant", "quant"),
     # the weights the reader gives (section 4: Linear, Weights, SafeTensors.q4) are graded with it
     _g("safetensors_reader_rules", "boundary", "offsets from the data buffer, F16 and BF16 widening, gaps and trailing bytes refused", "every checkpoint goes through this reader", "model", "model",

@@ -11,10 +11,11 @@ so comments and docstrings survive exactly; a copy of the reference module is a 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from tl_lab.errors import TlError
-from tl_lab.lab.exercise.registry import MODULES, SECTIONS, Piece, pieces
+from tl_lab.lab.exercise.registry import MODULES, PIECES, SECTIONS, Piece, pieces
 
 __all__ = ["ExerciseError", "reference_path", "reference_source", "stub_source", "learner_lines", "NOT_WRITTEN"]
 
@@ -111,3 +112,20 @@ def learner_lines(module: str) -> dict[str, int]:
         first, last = _body_span(_node(tree, piece.qualname))
         out[piece.qualname] = last.end_lineno - first.lineno + 1
     return out
+
+
+def written(ws: Path, module: str) -> dict[str, bool]:
+    """Each piece of `module`: True when the learner's file no longer has the stub's raise in it."""
+    f = ws / f"{module}.py"
+    text = f.read_text(encoding="utf-8", errors="replace") if f.is_file() else ""
+    try:
+        ast.parse(text)
+    except SyntaxError:
+        pass
+    return {p.qualname: not _stub_raise(p.qualname).search(text) and bool(text) for p in PIECES[module]}
+
+
+def _stub_raise(qualname: str) -> re.Pattern:
+    """The stub's message of piece `qualname`, not inside another piece's: "f16_to_f32: not written yet"
+    is also the tail of bf16_to_f32's and "f32_to_f16: ..." of explain_f32_to_f16's."""
+    return re.compile(r"(?<![\w.])" + re.escape(f"{qualname}: {NOT_WRITTEN}"))

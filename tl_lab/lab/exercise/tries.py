@@ -431,6 +431,10 @@ def _quant_cases() -> dict[str, list[Case]]:
         Case("forward(x (3, 63)): the wrong width is refused", lambda m: m.QLinear.quantize(rnd, 32).forward(_rng_matrix((3, 63), 3))),
         Case("forward(x (0, 64)): no rows", lambda m: m.QLinear.quantize(rnd, 32).forward(np.zeros((0, 64), np.float32))),
     ]
+    out["_int4_pair_table"] = [
+        Case("_int4_pair_table(np.int8): every byte's (low nibble, high nibble) values", _call("_int4_pair_table", np.int8)),
+        Case("_int4_pair_table(np.float32): the same values as float32", _call("_int4_pair_table", np.float32)),
+    ]
     return out
 
 
@@ -643,6 +647,25 @@ def _kv_cases() -> dict[str, list[Case]]:
     out["KvPool.slab"] = [Case("slab(b, 1, True): a view of the pool's data", slab), cases[2]]
     for q in ("KvPool.export", "KvPool.import_", "KvPool._parse"):
         out[q] = envelope
+    out["prefix_hash"] = [
+        Case("prefix_hash(None, [1, 2, 3, 4])", _call("prefix_hash", None, [1, 2, 3, 4])),
+        Case("prefix_hash(0xABC, [1, 2, 3, 4]): the parent chained in", _call("prefix_hash", 0xABC, [1, 2, 3, 4])),
+        Case("prefix_hash(None, []): no tokens", _call("prefix_hash", None, [])),
+        Case("prefix_hash(None, int64 array [5, 6])", _call("prefix_hash", None, np.array([5, 6], np.int64))),
+        Case("prefix_hash(2**64 - 1, [2**32 - 1]): the largest parent and id", _call("prefix_hash", 2**64 - 1, [2**32 - 1])),
+        Case("prefix_hash(None, [2**32]): an id past u32, refused", _call("prefix_hash", None, [2**32])),
+        Case("prefix_hash(-1, [1]): a parent that is no u64, refused", _call("prefix_hash", -1, [1])),
+    ]
+    out["prefix_hashes"] = [Case(f"prefix_hashes(list(range({n})), 4)", _call("prefix_hashes", list(range(n)), 4)) for n in (0, 3, 4, 9)]
+    out["prefix_hashes"].append(Case("prefix_hashes([1, 2], 0): no block size, refused", _call("prefix_hashes", [1, 2], 0)))
+    out["key_location"] = [
+        Case("key_location([7, 2, 9], 37, 16): section 3's example", _call("key_location", [7, 2, 9], 37, 16)),
+        Case("key_location([7, 2, 9], 0, 16)", _call("key_location", [7, 2, 9], 0, 16)),
+        Case("key_location([7, 2, 9], 47, 16): the last position", _call("key_location", [7, 2, 9], 47, 16)),
+        Case("key_location([7, 2, 9], 48, 16): one past the table, refused", _call("key_location", [7, 2, 9], 48, 16)),
+        Case("key_location([7, 2, 9], array [0, 16, 37], 16)", _call("key_location", [7, 2, 9], np.array([0, 16, 37]), 16)),
+        Case("key_location([7, 2, 9], -1, 16): refused", _call("key_location", [7, 2, 9], -1, 16)),
+    ]
     return out
 
 
@@ -972,9 +995,7 @@ def _fresh(module: str, code, filename: str):
     except BaseException:
         del sys.modules[f"tl_lab.{module}"]
         raise
-    import tl_lab
-
-    setattr(tl_lab, module, mod)
+    setattr(sys.modules["tl_lab"], module, mod)  # as an import of tl_lab.<module> sets it
     return mod
 
 
@@ -1004,14 +1025,10 @@ def _child_main(spec_path: str) -> None:
     results = []
     for side in spec["sides"]:
         qualname = side["qualname"]
-        if side["kind"] == "learner":
-            text = Path(side["file"]).read_text(encoding="utf-8")
-            try:
-                code = hybrid_source(text, module, qualname, side["file"])
-            except SyntaxError as exc:
-                results.append({"label": side["label"], "import_error": ["raised", "SyntaxError", exc.msg, side["file"],
-                                                                         exc.lineno or 0, ["SyntaxError"]], "cases": []})
-                continue
+        if side["kind"] == "learner":  # in the sandbox: the code object the parent compiled (`_learner_job`)
+            import marshal
+
+            code = marshal.loads(Path(side["code"]).read_bytes())
             results.append(_side(module, qualname, side["label"], code, side["file"], side["file"]))
         else:
             from tl_lab.lab.pitfalls import apply_edit, get
@@ -1082,24 +1099,102 @@ def run_sides(module: str, qualname, learner_file: str | None, pitfalls=(), seco
     quals = list(qualname) if many else [qualname]
     tag = (lambda label, q: f"{label}:{q}") if many else (lambda label, q: label)
     by_piece = pitfalls if isinstance(pitfalls, dict) else {q: list(pitfalls) for q in quals}
-    jobs = []
-    if learner_file is not None:
-        jobs.append(_spawn({"module": module, "sides": [
-            {"kind": "learner", "label": tag("yours", q), "qualname": q, "file": str(learner_file)} for q in quals]}, seconds))
+    budget = seconds * max(1, len(quals) // 4)
+    learner = _learner_job(module, quals, tag, learner_file, budget) if learner_file is not None else None
     ref_sides = [{"kind": "reference", "label": tag("reference", q), "qualname": q} for q in quals] + [
         {"kind": "reference", "label": tag(pid, q), "qualname": q, "pitfalls": [pid]} for q in quals for pid in by_piece.get(q, ())]
-    budget = seconds * max(1, len(quals) // 4)
-    jobs.append(_spawn({"module": module, "sides": ref_sides}, budget))
+    p, path = _spawn({"module": module, "sides": ref_sides}, budget)
     out, err = {}, ""
-    for i, (p, path) in enumerate(jobs):
-        got, why = _collect(p, path, budget)
-        if got is None:
-            if i == 0 and learner_file is not None:
-                err = why
-                continue
-            raise ExerciseError(f"exercise try: the reference's run of {module}.{qualname} failed: {why}")
-        out.update({s["label"]: s for s in got})
+    got, why = _collect(p, path, budget)
+    if got is None:
+        if learner is not None:
+            learner()
+        raise ExerciseError(f"exercise try: the reference's run of {module}.{qualname} failed: {why}")
+    out.update({s["label"]: s for s in got})
+    if learner is not None:
+        got, err = learner()
+        out.update({s["label"]: s for s in got or []})
     return out, err
+
+
+LEARNER_OUTPUT = 64 << 20  # bytes of the learner child's output kept: its verdict's JSON (large arrays) and its prints
+
+
+def _learner_job(module: str, quals: list[str], tag, learner_file, seconds: float):
+    """Start the learner's side of `exercise try`: each piece's module (the learner's piece, the reference's
+    others: `hybrid_source`) compiled HERE, run in a child through the sandbox (`sandbox.run`: bubblewrap
+    where it works, the file tree read-only, no network; rlimits on memory, processes, files; `seconds` of
+    wall clock; the output capped) -> a function that waits for it -> (its sides or None, the error or "")."""
+    import marshal
+    import threading
+
+    from tl_lab.lab.exercise import sandbox
+    from tl_lab.ops.paths import REPO_ROOT
+
+    learner_file = str(learner_file)
+    text = Path(learner_file).read_text(encoding="utf-8")
+    tmp = Path(tempfile.mkdtemp(prefix="tl-try-"))
+    sides, ready = [], []
+    for q in quals:
+        try:
+            code = hybrid_source(text, module, q, learner_file)
+        except SyntaxError as exc:
+            ready.append({"label": tag("yours", q), "import_error": ["raised", "SyntaxError", exc.msg, learner_file,
+                                                                     exc.lineno or 0, ["SyntaxError"]], "cases": []})
+            continue
+        (tmp / f"{len(sides)}.code").write_bytes(marshal.dumps(code))
+        sides.append({"kind": "learner", "label": tag("yours", q), "qualname": q, "file": learner_file,
+                      "code": str(tmp / f"{len(sides)}.code")})
+    (tmp / "spec.json").write_text(json.dumps({"module": module, "sides": sides}))
+    ws = Path(learner_file).parent
+    cache = ws / ".tl_lab" / "numba-cache"
+    writable = []
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        if not cache.is_symlink():
+            writable.append(cache)
+    except OSError:
+        pass
+    env = {**_env(), "NUMBA_CACHE_DIR": str(cache), "PYTHONDONTWRITEBYTECODE": "1", "TMPDIR": "/tmp"}
+    box: dict = {}
+
+    def go():
+        if not sides:
+            return
+        try:
+            box["r"] = sandbox.run([sys.executable, "-c", "from tl_lab.lab.exercise.tries import _child_main; "
+                                                          f"_child_main({str(tmp / 'spec.json')!r})"],
+                                   workspace=ws, writable=writable, readable=[tmp], timeout=seconds, env=env,
+                                   cwd=REPO_ROOT, output_cap=LEARNER_OUTPUT)
+        except Exception as exc:  # noqa: BLE001: said as the learner's side's error
+            box["error"] = f"{type(exc).__name__}: {exc}"
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+
+    def wait():
+        t.join()
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not sides:
+            return ready, ""
+        if "error" in box:
+            return None, box["error"]
+        r = box["r"]
+        if r.timed_out:
+            return None, f"ran longer than {seconds:g} s (a loop that never ends?)"
+        if "@@tl_lab-try@@" not in r.stdout:
+            tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
+            why = f"exit code {r.returncode}" + (" (the memory limit?)" if r.returncode and r.returncode < 0 else "")
+            return None, f"the run ended without a verdict ({why}): " + " | ".join(tail)
+        try:
+            got = json.loads(r.stdout.rsplit("@@tl_lab-try@@", 1)[1])
+        except ValueError:
+            return None, "the run's verdict could not be read (its output past the cap?)"
+        return ready + got, ""
+
+    return wait
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -1212,10 +1307,11 @@ def _cut(s: str, n: int) -> str:
     return s if len(s) <= n else s[: n - 1] + "…"
 
 
-def try_piece(name: str, workspace=None, seconds: float = CHILD_SECONDS, diagnose: bool = True) -> TryResult:
+def try_piece(name: str, workspace=None, seconds: float = CHILD_SECONDS, explain=None) -> TryResult:
     """Run piece `name` ("quant.f32_to_f16") of the learner's workspace against the reference on its
     cases -> TryResult (a readable repr and `_repr_html_` for a notebook, `.passed`). With no workspace,
-    a one-line note saying how to start one."""
+    a one-line note saying how to start one. explain(result, piece, pitfall sides) -> the diagnosis
+    lines of a failure (`tl_lab.lab.exercise.diagnose.try_piece` passes its own; None: no diagnosis)."""
     from tl_lab.lab.exercise.workspace import resolve
 
     piece = piece_of(name)
@@ -1224,11 +1320,11 @@ def try_piece(name: str, workspace=None, seconds: float = CHILD_SECONDS, diagnos
     ws = resolve(workspace)
     f = ws / f"{piece.module}.py"
     if not f.is_file():
-        from tl_lab.lab.exercise.cli import command
+        from tl_lab.lab.exercise.workspace import command
 
         return TryResult(full, None, note=f"no {f}: start one with {command('start', piece.module, workspace=ws)}",
                          section=section)
-    pids = candidates(piece.module, piece.qualname) if diagnose else []
+    pids = candidates(piece.module, piece.qualname) if explain else []
     sides, err = run_sides(piece.module, piece.qualname, str(f), pids, seconds)
     cases = cases_for(piece.module, piece.qualname)
     ref = sides["reference"]
@@ -1242,8 +1338,6 @@ def try_piece(name: str, workspace=None, seconds: float = CHILD_SECONDS, diagnos
         res.note = f"your {f.name} does not import: {e[3]}:{e[4]}: {e[1]}: {e[2]}"
         return res
     res.cases = [CaseResult(c.label, y, r, c.close, c.given) for c, y, r in zip(cases, mine["cases"], ref["cases"])]
-    if diagnose and not res.passed and not res.not_written:
-        from tl_lab.lab.exercise.diagnose import diagnose_try
-
-        res.diagnosis = diagnose_try(res, piece, {p: sides[p] for p in pids})
+    if explain and not res.passed and not res.not_written:
+        res.diagnosis = explain(res, piece, {p: sides[p] for p in pids})
     return res

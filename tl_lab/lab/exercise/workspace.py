@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import codecs
 import os
+import shlex
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -45,6 +46,17 @@ def default_workspace() -> Path:
     return REPO_ROOT / "work" / "L10.1"
 
 
+
+
+def command(*words: str, workspace: str | os.PathLike | None = None, named: bool = False) -> str:
+    """A command suggested in the output: `python -m tl_lab exercise WORDS`, with `--workspace DIR` (quoted
+    for the shell) when the workspace was `named` by --workspace or is not the default work/L10.1, so a
+    copied suggestion acts on the folder the output is about (an instructor grading --workspace learner1,
+    never their own work/L10.1). The one builder of the commands tl_lab.lab.exercise suggests."""
+    text = " ".join(["python -m tl_lab exercise", *words])
+    if workspace is not None and (named or Path(workspace).resolve() != default_workspace().resolve()):
+        text += f" --workspace {shlex.quote(str(workspace))}"
+    return text
 def resolve(workspace: str | os.PathLike | None = None) -> Path:
     """The workspace asked for: `workspace`, else TL_LAB_WORKSPACE (when not off), else the default."""
     if workspace is not None:
@@ -55,11 +67,24 @@ def resolve(workspace: str | os.PathLike | None = None) -> Path:
     return default_workspace()
 
 
+def inside_repo(ws: Path) -> None:
+    """ExerciseError when `ws` is the repository, or a folder of it other than `work/` (the package, tests/,
+    data/, ...): `reset` and `start` would move or overwrite the repository's own files (issue #61)."""
+    try:
+        real = Path(os.path.realpath(ws))
+    except (OSError, ValueError):
+        return
+    root = Path(os.path.realpath(REPO_ROOT))
+    if real == root or (root in real.parents and not (real.relative_to(root).parts[0] == "work")):
+        raise ExerciseError(f"workspace {ws} is inside the repository ({root}), outside its work/ folder: "
+                            f"a workspace there would overwrite the repository's files; name a folder of your own")
+
+
 def usable(ws: Path, write: bool = False) -> Path:
     """`ws` when it is a directory this process can read (and, with `write`, write), else
     ExerciseError in one line naming the folder and what is wrong with it."""
+    inside_repo(ws)
     if not ws.exists():
-        from tl_lab.lab.exercise.cli import command  # cli imports this module
 
         raise ExerciseError(f"workspace {ws} does not exist: {command('start', workspace=ws)} writes it")
     if not ws.is_dir():
@@ -116,7 +141,9 @@ def read_source(f: Path) -> str:
     when any byte of it, a comment's included, is not UTF-8: the hook reads UTF-8 only, and does not honour
     a coding declaration. The error's line counts "\r\n", "\r" and "\n" each as one line break, as the
     text's newlines are."""
-    data = f.read_bytes()
+    from tl_lab.lab.exercise.files import SOURCE_LIMIT, read_regular
+
+    data = read_regular(f, SOURCE_LIMIT)  # a FIFO, a device, a link or a huge file is an OSError, never a hang
     if data.startswith(codecs.BOM_UTF8):
         data = data[len(codecs.BOM_UTF8):]  # not decoded with "utf-8-sig": the error's offsets are the data's
     try:

@@ -1,7 +1,7 @@
 """Compile the engine's kernels once, before a learner waits on them (issue 59: a first run that says
 what it does).
 
-    python -m tl_lab.ops.warm          # what `bash tools/quickstart.sh lab` runs during set-up
+    python -m tl_lab.lab.warm          # what `bash tools/quickstart.sh lab` runs during set-up
 
 The compiled kernels (`tl_lab.ops.kernels`, numba with cache=True) are compiled for this machine the
 first time each is called, then loaded from numba's cache next to the module. Without this step the

@@ -1,0 +1,135 @@
+"""Issue #61: the verdict is computed where the learner's code never runs, and the learner's code runs sandboxed.
+
+Each cheat below passed `exercise check kv` (exit 0) before: an untouched stub plus a few lines that patch
+pytest, the plugin's writer or the report, or that rewrite the graded tests. Now the tests run in a process
+that never imports the learner's file (tl_lab.lab.exercise.remote), so each of them fails its check."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tl_lab.lab.exercise import sandbox
+from tl_lab.lab.exercise.stubs import stub_source
+from tl_lab.lab.exercise.workspace import REPO_ROOT
+
+CHEATS = {
+    "runtest": "import _pytest.python\n_pytest.python.Function.runtest = lambda self: None\n",
+    "writer": "import tl_lab.lab.exercise.plugin as p\np._write = lambda: None\n",
+    "atexit": ("import atexit, json, os\n"
+               "def forge():\n"
+               "    r = os.environ.get('TL_LAB_EXERCISE_REPORT')\n"
+               "    if r:\n"
+               "        open(r, 'w').write(json.dumps({'grade': 'kv', 'errors': [], 'origins': {}, 'results': []}))\n"
+               "atexit.register(forge)\n"),
+    "tests": ("from pathlib import Path\n"
+              f"p = Path({str(REPO_ROOT / 'tests' / 'test_kv.py')!r})\n"
+              "try:\n    p.write_text(p.read_text() + '\\n')\nexcept OSError:\n    pass\n"),
+}
+
+
+def _check(ws: Path, module: str = "kv") -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TL_LAB_WORKSPACE"}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    return subprocess.run([sys.executable, "-m", "tl_lab", "exercise", "check", module, "--workspace", str(ws),
+                           "--timeout", "60"], capture_output=True, text=True, env=env, timeout=600, cwd=REPO_ROOT)
+
+
+@pytest.mark.parametrize("cheat", sorted(CHEATS))
+def test_a_cheat_on_an_untouched_stub_fails_its_check(tmp_path, cheat):
+    before = (REPO_ROOT / "tests" / "test_kv.py").read_bytes()
+    (tmp_path / "kv.py").write_text(stub_source("kv") + "\n" + CHEATS[cheat], encoding="utf-8")
+    r = _check(tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "kv       passed" not in r.stdout
+    assert (REPO_ROOT / "tests" / "test_kv.py").read_bytes() == before  # the repository is read-only to it
+
+
+def test_the_learner_process_cannot_write_the_tree_or_reach_the_network(tmp_path):
+    if sandbox.bwrap() is None:
+        pytest.skip("no bubblewrap here")
+    code = ("import socket, pathlib\n"
+            f"try:\n    pathlib.Path({str(REPO_ROOT / 'x-i61')!r}).write_text('x')\n    print('wrote')\n"
+            "except OSError as e:\n    print('refused', e.errno)\n"
+            "try:\n    socket.create_connection(('1.1.1.1', 53), timeout=2)\n    print('net')\n"
+            "except OSError:\n    print('no net')\n")
+    r = sandbox.run([sys.executable, "-c", code], workspace=tmp_path, timeout=60)
+    assert r.sandboxed and "refused" in r.stdout and "no net" in r.stdout, r
+    assert not (REPO_ROOT / "x-i61").exists()
+
+
+def test_output_is_capped_and_the_whole_group_ends_at_the_time_limit(tmp_path):
+    code = ("import os, sys, time\n"
+            "if os.fork() == 0:\n    time.sleep(300)\n"
+            "while True:\n    sys.stdout.write('x' * 65536)\n")
+    r = sandbox.run([sys.executable, "-c", code], workspace=tmp_path, timeout=3, output_cap=1 << 16)
+    assert r.timed_out and r.seconds < 20
+    assert "more not kept" in r.stdout and len(r.stdout) < (1 << 16) + 200
+
+
+def test_a_timeout_out_of_range_is_refused():
+    for bad in (0, -1, float("nan"), float("inf"), 1e10):
+        with pytest.raises(ValueError, match="at most a day"):
+            sandbox.run([sys.executable, "-c", "pass"], timeout=bad)
+
+
+def _cmd(*args) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TL_LAB_WORKSPACE"}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    return subprocess.run([sys.executable, "-m", "tl_lab", *args], capture_output=True, text=True, env=env,
+                          timeout=120, cwd=REPO_ROOT)
+
+
+def test_a_fifo_or_a_link_to_a_device_as_kv_py_is_never_read(tmp_path):
+    os.mkfifo(tmp_path / "kv.py")
+    r = _cmd("exercise", "check", "kv", "--workspace", str(tmp_path))
+    assert r.returncode == 1 and "not a regular file" in r.stdout
+    (tmp_path / "kv.py").unlink()
+    os.symlink("/dev/zero", tmp_path / "kv.py")
+    r = _cmd("exercise", "check", "kv", "--workspace", str(tmp_path))
+    assert r.returncode == 1 and "not a regular file" in r.stdout
+
+
+def test_a_link_where_the_status_is_written_is_replaced_not_written_through(tmp_path):
+    outside = tmp_path / "outside.txt"
+    outside.write_text("untouched\n")
+    ws = tmp_path / "ws"
+    (ws / ".tl_lab").mkdir(parents=True)
+    (ws / "kv.py").write_text(stub_source("kv"))
+    os.symlink(outside, ws / ".tl_lab" / "status.tmp")
+    os.symlink(outside, ws / ".tl_lab" / "check-kv.log")
+    _cmd("exercise", "check", "kv", "--workspace", str(ws))
+    assert outside.read_text() == "untouched\n"
+    assert not (ws / ".tl_lab" / "status.json").is_symlink()
+
+
+def test_a_corrupt_status_is_no_status(tmp_path):
+    (tmp_path / ".tl_lab").mkdir()
+    (tmp_path / ".tl_lab" / "status.json").write_text("[1, 2]")
+    r = _cmd("exercise", "status", "--workspace", str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_package_is_refused_as_a_workspace():
+    r = _cmd("exercise", "reset", "kv", "--workspace", str(REPO_ROOT / "tl_lab"))
+    assert r.returncode == 2 and "inside the repository" in r.stderr + r.stdout
+    assert (REPO_ROOT / "tl_lab" / "kv.py").is_file()
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "nan", "inf", "1e10"])
+def test_a_timeout_out_of_range_exits_2_in_one_line(tmp_path, bad):
+    r = _cmd("exercise", "check", "kv", "--workspace", str(tmp_path), "--timeout", bad)
+    assert r.returncode == 2 and len((r.stdout + r.stderr).strip().splitlines()) == 1
+
+
+def test_a_flood_of_prints_at_import_is_kept_to_a_megabyte(tmp_path):
+    (tmp_path / "kv.py").write_text(stub_source("kv") + "\nwhile True:\n    print('x' * 1000)\n")
+    r = _cmd("exercise", "check", "kv", "--workspace", str(tmp_path), "--timeout", "5")
+    assert r.returncode == 1
+    out = tmp_path / ".tl_lab" / "check-kv.output.log"
+    assert out.is_file() and out.stat().st_size < (1 << 20) + 1000 and "more not kept" in out.read_text()
+    assert (tmp_path / ".tl_lab" / "check-kv.log").stat().st_size < 1 << 20

