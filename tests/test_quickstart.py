@@ -159,7 +159,7 @@ def test_the_lab_command_compiles_the_kernels_and_turns_the_news_off():
 
 
 def test_warm_says_what_it_compiles_for_and_skips_a_second_time(monkeypatch, tmp_path, capsys):
-    from tl_lab.ops import warm
+    from tl_lab.lab import warm
 
     monkeypatch.setattr(warm, "stamp_path", lambda: tmp_path / "stamp")
     assert not warm.compiled() and "not compiled" in warm.note()

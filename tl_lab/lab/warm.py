@@ -23,7 +23,7 @@ ABOUT_S = 90
 """What the compile takes, said before it starts: benchmarks/bench_notebooks.py --first-run measured
 `warm_s` 89 and 92 s on two busy shared cores (load 7); rounded."""
 
-_OPS = Path(__file__).resolve().parent
+_OPS = Path(__file__).resolve().parent.parent / "ops"  # the kernels, and numba's cache beside them
 
 
 def stamp_path() -> Path:

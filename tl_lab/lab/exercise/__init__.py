@@ -79,8 +79,8 @@ def _one_line(out: dict[str, dict], pitfall: str = "") -> str:
     """What runs, in one line (a notebook's first output): the workspace and which modules are yours;
     `exercise.origins()` has each module's file and why."""
     if pitfall:
-        return (f"no workspace: TL_LAB_PITFALL={pitfall} is on and edits the reference, so every module is the "
-                f"reference's (your {resolve()} is not used)")
+        return (f"no workspace: TL_LAB_PITFALL={pitfall} is on, and a pitfall edits the reference, so every "
+                f"module is the reference's (your {resolve()} is not used)")
     if active() is None:
         return "no workspace: every module is the reference's (write your own: python -m tl_lab exercise start)"
     yours = [m for m, o in out.items() if o["origin"] == "learner"]
