@@ -88,9 +88,9 @@ WIDGETS = {
     ],
     "11_interface.ipynb": [
         # the verdict names the test it ran, and a new pick clears it (issue 19)
-        Act("picker = widgets.Dropdown(", "click", "run it", watch=".widget-html",
+        Act("display(widgets.VBox([widgets.HBox([picker, run_button]", "click", "run it", watch=".widget-html",
             expect="PASSED: tests/test_sample.py::test_hand_example_sampling"),
-        Act("picker = widgets.Dropdown(", "select", "test", "tests/test_sample.py::test_pcg32_reference_vectors",
+        Act("display(widgets.VBox([widgets.HBox([picker, run_button]", "select", "test", "tests/test_sample.py::test_pcg32_reference_vectors",
             watch=".widget-html", expect="test_pcg32_reference_vectors: not run yet"),
     ],
     "13_your_turn.ipynb": [
