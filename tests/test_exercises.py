@@ -444,7 +444,7 @@ def test_a_complete_workspace_passes_check_and_a_half_done_one_says_not_started(
     assert p.returncode == 1 and p.stdout.count("not started") == 5 and "sample   passed" in p.stdout
     assert cli("check", "sample", "--workspace", str(ws)).returncode == 0
     p = cli("parity", "sampler", "rng", "--workspace", str(ws))
-    assert p.returncode == 0 and "parity sampler: 12/12 cases identical" in p.stdout, p.stdout + p.stderr
+    assert p.returncode == 0 and "parity sampler (against data/golden/sampler.json): 12/12 cases identical" in p.stdout, p.stdout + p.stderr
 
 
 def test_blocked_without_ref_deps_and_borrowed_with_it(tmp_path):
@@ -459,7 +459,7 @@ def test_blocked_without_ref_deps_and_borrowed_with_it(tmp_path):
 
 
 def _learner_pitfalls():
-    """Pitfalls whose every edit lies in a learner module (s14 edits the kernels, s17 the blocks)."""
+    """Pitfalls whose every edit lies in a learner module (s14 edits the kernels; s17 is the runner's own)."""
     return [p for p in PITFALLS.values() if all(e.module.split(".")[1] in MODULES for e in p.edits)]
 
 
@@ -505,7 +505,7 @@ def test_a_pitfall_in_the_workspace_copy_fails_its_test(tmp_path, pid):
 @pytest.mark.exercise_slow
 def test_every_learner_pitfall_in_the_workspace_copy_fails_its_test(tmp_path):
     ps = _learner_pitfalls()
-    assert len(ps) == 20
+    assert len(ps) == 21
     runs = _two_at_a_time([_pitfall_workspace(tmp_path, p) for p in ps])
     missed = [p.id for p, data in zip(ps, runs) if not outcomes(data) or "failed" not in outcomes(data).values()]
     assert not missed
@@ -812,7 +812,7 @@ def test_the_tests_command_lists_the_catalogue_row_by_row(tmp_path, capsys):
     rows = [i for i, line in enumerate(lines) if line and not line.startswith(" ")][1:-1]
     assert len(rows) == len(CATALOGUE)
     for i, g in zip(rows, CATALOGUE):
-        assert lines[i].split() == [g.name, *g.kind.split(), g.module, "-", f"{g.file}::test_{g.name}*"]
+        assert lines[i].split() == [g.name, *g.kind.split(), g.module, "-", f"{g.file}::test_{g.name}"]
         assert lines[i + 1].strip() == f"checks: {g.checks}" and lines[i + 2].strip() == f"why: {g.why}"
         assert (lines[i + 3].strip() == f"with: {', '.join(g.also)}") == bool(g.also)
 
