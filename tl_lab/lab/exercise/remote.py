@@ -400,6 +400,16 @@ def _plain_read(req) -> bool:
     return False
 
 
+def proxied(use) -> set[str]:
+    """The modules a run keeps in the child: the learner's modules `use` and the ones they build on
+    (DEPS). A borrowed reference (--ref-deps) runs in the child too, so that what comes back through
+    a learner's module (model's QLinear from quant) is a handle of the class the tests see."""
+    from tl_lab.lab.exercise.registry import DEPS
+
+    use = list(use)
+    return {f"tl_lab.{m}" for m in use} | {f"tl_lab.{d}" for m in use for d in DEPS.get(m, ())}
+
+
 def serve(rfd: int, wfd: int) -> None:
     """The child's loop: the workspace (TL_LAB_WORKSPACE, TL_LAB_EXERCISE_USE) active, answers until the pipe
     closes. The learner's prints go to this process's stdout and stderr, never into the answers' pipe."""
@@ -407,7 +417,7 @@ def serve(rfd: int, wfd: int) -> None:
     from tl_lab.lab.exercise.workspace import install_from_env
 
     install_from_env()
-    learner = {f"tl_lab.{m}" for m in os.environ.get("TL_LAB_EXERCISE_USE", "").split(",") if m in MODULES}
+    learner = proxied(m for m in os.environ.get("TL_LAB_EXERCISE_USE", "").split(",") if m in MODULES)
     _Server(os.fdopen(rfd, "rb"), os.fdopen(wfd, "wb"), learner).loop()
 
 
@@ -786,7 +796,7 @@ class Connection:
         raise ProtocolError(f"an answer of kind {t!r}")
 
     def learner_names(self) -> set[str]:
-        return {f"tl_lab.{m}" for m in self.use}
+        return proxied(self.use)
 
 
 def subprocess_devnull():
@@ -933,9 +943,13 @@ class RemoteFinder:
     def find_spec(self, fullname, path=None, target=None):
         import importlib.machinery
 
-        if fullname.startswith("tl_lab.") and fullname.split(".", 1)[1] in self.conn.use:
+        if fullname.startswith("tl_lab.") and fullname.split(".", 1)[1] in self.proxied:
             return importlib.machinery.ModuleSpec(fullname, self)
         return None
+
+    @property
+    def proxied(self) -> set[str]:
+        return {name.split(".", 1)[1] for name in proxied(self.conn.use)}
 
     def create_module(self, spec):
         m = spec.name.split(".", 1)[1]
