@@ -374,9 +374,10 @@ def test_a_module_whose_test_runs_past_the_limit_runs_none_of_its_later_tests(tm
 
 
 def test_a_test_whose_code_catches_the_time_out_and_passes_fails_at_the_limit(tmp_path):
-    """The learner's code catches the alarm's TestTimeout (an `except Exception` around a wait) and the test
-    then passes: it fails all the same, saying it ran past the limit, with the time-out's hint, and the
-    module's later tests are not run (never a row "passed" or "failed" with no failing test). The wait is in
+    """The learner's code tries to catch the time-out (an `except Exception` around a wait): it cannot, since
+    the test and its alarm run in the grader and the learner's code in the sandboxed child, so the test
+    fails at the limit with the time-out's hint, and the module's later tests are not run (never a row
+    "passed" or "failed" with no failing test). The wait is in
     the first Pcg32 made, which the module's first test makes: no honest test before it has to end in time."""
     ws = workspace(tmp_path, "ref", ["sample"])
     src = reference_source("sample")
@@ -390,14 +391,12 @@ def test_a_test_whose_code_catches_the_time_out_and_passes_fails_at_the_limit(tm
     first = "pcg32_reference_vectors"  # the first of tests/test_sample.py
     assert row.results == {first: "failed", **{n: "not run" for n in names if n != first}}
     assert (row.state, row.passed, row.total, row.first_failure) == ("failed", 0, len(names), first)
-    assert row.message.splitlines() == [
-        f"test_{first}: TestTimeout: the test ran past the 1 s limit (its code caught the time-out, then it passed)",
-        f"not run after it: {len(names) - 1} of its chapter tests (a module's first test past the limit ends its check)"]
+    assert row.message.splitlines()[0].startswith(f"test_{first}: ") and "TestTimeout" in row.message, row.message
+    assert row.message.splitlines()[-1] == (
+        f"not run after it: {len(names) - 1} of its chapter tests (a module's first test past the limit ends its check)")
     assert row.hint == f"test_{first} ran past the 1 s limit: a loop that never ends?"
     log = open(row.log, encoding="utf-8").read()
-    assert f"FAILED tests/test_sample.py::test_{first} - TestTimeout: " in log, log  # pytest's own verdict too
-    assert "\nTestTimeout: the test ran past the 1 s limit (its code caught the time-out, then it passed)\n" in log
-    assert "E   tl_lab.lab.exercise.plugin.TestTimeout" not in log  # it was caught: no traceback of it
+    assert f"FAILED tests/test_sample.py::test_{first} - " in log and "TestTimeout" in log, log  # pytest's own verdict too
     assert f"not run: test_{first} of this module ran past the 1 s limit" in log
 
 
@@ -411,7 +410,9 @@ def test_a_loop_at_a_modules_top_level_ends_at_the_collections_limit(tmp_path):
     (ws / "quant.py").write_text(text)
     (row,) = check(ws, ["quant"], timeout=1)
     assert row.state == "does not import"  # and the message: stopped by the collection's limit
-    assert row.message.startswith(f"{ws / 'quant.py'}:{text.count(chr(10)) - 1}: ")
+    # the learner's file first, never pytest's words about test module names (the loop runs in the
+    # sandboxed child, stopped from outside: its line is not known there)
+    assert row.message.startswith(f"{ws / 'quant.py'}: "), row.message
     assert f"importing the modules ran longer than {COLLECT_FLOOR:g} s" in row.message
     assert row.hint.startswith("importing quant.py never ended (a loop at its top level?)")
 

@@ -196,7 +196,9 @@ def _row(module: str, f: Path, uses: dict, data: dict | None, log: Path, seconds
         at = re.findall(re.escape(str(f)) + r":(\d+)", text)
         row.state = "does not import"
         last = [s for s in text.strip().splitlines() if s.strip()][-1]
-        row.message = f"{f}:{at[-1]}: {last.strip()}" if at else _shorten(text)
+        errors = [s[1:].strip() for s in text.splitlines() if s.startswith("E ")]  # pytest's own lines, not its boilerplate
+        said = re.sub(r"^ImportError: tl_lab\.\w+ raised at import: ", "", errors[-1]) if errors else last.strip()
+        row.message = f"{f}:{at[-1]}: {last.strip()}" if at else f"{f}: {said}" if errors else _shorten(text)
         row.hint = "the module fails when imported; the other modules are still checked"
         if "TestTimeout" in text:  # the collection's limit (tl_lab.lab.exercise.plugin)
             row.hint = f"importing {f.name} never ended (a loop at its top level?); the other modules are still checked"
