@@ -31,5 +31,5 @@ def test_every_module_has_its_mirror_and_boundary_tests():
     bm = tool("boundary_mutation")
     root = Path(__file__).resolve().parent.parent
     for module, (mirror, extra) in bm.MODULES.items():
-        assert (root / "tl_lab" / f"{module}.py").is_file()
+        assert (root / bm.source_of(module)).is_file()
         assert all((root / f).is_file() for f in mirror + extra), module

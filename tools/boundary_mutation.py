@@ -71,6 +71,14 @@ class Mutant:
         return f"line {self.line}: {self.old} -> {self.new}"
 
 
+
+def source_of(module: str) -> str:
+    """The module's file in the layout of section 2.1: "kv" -> tl_lab/kv.py, "blocks" -> tl_lab/engine/blocks.py."""
+    import tl_lab
+
+    layer = tl_lab._MOVED.get(module)
+    return f"tl_lab/{layer + '/' if layer else ''}{module}.py"
+
 def mutants(text: str) -> list[Mutant]:
     """Every boundary mutant of `text` (module docstring above), in source order."""
     lines = text.splitlines()
@@ -160,7 +168,7 @@ def run_tests(root: Path, files: list[str], mark: str | None, budget: float) -> 
 def run_module(root: Path, module: str, files: list[str], budget: float, log, only: set[str] | None = None) -> dict:
     """Run every mutant of `module` against `files`; only: the names of the mutants to run (the others
     are counted killed: a superset of tests that killed them before kills them again)."""
-    path = root / "tl_lab" / f"{module}.py"
+    path = root / source_of(module)
     text = path.read_text()
     ms = mutants(text)
     counts = {"killed": 0, "survived": 0, "timeout": 0, "error": 0}

@@ -196,7 +196,7 @@ PITFALLS: dict[str, Pitfall] = {p.id: p for p in [
         (_Q, "_int4_pair_table",
          "np.stack([(lo ^ 8) - 8, (hi ^ 8) - 8], axis=1)",
          "np.stack([(hi ^ 8) - 8, (lo ^ 8) - 8], axis=1)")],
-       "06_int4", "Two values per byte: [-8, 7, 1, -1] packs to 0x78 0xF1"),
+       "06_int4", "The hand example, step by step"),
     _p("s10", "Rounding int4 with the f32 scale, storing the f16 one",
        "some weights off by one level",
        "int4_hand_example", "tests/test_quant.py::test_int4_hand_example",

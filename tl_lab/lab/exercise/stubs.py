@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import re
+import threading
 from pathlib import Path
 
 from tl_lab.errors import TlError
@@ -27,6 +28,14 @@ class ExerciseError(TlError):
     """A bad exercise request: an unknown module, a piece the reference does not have, a workspace
     that cannot be used."""
 
+
+
+_AST_LOCK = threading.Lock()  # CPython 3.11's ast.parse is not safe in two threads at once ("AST constructor recursion depth mismatch")
+
+
+def _parse(source: str) -> ast.Module:
+    with _AST_LOCK:
+        return ast.parse(source)
 
 def check_module(module: str) -> str:
     if module not in MODULES:
@@ -77,7 +86,7 @@ def _offset(lines: list[str], lineno: int, col: int) -> int:
 def blank(source: str, module: str, qualnames=None) -> str:
     """`source` with the bodies of the pieces of `module` (or only `qualnames`) replaced by one
     `raise NotImplementedError(...)` each, at the body's indentation."""
-    tree = ast.parse(source)
+    tree = _parse(source)
     lines = source.splitlines(keepends=True)
     edits = []
     for piece in pieces(module):
@@ -106,7 +115,7 @@ def stub_source(module: str) -> str:
 
 def learner_lines(module: str) -> dict[str, int]:
     """Lines of the reference the learner writes, per piece: its body without the docstring."""
-    tree = ast.parse(reference_source(module))
+    tree = _parse(reference_source(module))
     out = {}
     for piece in pieces(module):
         first, last = _body_span(_node(tree, piece.qualname))
