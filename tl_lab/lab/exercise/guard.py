@@ -247,15 +247,7 @@ def _one_trial(workspace: Path, modules: list[str]) -> Fault | None:
     cmd = [sys.executable, "-m", "tl_lab.lab.exercise.guard", str(workspace), *modules]
     # sandboxed and bounded (issue #61): its whole process group ended, its output capped (was: 1 GB of a
     # learner's prints held in the kernel); numba's cache the one place it writes, as in a check
-    cache = workspace / ".tl_lab" / "numba-cache"
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-        if cache.is_symlink():
-            raise OSError("a link")
-    except OSError:
-        import tempfile
-
-        cache = Path(tempfile.mkdtemp(prefix="tl_lab-numba-"))
+    cache = sandbox.numba_cache(workspace)
     env.update({"NUMBA_CACHE_DIR": str(cache), "PYTHONDONTWRITEBYTECODE": "1"})
     r = sandbox.run(cmd, workspace=workspace, env=env, timeout=TIMEOUT, writable=[cache])
     out, err = r.stdout, r.stderr

@@ -511,14 +511,8 @@ class Connection:
 
         p2c_r, p2c_w = os.pipe()
         c2p_r, c2p_w = os.pipe()
-        cache = self.workspace / ".tl_lab" / "numba-cache"
-        writable = []
-        try:
-            cache.mkdir(parents=True, exist_ok=True)
-            if not cache.is_symlink():
-                writable.append(cache)
-        except OSError:
-            pass
+        cache = sandbox.numba_cache(self.workspace)
+        writable = [cache]
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TL_LAB_EXERCISE_", "PYTEST_"))}
         env.pop("TL_LAB_PITFALL", None)
         env.update({ENV: str(self.workspace), ENV_USE: ",".join(self.use), "NUMBA_CACHE_DIR": str(cache),

@@ -66,6 +66,23 @@ _probe: dict = {}
 _said: set = set()
 
 
+def numba_cache(workspace: Path) -> Path:
+    """The folder numba compiles into for a sandboxed run of `workspace`'s code: its own
+    `.tl_lab/numba-cache` (the one place the run may write; numba cannot compile into the read-only
+    tree, and no learner's compiled code reaches another's), or a fresh temporary folder when that one
+    cannot be made or is a link."""
+    cache = Path(workspace) / ".tl_lab" / "numba-cache"
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        if cache.is_symlink():
+            raise OSError("a link")
+    except OSError:
+        import tempfile
+
+        cache = Path(tempfile.mkdtemp(prefix="tl_lab-numba-"))
+    return cache
+
+
 def _candidates() -> list[str]:
     want = os.environ.get(ENV_SANDBOX, "").strip()
     if want.lower() in ("off", "0", "no", "none"):

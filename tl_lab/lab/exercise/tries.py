@@ -1147,14 +1147,8 @@ def _learner_job(module: str, quals: list[str], tag, learner_file, seconds: floa
                       "code": str(tmp / f"{len(sides)}.code")})
     (tmp / "spec.json").write_text(json.dumps({"module": module, "sides": sides}))
     ws = Path(learner_file).parent
-    cache = ws / ".tl_lab" / "numba-cache"
-    writable = []
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-        if not cache.is_symlink():
-            writable.append(cache)
-    except OSError:
-        pass
+    cache = sandbox.numba_cache(ws)
+    writable = [cache]
     env = {**_env(), "NUMBA_CACHE_DIR": str(cache), "PYTHONDONTWRITEBYTECODE": "1", "TMPDIR": "/tmp"}
     box: dict = {}
 
