@@ -394,6 +394,48 @@ def test_every_assert_in_a_notebook_says_what_went_wrong(name):
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
+def test_a_cell_keeps_one_assert_for_the_fact_it_teaches(name):
+    """More than one assert in a cell is test code in a teaching cell: its other checks print, or live in tests/."""
+    import ast
+
+    many = [f"cell {i} ({first_line(c)[:50]!r}): {n} asserts" for i, c in enumerate(notebook(name).cells)
+            if c.cell_type == "code"
+            for n in [sum(isinstance(x, ast.Assert) for x in ast.walk(ast.parse(python_of(c))))] if n > 1]
+    assert not many, f"{name}: cells with more than one assert:\n" + "\n".join(many)
+
+
+SECTION = re.compile(r"^## (\d+)\. ", re.M)
+
+
+def sections(name: str) -> dict[str, str]:
+    """The numbered sections ("## 3. Title") of notebook `name`: number -> its markdown, heading to next heading."""
+    text = "\n".join(c.source for c in notebook(name).cells if c.cell_type == "markdown")
+    heads = list(SECTION.finditer(text))
+    return {m.group(1): text[m.start():(heads[i + 1].start() if i + 1 < len(heads) else len(text))]
+            for i, m in enumerate(heads)}
+
+
+@pytest.mark.parametrize("name", [n for n in NOTEBOOKS if n != "00_start_here.ipynb"])
+def test_every_section_says_why_and_what_to_try(name):
+    """Each numbered section has the lesson's shape: why it matters, then something the learner does."""
+    found = sections(name)
+    lacking = [f"{n}: no {part}" for n, text in found.items()
+               for part in ("**Why.**", "**Try it.**") if part not in text]
+    assert found and not lacking, f"{name}: {len(found)} numbered sections; " + "; ".join(lacking)
+
+
+def test_a_section_without_a_try_it_is_found(monkeypatch):
+    """The shape test can fail: a notebook whose section lacks its try-it is named."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("## 1. A\n\n**Why.** x\n\n**Try it.** y"),
+                                         nbformat.v4.new_markdown_cell("## 2. B\n\n**Why.** z")])
+    monkeypatch.setitem(globals(), "notebook", lambda name: nb)
+    with pytest.raises(AssertionError, match="2: no \\*\\*Try it"):
+        test_every_section_says_why_and_what_to_try("x.ipynb")
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
 def test_no_notebook_cell_checks_a_figures_layout(name):
     found = [f"cell {i}: {m.group()}" for i, c in enumerate(notebook(name).cells) if c.cell_type == "code"
              for m in [LAYOUT.search(c.source)] if m]
