@@ -27,81 +27,73 @@ pytestmark = pytest.mark.browser
 ARTIFACTS = ROOT / "scratch" / "browser"
 NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
-# notebook -> what to do to each widget and what must then change on the page (a copy of a widget with
-# its observer removed fails its row: the watched text would not change)
+def played(cell: str, *rows: tuple) -> list[Act]:
+    """The Acts in the code cell whose source contains `cell`, one per row: (do, target, value, watch, expect),
+    the rest of an `Act` in its order."""
+    return [Act(cell, *row) for row in rows]
+
+
+# notebook -> in which cell, what to do to each widget and what must then change on the page (a copy of a
+# widget with its observer removed fails its row: the watched text would not change)
 WIDGETS = {
-    "01_why_now.ipynb": [
-        Act("bm = show(cache.pool", "type", "position", "20", watch=".tl-where"),
-    ],
+    "01_why_now.ipynb": played("bm = show(cache.pool", ("type", "position", "20", ".tl-where")),
     "02_model_directory.ipynb": [
-        Act("view = CheckpointView()", "select", "checkpoint", "tiny Llama (int4)", watch=".widget-html",
-            expect="90,432"),
+        *played("view = CheckpointView()", ("select", "checkpoint", "tiny Llama (int4)", ".widget-html", "90,432")),
         # after Run All the refused directories are still there to be refused (issue 11, item 1)
-        Act("refusals = CheckpointView(", "select", "checkpoint", "truncated file", watch=".widget-html",
-            expect="FormatError"),
-        Act("refusals = CheckpointView(", "select", "checkpoint", "scaled RoPE", watch=".widget-html",
-            expect="llama3"),
+        *played("refusals = CheckpointView(",
+                ("select", "checkpoint", "truncated file", ".widget-html", "FormatError"),
+                ("select", "checkpoint", "scaled RoPE", ".widget-html", "llama3")),
     ],
-    "03_numbers.ipynb": [
-        Act("numbers = NumbersWidget(", "type", "x =", "65520", watch=".widget-html", expect="0x7C00"),
-        Act("numbers = NumbersWidget(", "type", "x =", "abc", watch=".widget-html", expect="Not a number"),
-    ],
+    "03_numbers.ipynb": played("numbers = NumbersWidget(",
+                               ("type", "x =", "65520", ".widget-html", "0x7C00"),
+                               ("type", "x =", "abc", ".widget-html", "Not a number")),
     "04_kv_pool.ipynb": [
         # after Run All the story starts at step 0, so next shows step 1 (issue 11, item 5: it once started at its end)
-        Act("bm = BlockMap(yours=", "click", "next", watch=".widget-html", expect="Step 1 of 5"),
-        Act("view = show(pool, {", "type", "position", "20", watch=".tl-where"),
+        *played("bm = BlockMap(yours=", ("click", "next", "", ".widget-html", "Step 1 of 5")),
+        *played("view = show(pool, {", ("type", "position", "20", ".tl-where")),
     ],
-    "10_pitfalls.ipynb": [
+    "10_pitfalls.ipynb": played(
+        'lab = PitfallLab("s13")',
         # pick s17, press the red button: the kernel runs the test in a subprocess with the pitfall on and
         # the failing verdict, with the test's own assertion, must appear (issue 9: see it fail on the page)
-        Act('lab = PitfallLab("s13")', "select", "pitfall", "s17 · Not giving temporary blocks back",
-            watch=".tl-diff", expect="temporary_tables(self.pool, lengths)"),
-        Act('lab = PitfallLab("s13")', "click", "Run its test with the pitfall on", watch=".tl-verdict-box",
-            expect="CAUGHT: test_run_once_returns_its_blocks FAILS with s17 on"),
-    ],
-    "06_int4.ipynb": [
+        ("select", "pitfall", "s17 · Not giving temporary blocks back", ".tl-diff",
+         "temporary_tables(self.pool, lengths)"),
+        ("click", "Run its test with the pitfall on", "", ".tl-verdict-box",
+         "CAUGHT: test_run_once_returns_its_blocks FAILS with s17 on")),
+    "06_int4.ipynb": played(
+        "int4_widget = Int4Widget(",
         # 1, 2, 3, 4 in one group: s = f16(4 / 7) = 0x3892, q = 2, 4, 5, 7 packed as 0x42 0x75
-        Act("int4_widget = Int4Widget(", "type", "weights W", "1, 2, 3, 4", watch=".widget-html",
-            expect="0x42 0x75"),
-        Act("int4_widget = Int4Widget(", "type", "weights W", "abc", watch=".widget-html",
-            expect="not a number"),
+        ("type", "weights W", "1, 2, 3, 4", ".widget-html", "0x42 0x75"),
+        ("type", "weights W", "abc", ".widget-html", "not a number"),
         # a scale that underflows to the f16 0 is explained as correct, not flagged (issue 19)
-        Act("int4_widget = Int4Widget(", "type", "weights W", "1e-9, 0", watch=".widget-html",
-            expect="does not divide"),
-        Act("int4_widget = Int4Widget(", "type", "group size g", "2", watch=".widget-html",
-            expect="That is the correct result, not a broken one"),
-    ],
+        ("type", "weights W", "1e-9, 0", ".widget-html", "does not divide"),
+        ("type", "group size g", "2", ".widget-html", "That is the correct result, not a broken one")),
     "07_sampler.ipynb": [
-        # section 3's example keeps {1, 3}; top-k 4 lets id 2 into the nucleus (q1 + q3 = 0.799 < 0.8)
-        Act("pg = SamplerPlayground(yours=", "slider", "top-k", watch=".tl-token", expect="kept 3 of 5: {1, 2, 3}"),
-        Act("pg = SamplerPlayground(yours=", "type", "draws before", "1000000000", watch=".widget-html",
-            expect="draws before must be in [0, 100,000]"),
-        Act("pg = SamplerPlayground(yours=", "type", "draws before", "0", watch=".widget-html", expect="kept"),
-        # a seed above 2^53 reaches the kernel as typed: the uniform is stream(2^53 + 1)'s (issue 19)
-        Act("pg = SamplerPlayground(yours=", "type", "seed", str(2**53 + 1), watch=".tl-token",
-            expect=f"exactly {stream(2**53 + 1, 4).uniform_f64()!r}"),
-        Act("pg_big = SamplerPlayground(", "slider", "top-k", watch=".tl-token", expect="kept 1 of 49152"),
-        Act("mp.sample_button.click()", "click", "sample and append", watch=".tl-status", expect="appended"),
-        # the status line describes the new state, not the last press (issue 11, item 8)
-        Act("mp.sample_button.click()", "click", "clear appended tokens", watch=".tl-status",
-            expect="cleared the appended tokens"),
+        *played("pg = SamplerPlayground(yours=",
+                # section 3's example keeps {1, 3}; top-k 4 lets id 2 into the nucleus (q1 + q3 = 0.799 < 0.8)
+                ("slider", "top-k", "", ".tl-token", "kept 3 of 5: {1, 2, 3}"),
+                ("type", "draws before", "1000000000", ".widget-html", "draws before must be in [0, 100,000]"),
+                ("type", "draws before", "0", ".widget-html", "kept"),
+                # a seed above 2^53 reaches the kernel as typed: the uniform is stream(2^53 + 1)'s (issue 19)
+                ("type", "seed", str(2**53 + 1), ".tl-token", f"exactly {stream(2**53 + 1, 4).uniform_f64()!r}")),
+        *played("pg_big = SamplerPlayground(", ("slider", "top-k", "", ".tl-token", "kept 1 of 49152")),
+        *played("mp.sample_button.click()",
+                ("click", "sample and append", "", ".tl-status", "appended"),
+                # the status line describes the new state, not the last press (issue 11, item 8)
+                ("click", "clear appended tokens", "", ".tl-status", "cleared the appended tokens")),
     ],
-    "11_interface.ipynb": [
+    "11_interface.ipynb": played(
+        "display(widgets.VBox([widgets.HBox([picker, run_button]",
         # the verdict names the test it ran, and a new pick clears it (issue 19)
-        Act("display(widgets.VBox([widgets.HBox([picker, run_button]", "click", "run it", watch=".widget-html",
-            expect="PASSED: tests/test_sample.py::test_hand_example_sampling"),
-        Act("display(widgets.VBox([widgets.HBox([picker, run_button]", "select", "test", "tests/test_sample.py::test_pcg32_reference_vectors",
-            watch=".widget-html", expect="test_pcg32_reference_vectors: not run yet"),
-    ],
-    "13_your_turn.ipynb": [
+        ("click", "run it", "", ".widget-html", "PASSED: tests/test_sample.py::test_hand_example_sampling"),
+        ("select", "test", "tests/test_sample.py::test_pcg32_reference_vectors", ".widget-html",
+         "test_pcg32_reference_vectors: not run yet")),
+    "13_your_turn.ipynb": played(
+        'panel = CheckPanel(WS, modules="sample")',
         # another module picked: the old table goes (it answered another question); check runs the new pick
-        Act('panel = CheckPanel(WS, modules="sample")', "select", "modules", "kv", watch=".widget-html",
-            expect="kv: press check"),
-        Act('panel = CheckPanel(WS, modules="sample")', "click", "check", watch=".widget-html", expect="not started"),
-    ],
-    "12_where_next.ipynb": [
-        Act("steps, results = EngineSteps.run(", "click", "next ▶", watch=".tl-step"),
-    ],
+        ("select", "modules", "kv", ".widget-html", "kv: press check"),
+        ("click", "check", "", ".widget-html", "not started")),
+    "12_where_next.ipynb": played("steps, results = EngineSteps.run(", ("click", "next ▶", "", ".tl-step")),
 }
 
 

@@ -21,7 +21,7 @@ inside one row (the norms, RoPE, SwiGLU, the embedding) or inside one sequence (
 product with a weight matrix whose every output is one compiled sum in a fixed order
 (`tl_lab.ops.kernels`, through `linear_rows`: every kernel adds a sum in the order `tl_lab.ops.lanes`
 writes out, whichever kernel the batch size picks), so a sequence gets the same bits whatever else
-is in the step and whatever the thread count.
+is in the step.
 W_q, W_k, W_v and W_gate, W_up are stacked at load (`LlamaLayer.qkv`, `.gate_up`): one product
 each, whose every output is the same loop as in the part's own product. `gather_kv` + `attend`
 (given, `tl_lab.ops.attention`) are the readable attention the kernel is tested against; the numpy products (`matmul_rows` with
@@ -59,8 +59,7 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     numpy reduction along the last axis of a C-contiguous array, which sums each row by itself
     (tests check a row alone and in a stack agree bit for bit). It is written as a sum over d
     rather than np.mean: the same sum and the same bits (mean divides in float64 and rounds once
-    to float32, which is the float32 division exactly), without mean's Python layer, which cost a
-    decode step about 0.2 ms over SmolLM2's 60 norms.
+    to float32, which is the float32 division exactly), without mean's Python layer.
     """
     ms = (x * x).sum(axis=-1, keepdims=True) / np.float32(x.shape[-1])
     return (x * (np.float32(1.0) / np.sqrt(ms + np.float32(eps)))) * w
@@ -124,8 +123,7 @@ def write_kv(data: np.ndarray, layer: int, blk: np.ndarray, slot: np.ndarray,
 
     data: the pool buffer (n_blocks, n_layers, 2, H_kv, B, D) uint16 (axis 2: 0 = K, 1 = V);
     blk, slot: (N,) pool block and slot of each row; k, v: (N, H_kv, D) float32. K and V side by
-    side, (N, 2, H_kv, D), are rounded and written in one go: two of each had cost a decode step's
-    30 layers about 0.4 ms more.
+    side, (N, 2, H_kv, D), are rounded and written in one go.
     """
     data[blk, layer, :, :, slot, :] = f32_to_f16(np.stack([k, v], axis=1))  # axis 1: 0 = K, 1 = V
 

@@ -449,7 +449,7 @@ class QLinear:
         (`self.scales`, uint16 (out, inp // group)), `f16_table` the float32 value of every one of the
         65536 f16 patterns (`_F16_TABLE`), which the kernel looks each scale up in. Equal to
         x @ dequantize().T within float tolerance (another order of the same sum), and row-invariant:
-        a row's bits do not depend on the other rows or the thread count. x with no rows gives (0, out).
+        a row's bits do not depend on the other rows. x with no rows gives (0, out).
         """
         return product_q4(rows_of(x, self.inp), self.planar, self.scales, _F16_TABLE)
 

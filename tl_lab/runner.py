@@ -33,12 +33,11 @@ Decisions where the chapter is silent:
 - The blocks a sequence holds are `tl_lab.engine.blocks`' business: the runner only raises the fill of
   the blocks it wrote, and run_once / last_logits borrow temporary blocks from it after checking
   the tokens, so a refused call moves no block.
-- EngineConfig.threads sets the thread count of the compiled kernels (numba's pool) and of BLAS for
-  the whole process. The engine's products and attention are compiled loops whose bits do not
-  depend on it; BLAS is left to the "plain" product and the numpy references.
-- A long prefill at 2 kernel threads or more runs as two pipelined stages on two Python threads
-  (`tl_lab.ops.pipeline`, engineering around this module: `_run_llama` stays the one call of the
-  forward, and the stages run your `llama_forward`). The bits are the one step's.
+- EngineConfig.threads is handed to the given `set_threads` and `set_blas_threads` (tl_lab.ops) when
+  the runner is built; the bits do not depend on it.
+- A long prefill may run as two pipelined stages (`tl_lab.ops.pipeline`, engineering around this
+  module: `_run_llama` stays the one call of the forward, and the stages run your `llama_forward`).
+  The bits are the one step's.
 """
 
 from __future__ import annotations
@@ -59,13 +58,13 @@ from tl_lab.ops.paging import blocks_for, fill_table, temporary_tables
 from tl_lab.ops.kernels import set_threads, threads_for
 from tl_lab.kv import BlockState, KvCfg, KvPool
 from tl_lab.model import Int4, ModelConfig, load_weights
-from tl_lab.ops.tuning import blas_threads, keep_freed_memory, set_blas_threads  # noqa: F401 (blas_threads: notebook 05)
+from tl_lab.ops.tuning import blas_threads, keep_freed_memory, set_blas_threads  # noqa: F401 (re-exported)
 
 __all__ = ["Int4", "KvConfig", "EngineConfig", "ForwardSeq", "ForwardBatch", "Logits", "ModelRunner",
            "set_blas_threads", "blas_threads", "keep_freed_memory"]
 
 
-MAX_THREADS = 1024  # a BLAS thread count beyond this is a typo, not a machine
+MAX_THREADS = 1024  # the most EngineConfig.threads accepts: more is a typo
 
 
 @dataclass(frozen=True)
@@ -92,7 +91,7 @@ class EngineConfig:
 
     kv: the pool; prefix_cache: the pool keeps released registered blocks; quant: None (as
     stored) or Int4(group) to quantize a float checkpoint's layer linears at load; threads: the
-    compiled kernels' and BLAS's thread count (None: leave them; numba's default is every core);
+    count given to `set_threads` and `set_blas_threads` (None: leave them as they are);
     product: "invariant" (the engine) or "plain" (``x @ W.T``, to measure what invariance costs).
     max_batch_tokens, max_seqs, prefill_chunk: the scheduler's (tl_lab.engine.generate.Engine reads them;
     the runner never does). A bad value is a ValueError here, naming the field, not a failure at the
@@ -169,9 +168,9 @@ class Arch:
 
 
 def _run_llama(runner: ModelRunner, step: Step, hidden: bool = False):
-    """The one call of the Llama forward (section 2.4): the step's K and V go into the pool. A step of
-    one row runs under the plan its own timings pick (`kernels.threads_for`: one thread, one thread but
-    for the products that read more than the L2 cache, or the count in force)."""
+    """The one call of the Llama forward (section 2.4): the step's K and V go into the pool. The step runs
+    inside the given `threads_for` (tl_lab.ops.kernels), which sets how its products run; the bits
+    do not depend on it."""
     with threads_for(len(step.tokens), runner):
         return llama_forward(runner.weights, step, runner.pool.data, product=runner.product,
                              scratch=runner._scratch, return_hidden=hidden)
@@ -208,7 +207,7 @@ class ModelRunner:
             raise ValueError(f"ModelRunner needs an EngineConfig, got {type(cfg).__name__}")
         if cfg.threads is not None:
             set_blas_threads(cfg.threads)
-            set_threads(cfg.threads)  # the compiled kernels' pool: their bits do not depend on it
+            set_threads(cfg.threads)
         keep_freed_memory()
         self.weights = weights
         self.cfg = cfg
@@ -221,9 +220,8 @@ class ModelRunner:
     @classmethod
     def load(cls, directory: str | os.PathLike, cfg: EngineConfig | None = None) -> ModelRunner:
         """Load `directory` (config.json + model.safetensors): f32, an int4 file, or f32 quantized
-        at load when cfg.quant = Int4(group). The widening of the file's tensors runs on every core
-        (widen_all of tl_lab.ops.widening, which the reader's SafeTensors.f32_into runs), whatever cfg.threads says: it is bound by the page faults of
-        fresh memory, not by arithmetic, and its bits do not depend on the count."""
+        at load when cfg.quant = Int4(group). The file's tensors are widened by the given widen_all
+        (tl_lab.ops.widening, which the reader's SafeTensors.f32_into runs)."""
         cfg = EngineConfig() if cfg is None else cfg
         if not isinstance(cfg, EngineConfig):  # here, not after the weights: cfg.quant is read first
             raise ValueError(f"ModelRunner needs an EngineConfig, got {type(cfg).__name__}")

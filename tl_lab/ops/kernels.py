@@ -142,7 +142,8 @@ for _name, _value in POOL_DEFAULTS.items():
     os.environ.setdefault(_name, _value)
 
 import numpy as np  # noqa: E402
-from numba import njit, prange  # noqa: E402
+from numba import njit, prange, types  # noqa: E402
+from numba.extending import overload  # noqa: E402
 
 from tl_lab.ops import lanes  # noqa: E402
 from tl_lab.ops.lanes import (HALF, LANES, prefetch, prefetch_l2, vexp, vfma, vfma8, vhat, vjoin, vload, vload8, vload_f16,  # noqa: E402
@@ -1147,12 +1148,23 @@ def _ask_task(data, layer, tables, starts, task):  # pragma: no cover (compiled)
         _prefetch_block(data[tables[s, blk], layer, 1, g], True)
 
 
-@njit(inline="always", cache=True)
-def _load(a, i, d, tail):  # pragma: no cover (compiled)
-    """a[i, d : d + 16] (float32), masked to the row's end when `tail` says D is not whole steps."""
-    if len(tail) == 0:
-        return vload(a, i, d)
-    return vload_part(a, i, d, min(LANES, a.shape[1] - d))
+def _load(a, i, d, tail):  # pragma: no cover (compiled through `_load_as`)
+    """a[i, d : d + 16] as float32, masked to the row's end when `tail` says D is not whole steps: an f32
+    array's values as they are, an f16 one's (uint16 bits, as the pool holds them) widened."""
+    raise NotImplementedError("_load runs compiled only (`_load_as`)")
+
+
+@overload(_load, inline="always")
+def _load_as(a, i, d, tail):
+    """`_load` for the array type numba has: the one masked load, with the f32 or the f16 lanes."""
+    whole, part = (vload_f16, vload_f16_part) if a.dtype == types.uint16 else (vload, vload_part)
+
+    def load(a, i, d, tail):  # pragma: no cover (compiled)
+        if len(tail) == 0:
+            return whole(a, i, d)
+        return part(a, i, d, min(LANES, a.shape[1] - d))
+
+    return load
 
 
 @njit(inline="always", cache=True)
@@ -1164,14 +1176,6 @@ def _store(a, i, d, tail, v):  # pragma: no cover (compiled)
         vstore(a, i, d, v)
     else:
         vstore_part(a, i, d, min(LANES, a.shape[1] - d), v)
-
-
-@njit(inline="always", cache=True)
-def _load_f16(a, i, d, tail):  # pragma: no cover (compiled)
-    """The f16 values a[i, d : d + 16] widened, masked like `_load`."""
-    if len(tail) == 0:
-        return vload_f16(a, i, d)
-    return vload_f16_part(a, i, d, min(LANES, a.shape[1] - d))
 
 
 @njit(inline="always", cache=True)
@@ -1355,7 +1359,7 @@ def _widen_seq(data, layer, table, g, L, kT, k0, c0, vals, v0, tail):  # pragma:
             _prefetch_block(data[table[blk + 1], layer, 1, g])
         for jj in range(min(B, L - blk * B)):
             for d in range(0, D, LANES):
-                _store(vals, v0 + blk * B + jj, d, tail, _load_f16(vb, jj, d, tail))
+                _store(vals, v0 + blk * B + jj, d, tail, _load(vb, jj, d, tail))
     rows = np.empty((LANES, D), dtype=np.float32)
     for j0 in range(0, L, LANES):
         slot = j0 % B
@@ -1371,7 +1375,7 @@ def _widen_seq(data, layer, table, g, L, kT, k0, c0, vals, v0, tail):  # pragma:
                 continue
             keys = data[table[j // B], layer, 0, g]
             for d in range(0, D, LANES):
-                _store(rows, jj, d, tail, _load_f16(keys, j % B, d, tail))
+                _store(rows, jj, d, tail, _load(keys, j % B, d, tail))
         _transpose(rows, kT, k0, c0 + j0, tail)
 
 
