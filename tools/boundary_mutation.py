@@ -72,10 +72,13 @@ class Mutant:
 
 
 
-def source_of(module: str) -> str:
-    """The module's file in the layout of section 2.1: "kv" -> tl_lab/kv.py, "blocks" -> tl_lab/engine/blocks.py."""
+def source_of(module: str, root: Path = REPO) -> str:
+    """The module's file under `root`: in the layout of section 2.1 ("kv" -> tl_lab/kv.py, "blocks" ->
+    tl_lab/engine/blocks.py), or at the top of tl_lab/ in a tree from before it (a --ref run)."""
     import tl_lab
 
+    if (root / "tl_lab" / f"{module}.py").exists():
+        return f"tl_lab/{module}.py"
     layer = tl_lab._MOVED.get(module)
     return f"tl_lab/{layer + '/' if layer else ''}{module}.py"
 
@@ -168,7 +171,7 @@ def run_tests(root: Path, files: list[str], mark: str | None, budget: float) -> 
 def run_module(root: Path, module: str, files: list[str], budget: float, log, only: set[str] | None = None) -> dict:
     """Run every mutant of `module` against `files`; only: the names of the mutants to run (the others
     are counted killed: a superset of tests that killed them before kills them again)."""
-    path = root / source_of(module)
+    path = root / source_of(module, root)
     text = path.read_text()
     ms = mutants(text)
     counts = {"killed": 0, "survived": 0, "timeout": 0, "error": 0}
@@ -210,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"unknown module {module!r}; known: {', '.join(MODULES)}")
     if args.list:
         for module in args.modules:
-            for m in mutants((REPO / "tl_lab" / f"{module}.py").read_text()):
+            for m in mutants((REPO / source_of(module)).read_text()):
                 print(f"{module} {m.name}: {m.source}")
         return
     root = scratch_tree(args.ref)
@@ -219,7 +222,7 @@ def main(argv: list[str] | None = None) -> None:
         mirror, extra = MODULES[module]
         files = mirror + (extra if args.with_boundaries else [])
         files = [f for f in files if (root / f).exists()]  # an older ref has no boundary files
-        print(f"{module}: {len(mutants((root / 'tl_lab' / f'{module}.py').read_text()))} mutants, tests {files}", flush=True)
+        print(f"{module}: {len(mutants((root / source_of(module, root)).read_text()))} mutants, tests {files}", flush=True)
         only = None
         if args.rerun_survivors_of:
             prior = results["boundary"][args.rerun_survivors_of][module]
