@@ -147,3 +147,22 @@ def test_parity_in_a_child_fails_every_way_the_learners_code_ends_it(tmp_path):
     f.write_text("import os\nos._exit(0)\n", encoding="utf-8")
     code, lines = in_child(ws, ["rng"])
     assert code == 1 and lines[-1].startswith(f"parity: {f}: the process ended (exit code 0) before parity finished")
+
+
+def test_parity_in_a_child_takes_a_learners_keyboard_interrupt_as_a_failure_at_its_line(tmp_path):
+    """Issue #61: a KeyboardInterrupt the learner's sample.py raises (at import, or inside sample()) is a failure
+    naming its file and line, like any BaseException, never the command's own interruption."""
+    from conftest import workspace
+    from tl_lab.lab.exercise.parity import in_child
+    from tl_lab.lab.exercise.stubs import reference_source
+
+    ws = workspace(tmp_path, "reference", ["sample"])
+    f = ws / "sample.py"
+    f.write_text("import sys\n\nraise KeyboardInterrupt('mine')\n", encoding="utf-8")
+    assert in_child(ws, ["rng"]) == (1, [f"parity: {f}:3: KeyboardInterrupt: mine"])
+    ref = reference_source("sample")
+    f.write_text(ref.replace("def sample(", "def sample(*a, **k):\n    raise KeyboardInterrupt('mine')\n\n\ndef _was_sample("),
+                 encoding="utf-8")
+    line = ref[: ref.index("def sample(")].count("\n") + 2
+    code, lines = in_child(ws, ["sampler"])
+    assert code == 1 and lines[-1].endswith(f": raised KeyboardInterrupt: mine at {f}:{line}"), lines

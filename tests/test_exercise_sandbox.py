@@ -133,3 +133,25 @@ def test_a_flood_of_prints_at_import_is_kept_to_a_megabyte(tmp_path):
     out = tmp_path / ".tl_lab" / "check-kv.output.log"
     assert out.is_file() and out.stat().st_size < (1 << 20) + 1000 and "more not kept" in out.read_text()
     assert (tmp_path / ".tl_lab" / "check-kv.log").stat().st_size < 1 << 20
+
+
+def test_check_names_the_line_of_a_learners_keyboard_interrupt_or_sys_exit_at_import(tmp_path):
+    """Issue #61: a kv.py raising KeyboardInterrupt (or SystemExit) at its top level was "does not import" naming
+    the file alone: the sandboxed child knew the learner's files only once imported. Its line is named now, as
+    for an error inside a piece ("raised at FILE:LINE in KvPool.alloc")."""
+    from tl_lab.lab.exercise.stubs import reference_source
+
+    f = tmp_path / "kv.py"
+    for error in ("KeyboardInterrupt", "SystemExit"):
+        f.write_text(reference_source("kv") + f"\nraise {error}('mine')\n", encoding="utf-8")
+        line = f.read_text().count("\n")
+        r = _check(tmp_path)
+        assert r.returncode == 1 and "kv       does not import" in r.stdout, r.stdout + r.stderr
+        assert f"{f}:{line}: E   {error}: mine" in r.stdout, r.stdout
+    text = reference_source("kv")
+    f.write_text(text.replace("    def alloc(self", "    def alloc(self, *a, **k):\n        raise KeyboardInterrupt('mine')\n\n"
+                              "    def _was_alloc(self", 1), encoding="utf-8")
+    line = text[: text.index("    def alloc(self")].count("\n") + 2
+    r = _check(tmp_path)
+    assert r.returncode == 1 and "kv       failed" in r.stdout, r.stdout + r.stderr
+    assert f"raised at {f}:{line} in KvPool.alloc" in r.stdout, r.stdout

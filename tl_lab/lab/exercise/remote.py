@@ -417,8 +417,12 @@ def serve(rfd: int, wfd: int) -> None:
     from tl_lab.lab.exercise.workspace import install_from_env
 
     install_from_env()
-    learner = proxied(m for m in os.environ.get("TL_LAB_EXERCISE_USE", "").split(",") if m in MODULES)
-    _Server(os.fdopen(rfd, "rb"), os.fdopen(wfd, "wb"), learner).loop()
+    use = [m for m in os.environ.get("TL_LAB_EXERCISE_USE", "").split(",") if m in MODULES]
+    server = _Server(os.fdopen(rfd, "rb"), os.fdopen(wfd, "wb"), proxied(use))
+    ws = os.environ.get("TL_LAB_WORKSPACE", "")
+    if ws:  # the learner's files before their import: what one raises at import (or loops in) names its line
+        server.files.update(os.path.join(ws, f"{m}.py") for m in use)
+    server.loop()
 
 
 # ---------------------------------------------------------------- the parent: the tests' side

@@ -1013,8 +1013,8 @@ def _side(module: str, qualname: str, label: str, code, filename: str, learner_f
             value[1] = "NotImplementedError"
         except RecursionError as exc:
             value = raised(exc, learner_file)
-        except Exception as exc:  # noqa: BLE001: the error is the observation
-            value = raised(exc, learner_file)
+        except BaseException as exc:  # noqa: BLE001: the error is the observation (a KeyboardInterrupt or
+            value = raised(exc, learner_file)  # SystemExit the learner's code raised too: was the child's end)
         got.append(value)
     return {"label": label, "import_error": None, "cases": got}
 
