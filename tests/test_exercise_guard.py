@@ -167,6 +167,7 @@ def test_a_module_whose_trial_looped_is_never_imported_again_in_this_process(tmp
     t0 = time.perf_counter()
     faults = guard.trial(ws, ["sample"])
     assert set(faults) == {"sample"} and faults["sample"].error == "ran longer than 3 s"
+    assert faults["sample"].at in (f"{ws / 'sample.py'}:1", f"{ws / 'sample.py'}:2")  # its line (was: the file alone)
     assert time.perf_counter() - t0 < 20
     assert "did not finish its trial" in faults["sample"].lines()[0]
     assert side.yours_or_none("sample", ws) is None  # was: imported again here, and hung
