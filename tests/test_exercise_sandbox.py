@@ -177,7 +177,7 @@ def test_every_path_that_runs_a_learners_code_says_once_that_it_is_unsandboxed(t
     from conftest import workspace
     from tl_lab.lab.exercise import guard, parity, tries
 
-    ws = workspace(tmp_path, "reference", ["quant", "sample"])
+    ws = workspace(tmp_path, "reference", ["kv", "quant", "sample"])
     said = []
     for name, go in [("guard", lambda: guard.trial(ws, ["quant"]) == {}),
                      ("parity", lambda: parity.in_child(ws, ["rng"])[0] == 0),
@@ -188,13 +188,13 @@ def test_every_path_that_runs_a_learners_code_says_once_that_it_is_unsandboxed(t
         err = capsys.readouterr().err
         said.append((name, err.count(UNSANDBOXED), [s for s in err.splitlines() if "UNSANDBOXED" in s]))
     assert said == [(name, 1, [UNSANDBOXED]) for name in ("guard", "parity", "try")]
-    r = _check(tmp_path / "ws", "quant")  # the command: on its stderr, once (its pytest run's own goes to the log)
+    r = _check(tmp_path / "ws", "kv", timeout=300)  # the command: on its stderr, once (its run's own goes to the log)
     assert r.returncode == 0 and r.stderr.count(UNSANDBOXED) == 1 and UNSANDBOXED not in r.stdout, r.stdout + r.stderr
 
 
 def test_unsandboxed_runs_keep_their_bounds(tmp_path, no_sandbox, capsys):
     """Without bubblewrap the time limit, the output cap and the whole group's end still hold."""
-    r = sandbox.run([sys.executable, "-c", "import sys, time\nsys.stdout.write('x' * 3000)\ntime.sleep(60)"],
+    r = sandbox.run([sys.executable, "-c", "import sys, time\nsys.stdout.write('x' * 3000)\nsys.stdout.flush()\ntime.sleep(60)"],
                     workspace=tmp_path, timeout=2, output_cap=1000)
     assert r.timed_out and not r.sandboxed and r.stdout.startswith("x" * 1000) and "2000 bytes more not kept" in r.stdout
     assert "TL_LAB_SANDBOX=off" in r.note and capsys.readouterr().err == UNSANDBOXED + "\n"
