@@ -537,3 +537,64 @@ def test_in_process_grade_writes_a_row_for_each_learner_whatever_happens_to_anot
     rows = gradebook.grade([ann, bob], tmp_path / "g.csv", timeout=60, ref_deps=False, say=lambda line: None)
     assert [(r["workspace"], r["verdict"]) for r in rows] == [(str(ann), "failed"), (str(bob), "passed")]
     assert len((tmp_path / "g.csv").read_text().splitlines()) == 3
+
+
+def _sample_raising(ws, body: str):
+    """The workspace's sample.py (the reference) with `sample()` replaced by `body`'s lines -> (file, the
+    line number of body's first line)."""
+    f = ws / "sample.py"
+    ref = reference_source("sample")
+    head = "def sample(*a, **k):\n"
+    text = ref.replace("def sample(", head + "".join(f"    {s}\n" for s in body.splitlines()) + "\n\ndef _was_sample(", 1)
+    f.write_text(text, encoding="utf-8")
+    return f, text[: text.index(head)].count("\n") + 2
+
+
+def test_generate_takes_a_learners_keyboard_interrupt_as_their_error_and_a_real_ctrl_c_as_130(tmp_path):
+    """Issue #61: a `raise KeyboardInterrupt` in the learner's sample() under TL_LAB_WORKSPACE was "interrupted",
+    exit 130, as if the user had pressed Ctrl-C. It is their error now (exit 4, their file and line); a real
+    Ctrl-C (SIGINT) while their code runs still stops the command with 130."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from tl_lab.lab.exercise.workspace import REPO_ROOT
+
+    ws = workspace(tmp_path, "reference", ["sample"])
+    f, line = _sample_raising(ws, "raise KeyboardInterrupt('mine')")
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TL_LAB_WORKSPACE": str(ws)}
+    argv = [sys.executable, "-m", "tl_lab", "generate", "--model", "bigram", "--prompt", "ab", "--max-tokens", "2"]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 4 and len(p.stderr.splitlines()) == 1, p.stderr
+    assert f"raised at {f}:{line} in sample: KeyboardInterrupt: mine" in p.stderr, p.stderr
+    ready = tmp_path / "ready"
+    _sample_raising(ws, f"import pathlib, time\npathlib.Path({str(ready)!r}).touch()\ntime.sleep(60)")
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        t0 = time.monotonic()
+        while not ready.exists() and time.monotonic() - t0 < 60:
+            time.sleep(0.05)
+        p.send_signal(signal.SIGINT)  # the user's Ctrl-C, landing in the learner's code
+        _, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 130 and err == "interrupted\n", err
+
+
+def test_try_takes_a_learners_keyboard_interrupt_as_the_cases_error(tmp_path):
+    """Issue #61: a KeyboardInterrupt (or SystemExit) the learner's piece raised ended `exercise try`'s child:
+    "ran longer than 60 s or crashed: the run ended without a verdict (exit code 130)". Each case now says
+    it raised, at the learner's file and line, as any error."""
+    from tl_lab.lab.exercise.tries import try_piece
+
+    ws = workspace(tmp_path, "reference", ["sample"])
+    f, line = _sample_raising(ws, "raise KeyboardInterrupt('mine')")
+    res = try_piece("sample.sample", ws)
+    assert not res.passed and res.note == "", res.note
+    mine = [c for c in res.cases if c.yours[:5] == ["raised", "KeyboardInterrupt", "mine", str(f), line]]
+    assert mine and all(not c.ok for c in mine) and "yours raised KeyboardInterrupt" in mine[0].difference()
+    f.write_text(reference_source("sample") + "\nraise KeyboardInterrupt('at import')\n", encoding="utf-8")
+    n = f.read_text().count("\n")
+    res = try_piece("sample.sample", ws)
+    assert res.note == f"your sample.py does not import: {f}:{n}: KeyboardInterrupt: at import", res.note

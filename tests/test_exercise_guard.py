@@ -167,9 +167,30 @@ def test_a_module_whose_trial_looped_is_never_imported_again_in_this_process(tmp
     t0 = time.perf_counter()
     faults = guard.trial(ws, ["sample"])
     assert set(faults) == {"sample"} and faults["sample"].error == "ran longer than 3 s"
+    assert faults["sample"].at in (f"{ws / 'sample.py'}:1", f"{ws / 'sample.py'}:2")  # its line (was: the file alone)
     assert time.perf_counter() - t0 < 20
     assert "did not finish its trial" in faults["sample"].lines()[0]
     assert side.yours_or_none("sample", ws) is None  # was: imported again here, and hung
     assert "failed its trial in this kernel's first cell" in capsys.readouterr().out
     (ws / "sample.py").write_text("X = 1\n", encoding="utf-8")  # edited since: the new text is not the one tried
     assert side.yours("sample", ws).X == 1
+
+
+def test_guard_trial_takes_a_learners_keyboard_interrupt_as_its_fault_at_its_line(tmp_path):
+    """Issue #61: a KeyboardInterrupt raised by the learner's quant.py (at import, or in a piece the trial calls)
+    is the module's fault at its file and line, like any error: the notebook runs the reference in its place."""
+    from conftest import workspace
+    from tl_lab.lab.exercise import guard
+    from tl_lab.lab.exercise.stubs import reference_source
+
+    ws = workspace(tmp_path, "reference", ["quant"])
+    f = ws / "quant.py"
+    ref = reference_source("quant")
+    f.write_text(ref + "\nraise KeyboardInterrupt('mine')\n", encoding="utf-8")
+    fault = guard.trial(ws, ["quant"])["quant"]
+    assert (fault.at, fault.function, fault.error) == (f"{f}:{ref.count(chr(10)) + 2}", "(import)", "KeyboardInterrupt: mine")
+    f.write_text(ref.replace("def f32_to_f16(", "def f32_to_f16(*a, **k):\n    raise KeyboardInterrupt('mine')\n\n\n"
+                             "def _was_f32_to_f16(", 1), encoding="utf-8")
+    fault = guard.trial(ws, ["quant"])["quant"]
+    line = ref[: ref.index("def f32_to_f16(")].count("\n") + 2
+    assert (fault.at, fault.function, fault.error) == (f"{f}:{line}", "f32_to_f16", "KeyboardInterrupt: mine")

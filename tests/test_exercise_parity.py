@@ -143,7 +143,28 @@ def test_parity_in_a_child_fails_every_way_the_learners_code_ends_it(tmp_path):
     assert code == 1 and lines[-1].startswith(f"parity: {f}:") and "CaseTimeout: ran longer than 0.5 s" in lines[-1]
     f.write_text("import signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\nwhile True:\n    pass\n", encoding="utf-8")
     code, lines = in_child(ws, ["rng"], case_seconds=0.5, timeout=4)  # the alarm ignored: the wall clock ends it
-    assert code == 1 and lines == [f"parity: {f}: ran longer than 4 s, so it was stopped (a loop that ignores the 0.5 s alarm?)"]
+    # the line it looped at, from the child's stack dumped shortly before the end (was: the file alone)
+    assert code == 1 and lines in ([f"parity: {f}:{n} in (import): ran longer than 4 s, so it was stopped (a loop that "
+                                    "ignores the 0.5 s alarm?)"] for n in (3, 4)), lines
     f.write_text("import os\nos._exit(0)\n", encoding="utf-8")
     code, lines = in_child(ws, ["rng"])
     assert code == 1 and lines[-1].startswith(f"parity: {f}: the process ended (exit code 0) before parity finished")
+
+
+def test_parity_in_a_child_takes_a_learners_keyboard_interrupt_as_a_failure_at_its_line(tmp_path):
+    """Issue #61: a KeyboardInterrupt the learner's sample.py raises (at import, or inside sample()) is a failure
+    naming its file and line, like any BaseException, never the command's own interruption."""
+    from conftest import workspace
+    from tl_lab.lab.exercise.parity import in_child
+    from tl_lab.lab.exercise.stubs import reference_source
+
+    ws = workspace(tmp_path, "reference", ["sample"])
+    f = ws / "sample.py"
+    f.write_text("import sys\n\nraise KeyboardInterrupt('mine')\n", encoding="utf-8")
+    assert in_child(ws, ["rng"]) == (1, [f"parity: {f}:3: KeyboardInterrupt: mine"])
+    ref = reference_source("sample")
+    f.write_text(ref.replace("def sample(", "def sample(*a, **k):\n    raise KeyboardInterrupt('mine')\n\n\ndef _was_sample("),
+                 encoding="utf-8")
+    line = ref[: ref.index("def sample(")].count("\n") + 2
+    code, lines = in_child(ws, ["sampler"])
+    assert code == 1 and lines[-1].endswith(f": raised KeyboardInterrupt: mine at {f}:{line}"), lines

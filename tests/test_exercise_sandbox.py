@@ -32,11 +32,11 @@ CHEATS = {
 }
 
 
-def _check(ws: Path, module: str = "kv") -> subprocess.CompletedProcess:
+def _check(ws: Path, module: str = "kv", timeout: float = 60) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "TL_LAB_WORKSPACE"}
     env["PYTHONPATH"] = str(REPO_ROOT)
     return subprocess.run([sys.executable, "-m", "tl_lab", "exercise", "check", module, "--workspace", str(ws),
-                           "--timeout", "60"], capture_output=True, text=True, env=env, timeout=600, cwd=REPO_ROOT)
+                           "--timeout", f"{timeout:g}"], capture_output=True, text=True, env=env, timeout=600, cwd=REPO_ROOT)
 
 
 @pytest.mark.parametrize("cheat", sorted(CHEATS))
@@ -133,3 +133,115 @@ def test_a_flood_of_prints_at_import_is_kept_to_a_megabyte(tmp_path):
     out = tmp_path / ".tl_lab" / "check-kv.output.log"
     assert out.is_file() and out.stat().st_size < (1 << 20) + 1000 and "more not kept" in out.read_text()
     assert (tmp_path / ".tl_lab" / "check-kv.log").stat().st_size < 1 << 20
+
+
+def test_check_names_the_line_of_a_learners_keyboard_interrupt_or_sys_exit_at_import(tmp_path):
+    """Issue #61: a kv.py raising KeyboardInterrupt (or SystemExit) at its top level was "does not import" naming
+    the file alone: the sandboxed child knew the learner's files only once imported. Its line is named now, as
+    for an error inside a piece ("raised at FILE:LINE in KvPool.alloc")."""
+    from tl_lab.lab.exercise.stubs import reference_source
+
+    f = tmp_path / "kv.py"
+    for error in ("KeyboardInterrupt", "SystemExit"):
+        f.write_text(reference_source("kv") + f"\nraise {error}('mine')\n", encoding="utf-8")
+        line = f.read_text().count("\n")
+        r = _check(tmp_path)
+        assert r.returncode == 1 and "kv       does not import" in r.stdout, r.stdout + r.stderr
+        assert f"{f}:{line}: E   {error}: mine" in r.stdout, r.stdout
+    text = reference_source("kv")
+    f.write_text(text.replace("    def alloc(self", "    def alloc(self, *a, **k):\n        raise KeyboardInterrupt('mine')\n\n"
+                              "    def _was_alloc(self", 1), encoding="utf-8")
+    line = text[: text.index("    def alloc(self")].count("\n") + 2
+    r = _check(tmp_path)
+    assert r.returncode == 1 and "kv       failed" in r.stdout, r.stdout + r.stderr
+    assert f"raised at {f}:{line} in KvPool.alloc" in r.stdout, r.stdout
+
+
+UNSANDBOXED = (f"note: the learner's code runs UNSANDBOXED here ({sandbox.ENV_SANDBOX}=off): it can read and write what "
+               "you can; time, memory and process limits still hold")
+
+
+@pytest.fixture
+def no_sandbox(monkeypatch):
+    """The path of a machine without a working bubblewrap (macOS, no user namespaces): TL_LAB_SANDBOX=off, and
+    this process has not said so yet."""
+    monkeypatch.setenv(sandbox.ENV_SANDBOX, "off")
+    monkeypatch.setattr(sandbox, "_said", set())
+    assert sandbox.bwrap() is None
+
+
+def test_every_path_that_runs_a_learners_code_says_once_that_it_is_unsandboxed(tmp_path, no_sandbox, capsys, monkeypatch):
+    """Issue #61: "the check still runs, says once that it is unsandboxed, and keeps the process and resource
+    limits". The notebook guard, parity and try said nothing (and check neither): each path now says it, in
+    one line, the same words (sandbox.say_unsandboxed), once a process."""
+    from conftest import workspace
+    from tl_lab.lab.exercise import guard, parity, tries
+
+    ws = workspace(tmp_path, "reference", ["kv", "quant", "sample"])
+    said = []
+    for name, go in [("guard", lambda: guard.trial(ws, ["quant"]) == {}),
+                     ("parity", lambda: parity.in_child(ws, ["rng"])[0] == 0),
+                     ("try", lambda: tries.try_piece("quant.f32_to_f16", ws).passed)]:
+        monkeypatch.setattr(sandbox, "_said", set())
+        assert go(), name
+        assert go(), name  # twice: said once
+        err = capsys.readouterr().err
+        said.append((name, err.count(UNSANDBOXED), [s for s in err.splitlines() if "UNSANDBOXED" in s]))
+    assert said == [(name, 1, [UNSANDBOXED]) for name in ("guard", "parity", "try")]
+    r = _check(tmp_path / "ws", "kv", timeout=300)  # the command: on its stderr, once (its run's own goes to the log)
+    assert r.returncode == 0 and r.stderr.count(UNSANDBOXED) == 1 and UNSANDBOXED not in r.stdout, r.stdout + r.stderr
+
+
+def test_unsandboxed_runs_keep_their_bounds(tmp_path, no_sandbox, capsys):
+    """Without bubblewrap the time limit, the output cap and the whole group's end still hold."""
+    r = sandbox.run([sys.executable, "-c", "import sys, time\nsys.stdout.write('x' * 3000)\nsys.stdout.flush()\ntime.sleep(60)"],
+                    workspace=tmp_path, timeout=2, output_cap=1000)
+    assert r.timed_out and not r.sandboxed and r.stdout.startswith("x" * 1000) and "2000 bytes more not kept" in r.stdout
+    assert "TL_LAB_SANDBOX=off" in r.note and capsys.readouterr().err == UNSANDBOXED + "\n"
+
+
+def test_a_loop_in_the_learners_code_is_named_at_its_line(tmp_path):
+    """Issue #61: a kv.py that loops forever (at its top level, or in a piece) was stopped, and named by its
+    file alone: the loop runs in the sandboxed child, stopped from the tests' process. The child now dumps its
+    stack (faulthandler) a little before the limit, and the row names the line (sandbox.stuck_at)."""
+    from tl_lab.lab.exercise.stubs import reference_source
+
+    f, text = tmp_path / "kv.py", reference_source("kv")
+    f.write_text(text + "\ni = 0\nwhile True:\n    i += 1\n", encoding="utf-8")
+    r = _check(tmp_path, timeout=3)  # the collection's limit: COLLECT_FLOOR (30 s)
+    assert r.returncode == 1 and "kv       does not import" in r.stdout, r.stdout + r.stderr
+    lines = {text.count("\n") + 3, text.count("\n") + 4}  # the while, or its body
+    assert any(f"{f}:{n}: E   TestTimeout: importing the modules ran longer than" in r.stdout for n in lines), r.stdout
+    f.write_text(text.replace("    def alloc(self", "    def alloc(self, *a, **k):\n        while True:\n            pass\n\n"
+                              "    def _was_alloc(self", 1), encoding="utf-8")
+    line = text[: text.index("    def alloc(self")].count("\n") + 2
+    r = _check(tmp_path, timeout=3)
+    assert r.returncode == 1 and "TestTimeout: the test ran longer than 3 s" in r.stdout, r.stdout + r.stderr
+    assert any(f"stopped at {f}:{n} in KvPool.alloc" in r.stdout for n in (line, line + 1)), r.stdout
+
+
+def test_stuck_at_reads_the_learners_innermost_frame_of_the_last_dump(tmp_path):
+    f = tmp_path / "kv.py"
+    f.write_text("class KvPool:\n    def alloc(self):\n        while True:\n            pass\n", encoding="utf-8")
+    dump = ("Timeout (0:00:01)!\nThread 0x1 (most recent call first):\n  File \"/elsewhere.py\", line 9 in f\n"
+            "Timeout (0:00:02)!\nThread 0x1 (most recent call first):\n  File \"/numpy/x.py\", line 5 in g\n"
+            f"  File \"{f}\", line 4 in alloc\n  File \"{f}\", line 9 in <module>\n")
+    assert sandbox.stuck_at(dump, [f]) == (str(f), 4, "KvPool.alloc")
+    assert sandbox.stuck_at(dump.replace("line 4 in alloc", "line 4 in <module>"), [f]) == (str(f), 4, "(import)")
+    assert sandbox.stuck_at(dump, [tmp_path / "other.py"]) is None and sandbox.stuck_at("", [f]) is None
+
+
+def test_try_names_the_line_a_learners_module_loops_at(tmp_path):
+    """Issue #61: `exercise try` of a module that loops at its import said "ran longer than 60 s" alone;
+    now the file and line too (the child's stack, dumped a little before its limit)."""
+    from conftest import workspace
+    from tl_lab.lab.exercise.stubs import reference_source
+    from tl_lab.lab.exercise.tries import try_piece
+
+    ws = workspace(tmp_path, "reference", ["quant"])
+    text = reference_source("quant") + "\nwhile True:\n    pass\n"
+    (ws / "quant.py").write_text(text, encoding="utf-8")
+    res = try_piece("quant.f32_to_f16", ws, seconds=4)
+    n = text.count("\n")
+    assert not res.passed and any(f"ran longer than 4 s at {ws / 'quant.py'}:{k} in (import)" in res.note
+                                  for k in (n - 1, n)), res.note

@@ -18,7 +18,9 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -36,7 +38,7 @@ EXIT_CODES = {
                 "that is not valid UTF-8 or does not fit the context",
     EXIT_OUTPUT: "the output could not be written (stdout closed, a full disk)",
     EXIT_BUG: "an internal error: a bug in tl_lab, or one in a learner's module of TL_LAB_WORKSPACE (its "
-              "error, SystemExit, MemoryError or OSError, or a token id outside the vocabulary from its sample(): "
+              "error, SystemExit, KeyboardInterrupt, MemoryError or OSError, or a token id outside the vocabulary from its sample(): "
               "the line then names its file and line, or the learner's modules that ran); TL_LAB_TRACEBACK=1 "
               "shows the traceback",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
@@ -568,18 +570,36 @@ class _Stdout:
         return getattr(self.stream, name)
 
 
+_sigints = [0]  # SIGINTs (Ctrl-C) this process received while a command ran under `_on_sigint`
+
+
+def _on_sigint(signum, frame):
+    """Python's own SIGINT handler (it raises KeyboardInterrupt), counting the signal: a KeyboardInterrupt
+    with no SIGINT behind it was raised by code (a learner's `raise KeyboardInterrupt`), not by the user."""
+    _sigints[0] += 1
+    signal.default_int_handler(signum, frame)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command; return its exit code (EXIT_CODES). argparse's own errors exit 2 through SystemExit."""
     stdout = sys.stdout
     sys.stdout = _Stdout(stdout)
+    counting = (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+    if counting:
+        signal.signal(signal.SIGINT, _on_sigint)
+    seen = _sigints[0]
     try:
-        return _main(argv)
+        return _main(argv, lambda: counting and _sigints[0] == seen)
     finally:
+        if counting and signal.getsignal(signal.SIGINT) is _on_sigint:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         if isinstance(sys.stdout, _Stdout):
             sys.stdout = stdout
 
 
-def _main(argv: list[str] | None) -> int:
+def _main(argv: list[str] | None, no_sigint=lambda: False) -> int:
+    """`no_sigint()`: True when no SIGINT came during the command (so a KeyboardInterrupt was raised by code)."""
     try:
         _pitfall_env()
         args = _parser().parse_args(argv)
@@ -591,7 +611,13 @@ def _main(argv: list[str] | None) -> int:
     except BrokenPipeError:
         _silence_stdout()
         return EXIT_OK
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        # a learner's `raise KeyboardInterrupt` under TL_LAB_WORKSPACE is their error (exit 4, their file and line),
+        # never taken for the user's Ctrl-C; a real Ctrl-C (a SIGINT came) stays 130 wherever it lands
+        learner = _learners_fault(exc) if no_sigint() else None
+        if learner is not None:
+            _err(f"error: {clip(learner)}")
+            return EXIT_BUG
         _err("interrupted")
         return EXIT_INTERRUPTED
     except SystemExit as exc:  # argparse: --help (0) or a usage error it has already printed (2)

@@ -198,7 +198,9 @@ def _row(module: str, f: Path, uses: dict, data: dict | None, log: Path, seconds
         last = [s for s in text.strip().splitlines() if s.strip()][-1]
         errors = [s[1:].strip() for s in text.splitlines() if s.startswith("E ")]  # pytest's own lines, not its boilerplate
         said = re.sub(r"^ImportError: tl_lab\.\w+ raised at import: ", "", errors[-1]) if errors else last.strip()
-        row.message = f"{f}:{at[-1]}: {last.strip()}" if at else f"{f}: {said}" if errors else _shorten(text)
+        # the proxy's ImportError names the place already ("FILE:LINE in (import): tl_lab.kv raised at import: ")
+        last = re.sub(r"^(E\s+)ImportError: \S+:\d+ in [^:]+: tl_lab\.\w+ raised at import: ", r"\1", last.strip())
+        row.message = f"{f}:{at[-1]}: {last}" if at else f"{f}: {said}" if errors else _shorten(text)
         row.hint = "the module fails when imported; the other modules are still checked"
         if "TestTimeout" in text:  # the collection's limit (tl_lab.lab.exercise.plugin)
             row.hint = f"importing {f.name} never ended (a loop at its top level?); the other modules are still checked"
@@ -223,8 +225,9 @@ def _row(module: str, f: Path, uses: dict, data: dict | None, log: Path, seconds
         return row
     row.first_failure = failing["chapter_test"] or failing["nodeid"]
     row.message = f"{failing['nodeid'].split('::')[-1]}: {_shorten(failing['message'])}"
-    if failing.get("at"):  # raised inside the learner's code (tl_lab.lab.exercise.plugin)
-        row.message += f"\nraised at {failing['at']}"
+    if failing.get("at"):  # raised inside the learner's code, or stopped there at the limit (tl_lab.lab.exercise.plugin)
+        how = "stopped" if "TestTimeout" in failing["message"] else "raised"
+        row.message += f"\n{how} at {failing['at']}"
     if not_run:
         row.message += (f"\nnot run after it: {not_run} of its chapter tests "
                         f"(a module's first test past the limit ends its check)")
@@ -274,6 +277,9 @@ def check(workspace: Path, modules=None, ref_deps: bool = False, timeout: float 
                 row = Row(m, "blocked", str(f), uses, message=f"blocked by {', '.join(blocked)} (not passing)",
                           hint=f"pass {', '.join(blocked)} first, or check with --ref-deps to borrow the reference")
             else:
+                from tl_lab.lab.exercise.sandbox import say_unsandboxed
+
+                say_unsandboxed()  # here, once: the pytest run's own note goes to its log
                 data, log, seconds = _run(workspace, m, [d for d, how in uses.items() if how == "learner"], timeout)
                 row = _row(m, f, uses, data, log, seconds, timeout)
         row.digest = digest

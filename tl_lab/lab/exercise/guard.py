@@ -194,6 +194,7 @@ def blame(exc: BaseException, workspace: Path, tried: str) -> Fault:
 def _main(argv: list[str]) -> int:
     """The trial process: `tl_lab` has installed the workspace (TL_LAB_WORKSPACE, TL_LAB_EXERCISE_USE);
     try each module asked for, in the chapter's order; print the first Fault (or none) on the last line."""
+    sandbox.arm_stack()  # a loop that never ends: its line, for the parent, from the stack dumped before the limit
     workspace, asked = Path(argv[0]), argv[1:]
     verdict = None
     for m in [m for m in MODULES if m in asked]:
@@ -249,11 +250,14 @@ def _one_trial(workspace: Path, modules: list[str]) -> Fault | None:
     # learner's prints held in the kernel); numba's cache the one place it writes, as in a check
     cache = sandbox.numba_cache(workspace)
     env.update({"NUMBA_CACHE_DIR": str(cache), "PYTHONDONTWRITEBYTECODE": "1"})
-    r = sandbox.run(cmd, workspace=workspace, env=env, timeout=TIMEOUT, writable=[cache])
+    r = sandbox.run(cmd, workspace=workspace, env=env, timeout=TIMEOUT, writable=[cache], stack=True)
     out, err = r.stdout, r.stderr
     if r.timed_out:
         m = _last_tried(out, modules)
-        return Fault(m, str(workspace / f"{m}.py"), None, "(its trial)", f"ran longer than {TIMEOUT:g} s",
+        files = {str(workspace / f"{x}.py"): x for x in MODULES}
+        where = sandbox.stuck_at(r.stack, files)  # the line it was looping at (its stack, dumped before the limit)
+        file, line = where[:2] if where else (str(workspace / f"{m}.py"), None)
+        return Fault(files.get(file, m), file, line, "(its trial)", f"ran longer than {TIMEOUT:g} s",
                      f"a loop that never ends? {command('check', m, workspace=workspace)} names the test")
     # the learner's print(..., end="") may leave the verdict's line begun: look for the mark anywhere in it
     verdict = next((s[s.rindex(MARK) + len(MARK):] for s in reversed(out.splitlines()) if MARK in s), None)

@@ -190,6 +190,9 @@ def _main(argv: list[str]) -> int:
     """The child: the learner's sample.py of workspace argv[0] imported (SIGALRM after argv[1] seconds), then
     the suites; each report line on stdout after MARK, the exit code last ("code N")."""
     global CASE_SECONDS
+    from tl_lab.lab.exercise.sandbox import arm_stack
+
+    arm_stack()  # a loop that ignores the alarm: the parent still learns its line, from the stack dumped before its end
     from tl_lab.lab.exercise.guard import blame
     from tl_lab.lab.exercise.workspace import install
 
@@ -230,7 +233,7 @@ def in_child(ws: Path, suites, *, case_seconds: float = CASE_SECONDS, timeout: f
     for k in ("TL_LAB_PITFALL", ENV_USE):
         env.pop(k, None)
     r = sandbox.run([sys.executable, "-m", "tl_lab.lab.exercise.parity", str(ws), repr(float(case_seconds)), *suites],
-                    workspace=ws, timeout=timeout, env=env)
+                    workspace=ws, timeout=timeout, env=env, stack=True)
     lines = []
     for s in r.stdout.splitlines():
         if MARK in s:
@@ -240,8 +243,10 @@ def in_child(ws: Path, suites, *, case_seconds: float = CASE_SECONDS, timeout: f
                 continue
     code = next((int(s.split()[1]) for s in lines if s.startswith("code ")), None)
     lines = [s for s in lines if not s.startswith("code ")]
-    if r.timed_out:
-        return 1, [*lines, f"parity: {f}: ran longer than {timeout:g} s, so it was stopped (a loop that ignores "
+    if r.timed_out:  # where it was looping: the child's stack, dumped a little before the end (`sandbox.stuck_at`)
+        where = sandbox.stuck_at(r.stack, [f])
+        at = f"{f}:{where[1]} in {where[2]}" if where else str(f)
+        return 1, [*lines, f"parity: {at}: ran longer than {timeout:g} s, so it was stopped (a loop that ignores "
                            f"the {case_seconds:g} s alarm?)"]
     if code is None:  # no verdict: the learner's code ended the process (os._exit, a signal, a crash)
         tail = (r.stderr.strip().splitlines() or ["no output"])[-1][:300]

@@ -325,6 +325,8 @@ class _Server:
                 self.sent.pop(rid, None)
             vals = self.vals = pickle.loads(blobs[1])
             before = [_digest(v) for v in vals]
+            dump = meta.get("dump")  # seconds: our stack into the stack pipe, shortly before the tests' time-out
+            armed = isinstance(dump, (int, float)) and dump > 0 and _arm_stack(dump)
             out: list = []
             try:
                 ran = True
@@ -340,6 +342,8 @@ class _Server:
                 out = []
                 answer = {"exc": self.exc(e)}
                 e = None
+            if armed:
+                _arm_stack(0)
             answer["cb"] = []
             for k, v in enumerate(vals):
                 if _digest(v) != before[k]:
@@ -384,6 +388,12 @@ class _Server:
         raise pickle.UnpicklingError(f"unknown persistent id {kind!r}")
 
 
+def _arm_stack(seconds: float) -> bool:
+    from tl_lab.lab.exercise.sandbox import arm_stack
+
+    return arm_stack(seconds)
+
+
 def _plain_read(req) -> bool:
     """A request that runs no code of anyone's: an attribute held in an object's (or module's) __dict__."""
     try:
@@ -417,8 +427,12 @@ def serve(rfd: int, wfd: int) -> None:
     from tl_lab.lab.exercise.workspace import install_from_env
 
     install_from_env()
-    learner = proxied(m for m in os.environ.get("TL_LAB_EXERCISE_USE", "").split(",") if m in MODULES)
-    _Server(os.fdopen(rfd, "rb"), os.fdopen(wfd, "wb"), learner).loop()
+    use = [m for m in os.environ.get("TL_LAB_EXERCISE_USE", "").split(",") if m in MODULES]
+    server = _Server(os.fdopen(rfd, "rb"), os.fdopen(wfd, "wb"), proxied(use))
+    ws = os.environ.get("TL_LAB_WORKSPACE", "")
+    if ws:  # the learner's files before their import: what one raises at import (or loops in) names its line
+        server.files.update(os.path.join(ws, f"{m}.py") for m in use)
+    server.loop()
 
 
 # ---------------------------------------------------------------- the parent: the tests' side
@@ -511,12 +525,14 @@ class Connection:
 
         p2c_r, p2c_w = os.pipe()
         c2p_r, c2p_w = os.pipe()
+        stack_r, stack_w = os.pipe()  # the child's stack, dumped shortly before a request's time-out (`_stuck_at`)
         cache = sandbox.numba_cache(self.workspace)
         writable = [cache]
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TL_LAB_EXERCISE_", "PYTEST_"))}
         env.pop("TL_LAB_PITFALL", None)
         env.update({ENV: str(self.workspace), ENV_USE: ",".join(self.use), "NUMBA_CACHE_DIR": str(cache),
-                    "PYTHONPATH": str(REPO_ROOT), "PYTHONDONTWRITEBYTECODE": "1", "TMPDIR": "/tmp"})
+                    "PYTHONPATH": str(REPO_ROOT), "PYTHONDONTWRITEBYTECODE": "1", "TMPDIR": "/tmp",
+                    sandbox.ENV_STACK: f"{stack_w} 0"})
         hide = [REPO_ROOT / ".git", REPO_ROOT / "tl_lab" / f"{self.module}.py"]
         argv = [sys.executable, "-c", "import sys; from tl_lab.lab.exercise.remote import serve; "
                                       f"serve({p2c_r}, {c2p_w})"]
@@ -528,7 +544,11 @@ class Connection:
 
         self.proc = sandbox.spawn(argv, workspace=self.workspace, writable=writable, hide=hide, env=env, readable=readable,
                                   timeout=min(self.timeout * 50, 86400), cwd=self.workspace, stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, pass_fds=(p2c_r, c2p_w))
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, pass_fds=(p2c_r, c2p_w, stack_w))
+        os.close(stack_w)
+        self._stack = bytearray()
+        self._stack_thread = threading.Thread(target=sandbox._stack_reader, args=(stack_r, self._stack), daemon=True)
+        self._stack_thread.start()
         # the learner's prints: at most OUTPUT_CAP bytes kept, in the file TL_LAB_EXERCISE_OUTPUT names (else stderr)
         self._output = threading.Thread(target=self._keep_output, daemon=True)
         self._output.start()
@@ -599,7 +619,7 @@ class Connection:
                 p.dump(req)
             except (pickle.PicklingError, TypeError, AttributeError) as exc:
                 raise TypeError(f"cannot pass this to the learner's code across the sandbox: {exc}") from None
-            meta = {"free": self.freed[:], "forget": self.forget[:], "push": []}
+            meta = {"free": self.freed[:], "forget": self.forget[:], "push": [], "dump": _dump_at()}
             self.freed.clear()
             self.forget.clear()
             blobs = [buf.getvalue(), pickle.dumps(vals, protocol=pickle.HIGHEST_PROTOCOL)]
@@ -640,6 +660,12 @@ class Connection:
                                       " (os._exit, a crash, or the memory limit?)") from None
                 if isinstance(exc, (ProtocolError, ValueError, KeyError, IndexError, TypeError, struct.error)):
                     raise LearnerGone(f"the learner's process sent an answer we cannot read: {exc}") from None
+                at = self._stuck_at()  # a time-out: where the learner's code was looping, from its stack
+                if at and not getattr(exc, "learner_at", ""):
+                    try:
+                        exc.learner_at = at
+                    except (AttributeError, TypeError):
+                        pass
                 raise
             self._vals = vals
             if "exc" in answer:
@@ -649,6 +675,19 @@ class Connection:
             except (ProtocolError, ValueError, KeyError, IndexError, TypeError) as exc:
                 self.close(f"a bad answer: {exc}")
                 raise LearnerGone(f"the learner's process sent an answer we cannot read: {exc}") from None
+
+    def _stuck_at(self) -> str:
+        """"file:line in function" of the learner's innermost frame in the child's last stack dump (the child
+        has ended: its pipe is read to the end), else ""."""
+        from tl_lab.lab.exercise.sandbox import stuck_at
+
+        t = getattr(self, "_stack_thread", None)
+        if t is None:
+            return ""
+        t.join(timeout=2)
+        files = {str(self.workspace / f"{m}.py") for m in self.use} | {f for f in self.files.values() if f}
+        where = stuck_at(bytes(self._stack).decode("utf-8", "replace"), files)
+        return f"{where[0]}:{where[1]} in {where[2]}" if where else ""
 
     def _pid(self, obj, vals):
         if isinstance(obj, Remote):
@@ -791,6 +830,18 @@ class Connection:
 
     def learner_names(self) -> set[str]:
         return proxied(self.use)
+
+
+def _dump_at() -> float:
+    """Seconds from now at which the child dumps its stack: a little before this process's alarm (the test's or
+    the collection's time limit, `alarm.time_limit`), so that a request it never answers is said at its line;
+    0 (none) when no alarm is set or this is not the main thread."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        return 0.0
+    left = signal.getitimer(signal.ITIMER_REAL)[0]
+    return round(left - min(1.0, left / 4), 3) if left > 0 else 0.0
 
 
 def subprocess_devnull():

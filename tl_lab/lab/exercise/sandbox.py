@@ -13,7 +13,8 @@ Whether or not bubblewrap runs, the child has rlimits (address space `memory_byt
 WHOLE group is killed when the run ends or its time is up; its output is kept up to `output_cap`
 bytes a stream ("... N MB more not kept"). Where no bubblewrap works (macOS, Windows, a container
 without user namespaces, `TL_LAB_SANDBOX=off`), the run goes on unsandboxed: `Result.sandboxed` is
-False, and `notice()` gives the one line to say so (once a process).
+False, and `say_unsandboxed()` prints the one line saying so (`notice()`), once a process, on stderr: every
+run and spawn calls it, so the check, try, parity and the notebook guard all say it the same way.
 
     from tl_lab.lab.exercise import sandbox
     r = sandbox.run([sys.executable, "-c", "print(1)"], workspace=ws, timeout=30)
@@ -36,14 +37,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Result", "run", "spawn", "stop", "bwrap", "notice", "argv_for", "MEMORY_BYTES", "MAX_PROCS",
-           "FILE_BYTES", "OUTPUT_CAP", "ENV_SANDBOX"]
+__all__ = ["Result", "run", "spawn", "stop", "bwrap", "notice", "say_unsandboxed", "arm_stack", "stuck_at", "argv_for", "MEMORY_BYTES", "MAX_PROCS",
+           "FILE_BYTES", "OUTPUT_CAP", "ENV_SANDBOX", "ENV_STACK", "STACK_CAP"]
 
 ENV_SANDBOX = "TL_LAB_SANDBOX"  # "off": never bubblewrap; a path: that bwrap binary
 MEMORY_BYTES = 4 << 30   # RLIMIT_AS of a learner's process: numba's LLVM maps ~1 GB of address space
 MAX_PROCS = 64           # processes (threads count too) the child may add to its user's
 FILE_BYTES = 256 << 20   # RLIMIT_FSIZE: the largest file the child may write
 OUTPUT_CAP = 1 << 20     # bytes kept of each of stdout and stderr
+ENV_STACK = "TL_LAB_STACK"  # in a learner's process: "FD SECONDS", where and when it dumps its stack (`arm_stack`)
+STACK_CAP = 64 << 10     # bytes kept of those dumps (faulthandler writes at most 100 frames a thread)
 
 
 @dataclass
@@ -60,6 +63,7 @@ class Result:
     seconds: float = 0.0
     note: str = ""
     dropped: dict = field(default_factory=dict)  # stream -> bytes not kept
+    stack: str = ""  # run(stack=True): the child's stack dumped shortly before its time was up (`stuck_at` reads it)
 
 
 _probe: dict = {}
@@ -137,6 +141,100 @@ def notice() -> str:
     _said.add("unsandboxed")
     return (f"note: the learner's code runs UNSANDBOXED here ({_probe[os.environ.get(ENV_SANDBOX, '')][1]}): "
             f"it can read and write what you can; time, memory and process limits still hold")
+
+
+def say_unsandboxed(file=None) -> str:
+    """The one helper every path that runs a learner's code goes through (`spawn`, hence `run`; `exercise check`
+    before its pytest runs): `notice()`'s line printed to `file` (stderr by default), once a process, when no
+    bubblewrap works here -> the line said, or ""."""
+    line = notice()
+    if line:
+        try:
+            print(line, file=file if file is not None else sys.stderr, flush=True)
+        except (OSError, ValueError):  # a closed stderr: the run goes on, bounded as ever
+            pass
+    return line
+
+
+def arm_stack(seconds: float | None = None) -> bool:
+    """In a learner's process: its threads' stacks dumped (faulthandler, from a C thread: also when the code
+    holds the GIL or ignores SIGALRM) into the pipe ENV_STACK names, `seconds` from now (default: the
+    seconds ENV_STACK gives, a little less than the parent's limit), so the parent can say where a loop
+    that never ends was. A later call moves the time; seconds <= 0 cancels. -> whether one is armed."""
+    import faulthandler
+
+    fd, _, default = os.environ.get(ENV_STACK, "").partition(" ")
+    try:
+        fd, seconds = int(fd), float(default if seconds is None else seconds)
+    except ValueError:
+        return False
+    faulthandler.cancel_dump_traceback_later()
+    if not math.isfinite(seconds) or seconds <= 0:
+        return False
+    try:
+        faulthandler.dump_traceback_later(min(seconds, 86400.0), file=fd)
+    except (OSError, ValueError, RuntimeError):
+        return False
+    return True
+
+
+def stuck_at(stack: str, files) -> tuple[str, int, str] | None:
+    """(file, line, function) of the innermost frame in one of `files` (the learner's) in the last stack
+    dump of `stack` (faulthandler's text, most recent call first), else None. The function is its
+    qualified name ("KvPool.alloc"), read from the file's syntax tree, never run; "(import)" at the top level."""
+    import re
+
+    files = {str(f) for f in files}
+    last = stack.rsplit("Timeout (", 1)[-1]
+    for line in last.splitlines():
+        m = re.match(r'\s*File "(.*)", line (\d+) in (.*)$', line)
+        if m and m.group(1) in files:
+            return m.group(1), int(m.group(2)), _qualname_at(m.group(1), int(m.group(2)), m.group(3).strip())
+    return None
+
+
+def _qualname_at(path: str, line: int, name: str) -> str:
+    """The qualified name of the innermost function of `path` holding `line` (`name` when not found)."""
+    if name == "<module>":
+        return "(import)"
+    import ast
+
+    try:
+        from tl_lab.lab.exercise.files import SOURCE_LIMIT, read_regular
+
+        tree = ast.parse(read_regular(path, SOURCE_LIMIT))
+    except (OSError, SyntaxError, ValueError, RecursionError):
+        return name
+    found = name
+
+    def walk(node, prefix):
+        nonlocal found
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                qual = f"{prefix}{child.name}"
+                if child.lineno <= line <= (child.end_lineno or child.lineno):
+                    if not isinstance(child, ast.ClassDef) and child.name == name:
+                        found = qual
+                    walk(child, qual + ".")
+            else:
+                walk(child, prefix)
+
+    walk(tree, "")
+    return found
+
+
+def _stack_reader(fd: int, keep: bytearray) -> None:
+    """Read the stack pipe to its end, keeping its last STACK_CAP bytes (the last dump is what counts)."""
+    with os.fdopen(fd, "rb", buffering=0) as f:
+        while True:
+            try:
+                chunk = f.read(65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            keep += chunk
+            del keep[:-STACK_CAP]
 
 
 def _base_args() -> list[str]:
@@ -241,6 +339,7 @@ def spawn(argv, *, workspace: Path | None = None, writable=(), hide=(), readable
     """Start `argv` sandboxed (when bubblewrap works) with the bounds, in a process group of its own;
     `timeout` bounds its CPU seconds (RLIMIT_CPU, with room). The Popen has `.sandboxed`; end it with `stop`."""
     _check_bounds(timeout)
+    say_unsandboxed()
     full, boxed = argv_for(argv, workspace=workspace, writable=writable, hide=hide, readable=readable, binds=binds,
                            cwd=cwd)
     proc = subprocess.Popen(full, stdin=stdin, stdout=stdout, stderr=stderr, env=env,
@@ -290,16 +389,34 @@ def _text(parts: list, dropped: int) -> str:
 def run(argv, *, workspace: Path | None = None, writable=(), hide=(), readable=(), binds=(), timeout: float,
         memory_bytes: int | None = MEMORY_BYTES, max_procs: int | None = MAX_PROCS,
         file_bytes: int | None = FILE_BYTES, output_cap: int = OUTPUT_CAP, env: dict | None = None,
-        cwd: Path | None = None, input: bytes | None = None) -> Result:
+        cwd: Path | None = None, input: bytes | None = None, stack: bool = False) -> Result:
     """Run `argv` to its end or `timeout` seconds (wall clock), whichever is first, then kill its whole
-    group: a Result with the output kept (at most `output_cap` bytes a stream)."""
+    group: a Result with the output kept (at most `output_cap` bytes a stream). stack: the child gets a
+    pipe (ENV_STACK) for `arm_stack`, its dump due a little before `timeout`, kept in `Result.stack`."""
     t0 = time.perf_counter()
+    pass_fds, stack_fds = (), None
+    if stack:
+        _check_bounds(timeout)
+        stack_fds = os.pipe()
+        env = dict(os.environ if env is None else env)
+        env[ENV_STACK] = f"{stack_fds[1]} {timeout - min(2.0, timeout / 4):.3f}"
+        pass_fds = (stack_fds[1],)
     try:
         proc = spawn(argv, workspace=workspace, writable=writable, hide=hide, readable=readable, binds=binds,
                      timeout=timeout, memory_bytes=memory_bytes, max_procs=max_procs, file_bytes=file_bytes,
-                     env=env, cwd=cwd, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL)
+                     env=env, cwd=cwd, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+                     pass_fds=pass_fds)
     except OSError as exc:
+        if stack_fds:
+            os.close(stack_fds[0])
+            os.close(stack_fds[1])
         return Result(None, stderr=f"{argv[0]}: {exc.strerror or exc}", note=f"did not start: {exc}")
+    dumped = bytearray()
+    stack_thread = None
+    if stack_fds:
+        os.close(stack_fds[1])
+        stack_thread = threading.Thread(target=_stack_reader, args=(stack_fds[0], dumped), daemon=True)
+        stack_thread.start()
     outs, errs, dout, derr = [], [], [0], [0]
     threads = [threading.Thread(target=_reader, args=(proc.stdout, output_cap, outs, dout), daemon=True),
                threading.Thread(target=_reader, args=(proc.stderr, output_cap, errs, derr), daemon=True)]
@@ -319,6 +436,8 @@ def run(argv, *, workspace: Path | None = None, writable=(), hide=(), readable=(
     stop(proc)  # the whole group, whether the child ended or not: nothing of it outlives the run
     for t in threads:
         t.join(timeout=5)
+    if stack_thread is not None:
+        stack_thread.join(timeout=5)
     for s in (proc.stdout, proc.stderr):
         try:
             s.close()
@@ -326,4 +445,5 @@ def run(argv, *, workspace: Path | None = None, writable=(), hide=(), readable=(
             pass
     note = "" if proc.sandboxed else _probe.get(os.environ.get(ENV_SANDBOX, ""), (None, ""))[1]
     return Result(proc.returncode, _text(outs, dout[0]), _text(errs, derr[0]), timed_out, proc.sandboxed,
-                  round(time.perf_counter() - t0, 3), note, {"stdout": dout[0], "stderr": derr[0]})
+                  round(time.perf_counter() - t0, 3), note, {"stdout": dout[0], "stderr": derr[0]},
+                  bytes(dumped).decode("utf-8", "replace"))

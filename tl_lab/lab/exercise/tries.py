@@ -1013,13 +1013,16 @@ def _side(module: str, qualname: str, label: str, code, filename: str, learner_f
             value[1] = "NotImplementedError"
         except RecursionError as exc:
             value = raised(exc, learner_file)
-        except Exception as exc:  # noqa: BLE001: the error is the observation
-            value = raised(exc, learner_file)
+        except BaseException as exc:  # noqa: BLE001: the error is the observation (a KeyboardInterrupt or
+            value = raised(exc, learner_file)  # SystemExit the learner's code raised too: was the child's end)
         got.append(value)
     return {"label": label, "import_error": None, "cases": got}
 
 
 def _child_main(spec_path: str) -> None:
+    from tl_lab.lab.exercise.sandbox import arm_stack
+
+    arm_stack()  # the learner's side (sandbox.run(stack=True)): where a loop was, dumped before the time limit
     spec = json.loads(Path(spec_path).read_text())
     module = spec["module"]
     results = []
@@ -1159,7 +1162,7 @@ def _learner_job(module: str, quals: list[str], tag, learner_file, seconds: floa
             box["r"] = sandbox.run([sys.executable, "-c", "from tl_lab.lab.exercise.tries import _child_main; "
                                                           f"_child_main({str(tmp / 'spec.json')!r})"],
                                    workspace=ws, writable=writable, readable=[tmp], timeout=seconds, env=env,
-                                   cwd=REPO_ROOT, output_cap=LEARNER_OUTPUT)
+                                   cwd=REPO_ROOT, output_cap=LEARNER_OUTPUT, stack=True)
         except Exception as exc:  # noqa: BLE001: said as the learner's side's error
             box["error"] = f"{type(exc).__name__}: {exc}"
 
@@ -1177,7 +1180,9 @@ def _learner_job(module: str, quals: list[str], tag, learner_file, seconds: floa
             return None, box["error"]
         r = box["r"]
         if r.timed_out:
-            return None, f"ran longer than {seconds:g} s (a loop that never ends?)"
+            where = sandbox.stuck_at(r.stack, [learner_file])  # its stack, dumped a little before the limit
+            at = f" at {where[0]}:{where[1]} in {where[2]}" if where else ""
+            return None, f"ran longer than {seconds:g} s{at} (a loop that never ends?)"
         if "@@tl_lab-try@@" not in r.stdout:
             tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
             why = f"exit code {r.returncode}" + (" (the memory limit?)" if r.returncode and r.returncode < 0 else "")
