@@ -245,3 +245,41 @@ def test_try_names_the_line_a_learners_module_loops_at(tmp_path):
     n = text.count("\n")
     assert not res.passed and any(f"ran longer than 4 s at {ws / 'quant.py'}:{k} in (import)" in res.note
                                   for k in (n - 1, n)), res.note
+
+
+def test_each_is_one_request_with_the_loops_answers_its_first_error_and_its_calls_logged(tmp_path):
+    """`remote.each(fn, args)`: a test's loop over scalar calls of the learner's function, run in the child in
+    one request (quant's graded tests made 200,000 requests, 55 s a check); the answers are the loop's, of
+    the same numpy types, the first exception ends it as the loop's would, and the calls are logged for the
+    report as the loop's were."""
+    import numpy as np
+
+    from tl_lab.lab.exercise.remote import Connection, each
+    from tl_lab.lab.exercise.stubs import reference_source
+    from tl_lab.quant import f32_to_f16_scalar
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "quant.py").write_text(reference_source("quant") + "\n\ndef _odd(x):\n    if x == 3:\n"
+                                 "        raise ValueError('three')\n    return x\n")
+    conn = Connection(ws, ["quant"], "quant", 60)
+    sent = []
+    request = conn._request
+    conn._request = lambda *req: (sent.append(req[0]), request(*req))[1]
+    try:
+        conn.request("import", "quant")
+        f, odd = conn.request("modattr", "quant", "f32_to_f16_scalar"), conn.request("modattr", "quant", "_odd")
+        xs = [0.1, 1.0, 65520.0, float("nan"), -0.0] * 100
+        conn.record(True)
+        sent.clear()
+        got = each(f, xs)
+        assert sent == ["map"], sent
+        want = [f32_to_f16_scalar(x) for x in xs]
+        assert [type(g) for g in got] == [type(w) for w in want] and [int(g) for g in got] == [int(w) for w in want]
+        logged = conn.record(False)
+        assert len(logged) == 200 and {c["piece"] for c in logged} == {"quant.f32_to_f16_scalar"}
+        with pytest.raises(ValueError, match="three"):
+            each(odd, [1, 2, 3, 4])
+        assert each(odd, []) == [] and each(lambda x: x + 1, np.arange(3)) == [1, 2, 3]
+    finally:
+        conn.close()

@@ -6,6 +6,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from tl_lab.lab.exercise.remote import each  # one request, not one a call, under `exercise check`
 from tl_lab.ops.int4_layout import planar_values, to_planar
 from tl_lab.quant import (
     QLinear,
@@ -114,7 +115,7 @@ def test_f16_rounds_to_nearest_even():
     assert is_f16_nan(back[nan]).all()
     quiet = is_quiet_f16_nan(ALL16)
     assert np.array_equal(back[quiet], ALL16[quiet])
-    scalar_back = np.array([f32_to_f16(float(v)) for v in x], dtype=np.uint16)
+    scalar_back = np.array(each(f32_to_f16, x.tolist()), dtype=np.uint16)
     assert np.array_equal(scalar_back[~nan], ALL16[~nan])
 
     # Agreement with numpy's own cast on a million random bit patterns and the edge values.
@@ -127,7 +128,7 @@ def test_f16_rounds_to_nearest_even():
     assert is_quiet_f16_nan(ours[nan]).all()
     # The scalar reference against the vector path on a sample (NaNs included, bit for bit).
     sample = np.concatenate([rng.choice(values, 20_000), edge_f32_values()[::7]])
-    scalar = np.array([f32_to_f16_scalar(float(v)) for v in sample], dtype=np.uint16)
+    scalar = np.array(each(f32_to_f16_scalar, sample.tolist()), dtype=np.uint16)
     assert np.array_equal(scalar, f32_to_f16(sample))
 
 
@@ -135,7 +136,7 @@ def test_f16_to_f32_follows_the_formula():
     """The chapter's formula (the scalar reference) against numpy's widening, all 65,536 patterns."""
     vector = f16_to_f32(ALL16)
     assert vector.dtype == np.float32 and vector.shape == ALL16.shape
-    scalar = np.array([f16_to_f32_scalar(int(h)) for h in ALL16], dtype=np.float32)
+    scalar = np.array(each(f16_to_f32_scalar, ALL16.tolist()), dtype=np.float32)
     nan = is_f16_nan(ALL16)
     assert np.array_equal(scalar[~nan], vector[~nan])
     assert np.isnan(scalar[nan]).all() and np.isnan(vector[nan]).all()
@@ -173,7 +174,7 @@ def test_bf16_round_trips_every_pattern():
     assert np.isnan(bf16_to_f32(back[nan])).all()
     quiet = nan & ((ALL16 & 0x0040) != 0)
     assert np.array_equal(back[quiet], ALL16[quiet])
-    scalar = np.array([f32_to_bf16_scalar(bf16_to_f32_scalar(int(h))) for h in ALL16], dtype=np.uint16)
+    scalar = np.array(each(f32_to_bf16_scalar, each(bf16_to_f32_scalar, ALL16.tolist())), dtype=np.uint16)
     assert np.array_equal(scalar, back)
 
 
@@ -206,7 +207,7 @@ def test_bf16_rounds_to_nearest_even():
         assert np.array_equal(f32_to_bf16(signed), expected | np.uint16(sign >> 16))
     sample = signed[:5000]
     assert np.array_equal(
-        np.array([f32_to_bf16_scalar(float(v)) for v in sample], dtype=np.uint16),
+        np.array(each(f32_to_bf16_scalar, sample.tolist()), dtype=np.uint16),
         f32_to_bf16(sample),
     )
 
