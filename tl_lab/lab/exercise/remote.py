@@ -419,11 +419,14 @@ def _plain_read(req) -> bool:
 def proxied(use) -> set[str]:
     """The modules a run keeps in the child: the learner's modules `use` and the ones they build on
     (DEPS). A borrowed reference (--ref-deps) runs in the child too, so that what comes back through
-    a learner's module (model's QLinear from quant) is a handle of the class the tests see."""
-    from tl_lab.lab.exercise.registry import DEPS
+    a learner's module (model's QLinear from quant) is a handle of the class the tests see. The HARNESS a
+    module's tests drive it through (the reference's runner for forward) runs there too: a forward pass is
+    then one request, not one per layer and piece (each of which would copy the KV pool across)."""
+    from tl_lab.lab.exercise.registry import DEPS, HARNESS
 
     use = list(use)
-    return {f"tl_lab.{m}" for m in use} | {f"tl_lab.{d}" for m in use for d in DEPS.get(m, ())}
+    return ({f"tl_lab.{m}" for m in use} | {f"tl_lab.{d}" for m in use for d in DEPS.get(m, ())}
+            | {f"tl_lab.{h}" for m in use for h in HARNESS.get(m, ()) if h not in use})
 
 
 def serve(rfd: int, wfd: int) -> None:
