@@ -221,6 +221,11 @@ def joined_text(html: str) -> str:
     return html_module.unescape(re.sub(r"<[^>]+>", "", html))
 
 
+def outcomes(data) -> dict[str, str]:
+    """A graded run's report (tl_lab.lab.exercise.plugin) -> node id: outcome."""
+    return {r["nodeid"]: r["outcome"] for r in data["results"]}
+
+
 def workspace(tmp_path, kind: str = "stub", modules=None):
     """An exercise workspace (tmp_path/ws) of stubs or of copies of the reference, for `modules`
     (default: all six)."""

@@ -11,13 +11,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import workspace
+from conftest import outcomes, workspace
 from tl_lab.lab.exercise import registry
 from tl_lab.lab.exercise.grading import STATUS_DIR, _run, pitfall_hint
 from tl_lab.lab.exercise.registry import MODULES, PIECES, graded
 from tl_lab.lab.exercise.stubs import blank, reference_source
 from tl_lab.lab.pitfalls import PITFALLS, apply_edit
-from test_exercises import outcomes  # a run's outcomes, as that file reads them
 
 
 def _learner_pitfalls():

@@ -9,13 +9,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 
 from conftest import need, workspace
 from tl_lab.lab.exercise.registry import MODULES
 from tl_lab.lab.exercise.stubs import reference_path, reference_source
 from tl_lab.ops.paths import REPO_ROOT
 from tl_lab.lab.pitfalls import PITFALLS, apply_edit
-from test_exercises import PY
+
+PY = sys.executable
 
 
 def _nbval(ws, *notebooks):

@@ -33,10 +33,6 @@ def cli(*args, env=None):
                           text=True, timeout=900)
 
 
-def outcomes(data) -> dict[str, str]:
-    return {r["nodeid"]: r["outcome"] for r in data["results"]}
-
-
 # ------------------------------------------------------------------ the registry and the stubs
 
 
