@@ -6,6 +6,7 @@ request) with a small pool of B = 4 and, where the context matters, max_position
 The comparisons (file:function: the comparison), each pinned by the test named after it:
 
     generate.py:Request.__post_init__: max_tokens >= 1 (as_int lo=1)        test_max_tokens_at_its_floor
+    generate.py:Request.__post_init__: 0 <= seed <= 2**64 - 1 (as_int lo, hi) test_seed_at_its_floor_and_ceiling
     generate.py:Engine.check: 0 <= t < vocab_size                           test_prompt_ids_at_the_vocabulary_edges
     generate.py:Engine.check: len(prompt) > max_position_embeddings         test_prompt_length_at_the_context
     generate.py:Engine.check: worst > pool.available()                      test_worst_case_at_the_pool_size
@@ -24,6 +25,7 @@ the decodes of its step), so `budget = max(max_batch_tokens, len(decode))` is ma
 first row of a step always fits it (its chunk is at most max_batch_tokens), so `rows and` never decides.
     generate.py:Engine._step: computed == len(tokens) (sample)              test_scheduling_table
     generate.py:Engine._step: prompt_part = max(0, min(n, P - start))       test_scheduling_table (prefilled counts)
+    generate.py:Engine._sample: 0 <= sampled id < len(row)                  test_a_sampled_id_at_the_vocabulary_edges
     generate.py:Engine._sample: tok in stop (first: a stop wins)            test_finish_reasons
     generate.py:Engine._sample: len(output) >= max_tokens                   test_finish_reasons
     generate.py:Engine._sample: len(tokens) > max_position_embeddings       test_finish_reasons
@@ -90,6 +92,35 @@ def test_max_tokens_at_its_floor(max_tokens, ok):
         return
     (r,) = engine().generate([req(A, max_tokens=max_tokens)])
     assert len(r.output_ids) == max_tokens and r.finish == "length"
+
+
+@pytest.mark.parametrize("seed, ok", [(-1, False), (0, True), (2**64 - 2, True), (2**64 - 1, True), (2**64, False)])
+def test_seed_at_its_floor_and_ceiling(seed, ok):
+    """A seed is a u64 (docs/spec/sampling.md): 0 and 2**64 - 1 are seeds, -1 and 2**64 are refused."""
+    if not ok:
+        with pytest.raises(RequestError, match="seed"):
+            req(A, seed=seed)
+        return
+    assert req(A, seed=seed).seed == seed
+
+
+@pytest.mark.parametrize("token, ok", [(-1, False), (0, True), (255, True), (256, False)])
+def test_a_sampled_id_at_the_vocabulary_edges(token, ok, monkeypatch):
+    """A sampler (a learner's sample.py) that answers an id outside [0, 256) is refused by name, at the
+    first token; 0 and 255 are tokens and come out as they were sampled."""
+    import tl_lab.engine.generate as gen
+
+    def sampler(row, params, prompt, output, rng):
+        return token, 0.0
+
+    monkeypatch.setattr(gen, "_sample_fn", lambda: sampler)
+    e = engine()
+    if ok:
+        (r,) = e.generate([req(A, max_tokens=2)])
+        assert r.output_ids == [token, token]
+    else:
+        with pytest.raises(gen.SamplerAnswerError, match=rf"returned token id {token}, outside the vocabulary \(0 \.\. 255\)"):
+            e.generate([req(A)])
 
 
 @pytest.mark.parametrize("token, ok", [(-1, False), (0, True), (255, True), (256, False)])
