@@ -154,7 +154,9 @@ def test_the_lab_command_compiles_the_kernels_and_turns_the_news_off():
     not cover the widgets (news and update checks off, as tests/lab_harness.py has them)."""
     text = (REPO_ROOT / "tools" / "quickstart.sh").read_text()
     lab = text[text.index('if [ "$mode" = lab ]'):]
-    assert "python -m tl_lab.lab.warm" in lab and lab.index("tl_lab.lab.warm") < lab.index("exec jupyter lab")
+    warm = text.index("python -m tl_lab.lab.warm")  # before the lab opens and before the tests run, not for hf
+    assert text.rfind('if [ "$mode" != hf ]', 0, warm) > text.rfind("fi\n", 0, warm)
+    assert warm < text.index("exec jupyter lab") and warm < text.index("exec python -m pytest --nbval-lax")
     assert "--LabApp.news_url=None" in lab and '"fetchNews": "false"' in lab
 
 

@@ -49,11 +49,16 @@ fi
 step "fetching SmolLM2-135M-Instruct into the user cache (once)"
 python -m tl_lab fetch smollm2
 
-if [ "$mode" = lab ]; then
+if [ "$mode" != hf ]; then
     # the kernels compile for this processor the first time they run: here, with a line saying so, not in
-    # silence under the first notebook (a stamp in tl_lab/ops/__pycache__ skips it the next time)
+    # silence under the first notebook (a stamp in tl_lab/ops/__pycache__ skips it the next time). The test
+    # command too: its workers and every workspace's sandboxed check then load them instead of compiling
+    # them each (tl_lab.lab.exercise.sandbox.seed_numba_cache)
     step "the engine's compiled kernels"
     python -m tl_lab.lab.warm
+fi
+
+if [ "$mode" = lab ]; then
     # no "get notified about official Jupyter news?" pop-up over the widgets: news and update checks off
     # in this venv's JupyterLab (its settings overrides), as tests/lab_harness.py has them
     python - "$VENV/share/jupyter/lab/settings/overrides.json" <<'PY'
