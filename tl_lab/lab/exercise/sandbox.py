@@ -98,14 +98,14 @@ def seed_numba_cache(cache: Path) -> int:
     against its source file's stamp, so a stale copy is compiled again, never run. Code goes from the
     install to the workspace only; a subfolder that is a link is left alone, and a file is written
     beside its place and renamed onto it (never through a link)."""
-    import tl_lab
+    from tl_lab.ops.paths import PACKAGE_DIR
 
     try:
         from numba.core.caching import _CacheLocator  # numba's own subpath: <folder>_<sha1 of its path>
     except ImportError:
         return 0
     copied = 0
-    for tree in Path(tl_lab.__file__).parent.rglob("__pycache__"):
+    for tree in PACKAGE_DIR.rglob("__pycache__"):
         files = [f for f in tree.iterdir() if f.suffix in (".nbi", ".nbc") or f.name == "kernels.lanes.sha256"]
         if not files:
             continue
