@@ -292,11 +292,12 @@ def test_a_fresh_workspace_loads_the_kernels_set_up_compiled_instead_of_compilin
     replaced, and a subfolder that is a link is not written through."""
     import shutil
 
+    import numpy as np
     from numba.core.caching import _CacheLocator
 
     from tl_lab.ops import kernels
 
-    kernels.exp_f64(__import__("numpy").zeros(2), __import__("numpy").empty(2))  # in set-up's cache, as after set-up
+    kernels.exp_f64(np.zeros(2), np.empty(2))  # in set-up's cache, as after set-up
     sub = _CacheLocator.get_suitable_cache_subpath(kernels.__file__)
     ws = tmp_path / "ws"
     cache = sandbox.numba_cache(ws)

@@ -96,8 +96,10 @@ def seed_numba_cache(cache: Path) -> int:
     Why: with NUMBA_CACHE_DIR set, numba reads only that folder, so a fresh workspace compiled every
     kernel again in its first check (85 s against 31 s, processor E). numba still checks each index
     against its source file's stamp, so a stale copy is compiled again, never run. Code goes from the
-    install to the workspace only; a subfolder that is a link is left alone, and a file is written
-    beside its place and renamed onto it (never through a link)."""
+    install to the workspace only; a subfolder that is a link is left alone, and each file goes in by
+    `files.write_new` (a unique temporary name, linked in only where nothing is: never through a link,
+    never over a file the run wrote)."""
+    from tl_lab.lab.exercise.files import write_new
     from tl_lab.ops.paths import PACKAGE_DIR
 
     try:
@@ -115,13 +117,8 @@ def seed_numba_cache(cache: Path) -> int:
             if dest.is_symlink() or not dest.is_dir():
                 continue
             for f in files:
-                target = dest / f.name
-                if os.path.lexists(target) or not f.is_file():
-                    continue
-                tmp = dest / f".{f.name}.{os.getpid()}.tmp"
-                shutil.copyfile(f, tmp)
-                os.replace(tmp, target)
-                copied += 1
+                if not os.path.lexists(dest / f.name) and f.is_file():
+                    copied += write_new(dest / f.name, f.read_bytes())
         except OSError:
             continue
     return copied
